@@ -1,0 +1,3 @@
+from localinfer.cli import main
+
+main()

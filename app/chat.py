@@ -1,0 +1,117 @@
+"""The terminal chat behind `localinfer run`: one-shot answers and the interactive loop."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import TextIO
+
+from rich.console import Console
+
+from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
+from localinfer.backends.metrics import RequestStats
+from localinfer.errors import LocalinferError
+
+__all__ = ["Reply", "answer_once", "interactive", "stream_reply"]
+
+HELP = """Commands:
+  /clear   forget the conversation so far
+  /bye     exit (Ctrl-D works too)
+  /?       this help
+Ctrl-C stops a reply that is being written."""
+
+
+@dataclass
+class Reply:
+    text: str
+    stats: RequestStats | None
+    interrupted: bool = False
+
+
+def stream_reply(backend: Backend, messages: list[dict[str, str]], params: SamplingParams,
+                 out: TextIO) -> Reply:
+    """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written."""
+    generation = backend.chat(messages, params)
+    pieces: list[str] = []
+    try:
+        for event in generation:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+                out.write(event.text)
+                out.flush()
+            elif isinstance(event, ErrorEvent):
+                raise event.error
+    except KeyboardInterrupt:
+        generation.cancel()
+        for _ in generation:  # the engine answers the cancel within one step
+            pass
+        return Reply("".join(pieces), generation.stats, interrupted=True)
+    return Reply("".join(pieces), generation.stats)
+
+
+def _print_stats(reply: Reply, err: Console) -> None:
+    if reply.stats is not None:
+        err.print(reply.stats.summary(), style="dim", highlight=False, soft_wrap=True)
+
+
+def answer_once(backend: Backend, prompt: str, system: str | None, params: SamplingParams,
+                out: TextIO = sys.stdout, err: Console | None = None) -> Reply:
+    err = err or Console(stderr=True)
+    messages = ([{"role": "system", "content": system}] if system else [])
+    messages.append({"role": "user", "content": prompt})
+    reply = stream_reply(backend, messages, params, out)
+    out.write("\n")
+    out.flush()
+    _print_stats(reply, err)
+    return reply
+
+
+def _read_line() -> str | None:
+    """The next line from the user; None on Ctrl-D."""
+    while True:
+        try:
+            return input(">>> ")
+        except EOFError:
+            print()
+            return None
+        except KeyboardInterrupt:
+            print("\nUse Ctrl-D or /bye to exit.")
+
+
+def interactive(backend: Backend, system: str | None, params: SamplingParams,
+                out: TextIO = sys.stdout, err: Console | None = None) -> None:
+    try:
+        import readline  # noqa: F401  (line editing and history for input())
+    except ImportError:
+        pass
+    err = err or Console(stderr=True)
+    base = [{"role": "system", "content": system}] if system else []
+    history = list(base)
+    err.print(f"Chatting with {backend.info.name} ({backend.info.quant}, "
+              f"{backend.info.n_ctx} tokens of context). /? for help, /bye to exit.",
+              style="dim", highlight=False)
+    while (line := _read_line()) is not None:
+        command = line.strip()
+        if not command:
+            continue
+        if command in ("/bye", "/exit", "/quit"):
+            break
+        if command in ("/?", "/help"):
+            print(HELP)
+            continue
+        if command == "/clear":
+            history = list(base)
+            print("Cleared the conversation.")
+            continue
+        history.append({"role": "user", "content": line})
+        try:
+            reply = stream_reply(backend, history, params, out)
+        except LocalinferError as exc:
+            history.pop()  # the turn never happened: keep the history clean
+            err.print(f"Error: {exc}", style="red", highlight=False)
+            continue
+        out.write("\n")
+        if reply.interrupted:
+            err.print("[stopped]", style="dim", highlight=False)
+        history.append({"role": "assistant", "content": reply.text})
+        _print_stats(reply, err)

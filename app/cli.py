@@ -1,0 +1,123 @@
+"""The `localinfer` command line.
+
+Domain errors become one line on stderr and exit code 1 — never a traceback. Set
+LOCALINFER_DEBUG=1 to let them raise instead (tests and bug reports).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+
+from localinfer import __version__
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.errors import LocalinferError
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="localinfer",
+    help="Run large language models on your own machine.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain one-line usage errors, no boxes
+)
+_err = Console(stderr=True)
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    # llama.cpp's own log is noise unless asked for
+    logging.getLogger("localinfer.llama_cpp").setLevel(
+        logging.DEBUG if verbose else logging.CRITICAL + 1
+    )
+    if verbose:
+        logging.getLogger("localinfer").setLevel(logging.DEBUG)
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    try:
+        yield
+    except LocalinferError as exc:
+        if os.environ.get("LOCALINFER_DEBUG"):
+            raise
+        _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"localinfer {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[Optional[bool], typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
+) -> None:
+    """Run large language models on your own machine."""
+
+
+@app.command()
+def run(
+    model: Annotated[Optional[str], typer.Argument(
+        help="Model name (e.g. smollm2:135m, gemma3:270m) or path to a .gguf file.")] = None,
+    prompt: Annotated[Optional[str], typer.Option(
+        "--prompt", "-p", help="Answer this once and exit (text piped on stdin works too).")] = None,
+    system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.8,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
+    top_k: Annotated[int, typer.Option(min=0, help="0 turns it off.")] = 40,
+    seed: Annotated[Optional[int], typer.Option(
+        min=0, help="Fix the random seed to reproduce a reply.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(
+        min=1, help="Stop after this many generated tokens.")] = None,
+    stop: Annotated[Optional[list[str]], typer.Option(
+        help="Stop when this text appears (repeatable).")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=16, help="Context size in tokens (default 4096, or the model's maximum).")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads (default: physical cores).")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", help="Show llama.cpp's log.")] = False,
+) -> None:
+    """Chat with a model in the terminal, or answer one prompt."""
+    from localinfer.chat import answer_once, interactive
+    from localinfer.service import load_model
+
+    _setup_logging(verbose)
+    with _user_errors():
+        params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                                max_tokens=max_tokens, stop=tuple(stop or ()))
+        one_shot = prompt
+        if not sys.stdin.isatty():
+            piped = sys.stdin.read().strip()
+            one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
+            if one_shot is None:
+                raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
+        backend = load_model(model, LoadOptions(n_ctx=ctx, n_threads=threads, verbose=verbose))
+        with backend:
+            if one_shot is not None:
+                answer_once(backend, one_shot, system, params)
+            else:
+                interactive(backend, system, params)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""Every error localinfer raises on purpose, in one tree.
+
+    LocalinferError
+    ├── ModelError
+    │   ├── ModelNotFound(LookupError)          a name no source knows; carries close names
+    │   ├── ModelFileMissing(FileNotFoundError)  a path to a model that does not exist
+    │   ├── InvalidModelFile(ValueError)         not GGUF, truncated, or unreadable metadata
+    │   └── ModelLoadFailed(RuntimeError)        llama.cpp refused to load a valid-looking file
+    ├── ContextError(ValueError)
+    │   ├── ContextTooLarge                      n_ctx beyond the model's trained length or RAM
+    │   └── PromptTooLong                        the prompt does not fit in the context
+    ├── InvalidRequest(ValueError)               bad sampling parameters and the like
+    └── EngineError(RuntimeError)
+        ├── EngineBusy                           the wait queue is full; retry later
+        └── EngineClosed                         the engine was shut down
+
+Messages say what to do, with the numbers. The CLI prints `str(error)` on one line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "ContextError",
+    "ContextTooLarge",
+    "EngineBusy",
+    "EngineClosed",
+    "EngineError",
+    "InvalidModelFile",
+    "InvalidRequest",
+    "LocalinferError",
+    "ModelError",
+    "ModelFileMissing",
+    "ModelLoadFailed",
+    "ModelNotFound",
+    "PromptTooLong",
+]
+
+
+class LocalinferError(Exception):
+    """Base of every error localinfer raises deliberately."""
+
+
+class ModelError(LocalinferError):
+    """Something is wrong with the model the user asked for."""
+
+
+class ModelNotFound(ModelError, LookupError):
+    def __init__(self, name: str, suggestions: Sequence[str] = (), known: Sequence[str] = ()):
+        self.name = name
+        self.suggestions = list(suggestions)
+        self.known = list(known)
+        if self.suggestions:
+            hint = "did you mean " + " or ".join(f"'{s}'" for s in self.suggestions) + "?"
+        elif self.known:
+            hint = "available: " + ", ".join(self.known)
+        else:
+            hint = "no models are available"
+        super().__init__(f"model '{name}' not found — {hint}")
+
+
+class ModelFileMissing(ModelError, FileNotFoundError):
+    def __init__(self, path: str):
+        self.path = path
+        super().__init__(f"no model file at '{path}' — check the path, or give a model name")
+
+
+class InvalidModelFile(ModelError, ValueError):
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        super().__init__(f"'{path}' is not a usable GGUF model: {reason}")
+
+
+class ModelLoadFailed(ModelError, RuntimeError):
+    pass
+
+
+class ContextError(LocalinferError, ValueError):
+    pass
+
+
+class ContextTooLarge(ContextError):
+    pass
+
+
+class PromptTooLong(ContextError):
+    def __init__(self, n_prompt: int, n_ctx: int):
+        self.n_prompt = n_prompt
+        self.n_ctx = n_ctx
+        super().__init__(
+            f"prompt is {n_prompt} tokens but the context holds {n_ctx} — "
+            "raise --ctx or shorten the prompt"
+        )
+
+
+class InvalidRequest(LocalinferError, ValueError):
+    pass
+
+
+class EngineError(LocalinferError, RuntimeError):
+    pass
+
+
+class EngineBusy(EngineError):
+    pass
+
+
+class EngineClosed(EngineError):
+    pass

@@ -1,0 +1,176 @@
+"""The `Backend` interface and the dataclasses that cross the engine boundary."""
+
+from __future__ import annotations
+
+import queue
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Union
+
+from localinfer.backends.metrics import RequestStats
+from localinfer.errors import InvalidRequest, LocalinferError
+
+__all__ = [
+    "Backend",
+    "DoneEvent",
+    "ErrorEvent",
+    "Event",
+    "Generation",
+    "LoadOptions",
+    "ModelInfo",
+    "SamplingParams",
+    "TokenEvent",
+]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick each token and when to stop. temperature 0 means greedy."""
+
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.temperature >= 0, "temperature must be 0 or more"),
+            (self.top_k >= 0, "top_k must be 0 (off) or more"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repeat_penalty > 0, "repeat_penalty must be more than 0"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
+            (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2^32)"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidRequest(message)
+        object.__setattr__(self, "stop", tuple(self.stop))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model. n_ctx is per slot; the context holds n_ctx × n_slots tokens."""
+
+    n_ctx: int | None = None
+    n_slots: int = 1
+    n_batch: int = 512
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: str
+    architecture: str
+    quant: str
+    n_ctx: int
+    n_ctx_train: int
+    n_slots: int
+    n_params: int
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    text: str
+    token: int
+
+
+@dataclass(frozen=True)
+class DoneEvent:
+    stats: RequestStats
+
+
+@dataclass(frozen=True)
+class ErrorEvent:
+    error: LocalinferError
+
+
+Event = Union[TokenEvent, DoneEvent, ErrorEvent]
+
+
+@dataclass
+class Generation:
+    """A running request: iterate it for events; `cancel()` stops it within one step."""
+
+    id: int
+    _events: queue.SimpleQueue[Event] = field(default_factory=queue.SimpleQueue, repr=False)
+    _on_cancel: Callable[[], None] = field(default=lambda: None, repr=False)
+    cancelled: bool = False
+    stats: RequestStats | None = None
+
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._on_cancel()
+
+    def __iter__(self) -> Iterator[Event]:
+        while True:
+            try:  # a short timeout keeps Ctrl-C responsive in the consuming thread
+                event = self._events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            yield event
+            if isinstance(event, DoneEvent):
+                self.stats = event.stats
+                return
+            if isinstance(event, ErrorEvent):
+                return
+
+    def text(self) -> str:
+        """Run to the end and return the whole reply; raise the engine's error if any."""
+        pieces = []
+        for event in self:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+            elif isinstance(event, ErrorEvent):
+                raise event.error
+        return "".join(pieces)
+
+
+class Backend(ABC):
+    """A loaded model that can tokenize, template and generate."""
+
+    info: ModelInfo
+
+    @abstractmethod
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]: ...
+
+    @abstractmethod
+    def detokenize(self, tokens: Sequence[int]) -> str: ...
+
+    @abstractmethod
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str: ...
+
+    @abstractmethod
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
+        """Queue a request; raises PromptTooLong or EngineBusy before queueing."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams) -> Generation:
+        prompt = self.apply_chat_template(messages)
+        return self.generate(self.tokenize(prompt), params)
+
+    def __enter__(self) -> Backend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,311 @@
+"""The engine: one thread owns the llama.cpp context and serves every request from it.
+
+Vocabulary follows llama.cpp's server. A `Task` enters through a queue; a free `Slot`
+(one sequence id in the shared context) takes it. Each step builds one batch holding the
+next token of every generating slot plus prompt chunks of slots still processing their
+prompt, decodes it once, and samples every slot whose logits came out of that batch.
+A slot keeps its tokens' KV after a request ends, so the next request that shares the
+prefix (the same system prompt, earlier turns of the same chat) prefills only the rest.
+"""
+
+from __future__ import annotations
+
+import codecs
+import enum
+import itertools
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import llama_cpp
+
+from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
+from localinfer.backends.llama_native import NativeModel, SamplerChain
+from localinfer.backends.metrics import RequestStats
+from localinfer.backends.stop import StopMatcher
+from localinfer.errors import (
+    EngineBusy,
+    EngineClosed,
+    EngineError,
+    InvalidRequest,
+    LocalinferError,
+    PromptTooLong,
+)
+
+__all__ = ["Engine", "Slot", "SlotState", "Task"]
+
+log = logging.getLogger("localinfer.engine")
+
+_WAKE = object()
+_CLOSE = object()
+
+
+class SlotState(enum.Enum):
+    IDLE = "idle"
+    PROCESSING_PROMPT = "processing_prompt"
+    GENERATING = "generating"
+
+
+@dataclass
+class Task:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    generation: Generation
+    stats: RequestStats
+
+
+@dataclass
+class Slot:
+    id: int
+    state: SlotState = SlotState.IDLE
+    cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
+    last_used: float = 0.0
+    task: Task | None = None
+    n_prompt_done: int = 0
+    next_token: int = -1  # sampled last step, fed to the model this step
+    batch_index: int = -1  # where this slot's logits sit in the current batch, -1 if none
+    sampler: SamplerChain | None = None
+    decoder: codecs.IncrementalDecoder | None = None
+    stop: StopMatcher | None = None
+
+    def common_prefix(self, tokens: Sequence[int]) -> int:
+        n = 0
+        for a, b in zip(self.cache, tokens):
+            if a != b:
+                break
+            n += 1
+        return n
+
+
+class Engine:
+    def __init__(
+        self,
+        native: NativeModel,
+        n_slots: int,
+        n_batch: int,
+        max_waiting: int = 64,
+        clock: Callable[[], float] | None = None,
+    ):
+        import time
+
+        self.native = native
+        self.n_batch = max(n_batch, n_slots)
+        self.n_ctx_slot = native.n_ctx() // n_slots
+        self.max_waiting = max_waiting
+        self.slots = [Slot(id=i) for i in range(n_slots)]
+        self._clock = clock or time.perf_counter
+        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._waiting: deque[Task] = deque()
+        self._n_queued = 0
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers' side
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
+        if self._closed:
+            raise EngineClosed("the engine has been shut down")
+        prompt = list(prompt)
+        self._check_prompt(prompt)
+        with self._lock:
+            if self._n_queued >= self.max_waiting:
+                raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
+            self._n_queued += 1
+        task_id = next(self._ids)
+        generation = Generation(id=task_id, _on_cancel=lambda: self._inbox.put(_WAKE))
+        stats = RequestStats(submitted_at=self._clock())
+        self._inbox.put(Task(task_id, prompt, params, generation, stats))
+        return generation
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        if len(prompt) >= self.n_ctx_slot:
+            raise PromptTooLong(len(prompt), self.n_ctx_slot)
+        n_vocab = self.native.n_vocab
+        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._inbox.put(_CLOSE)
+        self._thread.join()
+        llama_cpp.llama_batch_free(self._batch)
+        self.native.close()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        while self._take_new_tasks():
+            self._drop_cancelled()
+            self._assign_slots()
+            if not any(s.task for s in self.slots):
+                continue
+            try:
+                self._step()
+            except Exception as exc:  # never let one bad step kill the engine thread
+                log.exception("decode step failed")
+                self._fail_active(EngineError(f"generation failed: {exc}"))
+        self._fail_all(EngineClosed("the engine was shut down"))
+
+    def _take_new_tasks(self) -> bool:
+        """Move arrivals into the wait queue; block only when there is nothing to do."""
+        idle = not self._waiting and not any(s.task for s in self.slots)
+        while True:
+            try:
+                item = self._inbox.get(block=idle)
+            except queue.Empty:
+                return True
+            if item is _CLOSE:
+                return False
+            if isinstance(item, Task):
+                self._waiting.append(item)
+            idle = False
+
+    def _drop_cancelled(self) -> None:
+        for task in [t for t in self._waiting if t.generation.cancelled]:
+            self._waiting.remove(task)
+            self._dequeued()
+            task.stats.finish_reason = "cancelled"
+            task.generation.put(DoneEvent(task.stats))
+        for slot in self.slots:
+            if slot.task and slot.task.generation.cancelled:
+                self._finish(slot, "cancelled")
+
+    def _assign_slots(self) -> None:
+        while self._waiting:
+            idle = [s for s in self.slots if s.state is SlotState.IDLE]
+            if not idle:
+                return
+            task = self._waiting.popleft()
+            self._dequeued()
+            # the longest cached prefix wins; among equals, the least recently used
+            slot = max(idle, key=lambda s: (s.common_prefix(task.prompt), -s.last_used))
+            self._start(slot, task)
+
+    def _dequeued(self) -> None:
+        with self._lock:
+            self._n_queued -= 1
+
+    def _start(self, slot: Slot, task: Task) -> None:
+        # keep at least one prompt token to evaluate: its logits give the first token
+        n_keep = min(slot.common_prefix(task.prompt), len(task.prompt) - 1)
+        if not llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, n_keep, -1):
+            llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+            n_keep = 0
+        del slot.cache[n_keep:]
+        slot.task = task
+        slot.state = SlotState.PROCESSING_PROMPT
+        slot.n_prompt_done = n_keep
+        slot.sampler = SamplerChain(self.native, task.params, task.prompt)
+        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        slot.stop = StopMatcher(task.params.stop)
+        task.stats.started_at = self._clock()
+        task.stats.prompt_tokens = len(task.prompt)
+        task.stats.cached_tokens = n_keep
+        log.debug("slot %d: task %d, %d prompt tokens, %d cached",
+                  slot.id, task.id, len(task.prompt), n_keep)
+
+    def _step(self) -> None:
+        n = self._fill_batch()
+        self._batch.n_tokens = n
+        rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc}")
+        for slot in self.slots:
+            if slot.task and slot.batch_index >= 0:
+                token = slot.sampler.sample(self.native, slot.batch_index)
+                slot.state = SlotState.GENERATING
+                self._on_token(slot, token)
+
+    def _fill_batch(self) -> int:
+        n = 0
+        for slot in self.slots:
+            slot.batch_index = -1
+            if slot.state is SlotState.GENERATING:
+                n = self._add(n, slot, slot.next_token, logits=True)
+        for slot in self.slots:
+            if slot.state is not SlotState.PROCESSING_PROMPT or n >= self.n_batch:
+                continue
+            prompt = slot.task.prompt
+            end = min(len(prompt), slot.n_prompt_done + self.n_batch - n)
+            for i in range(slot.n_prompt_done, end):
+                n = self._add(n, slot, prompt[i], logits=(i == len(prompt) - 1))
+            slot.n_prompt_done = end
+        return n
+
+    def _add(self, n: int, slot: Slot, token: int, logits: bool) -> int:
+        b = self._batch
+        b.token[n] = token
+        b.pos[n] = len(slot.cache)
+        b.n_seq_id[n] = 1
+        b.seq_id[n][0] = slot.id
+        b.logits[n] = logits
+        slot.cache.append(token)
+        if logits:
+            slot.batch_index = n
+        return n + 1
+
+    def _on_token(self, slot: Slot, token: int) -> None:
+        task = slot.task
+        task.stats.token_times.append(self._clock())
+        if self.native.is_eog(token):
+            return self._finish(slot, "stop")
+        text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
+        if text:
+            task.generation.put(TokenEvent(text, token))
+        if slot.stop.stopped:
+            return self._finish(slot, "stop")
+        max_tokens = task.params.max_tokens
+        if max_tokens is not None and task.stats.generated_tokens >= max_tokens:
+            return self._finish(slot, "length")
+        if len(slot.cache) >= self.n_ctx_slot:  # no cell left to feed this token back
+            return self._finish(slot, "length")
+        slot.next_token = token
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        task = slot.task
+        tail = slot.stop.feed(slot.decoder.decode(b"", final=True)) + slot.stop.flush()
+        if tail and reason != "cancelled":
+            task.generation.put(TokenEvent(tail, -1))
+        task.stats.finish_reason = reason
+        task.generation.put(DoneEvent(task.stats))
+        self._release(slot)
+
+    def _release(self, slot: Slot) -> None:
+        if slot.sampler:
+            slot.sampler.close()
+        slot.sampler = slot.decoder = slot.stop = slot.task = None
+        slot.state = SlotState.IDLE
+        slot.batch_index = -1
+        slot.last_used = self._clock()
+
+    def _fail_active(self, error: LocalinferError) -> None:
+        for slot in self.slots:
+            if slot.task:
+                slot.task.generation.put(ErrorEvent(error))
+                # its KV may be half-written: forget it
+                llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+                slot.cache.clear()
+                self._release(slot)
+
+    def _fail_all(self, error: LocalinferError) -> None:
+        self._fail_active(error)
+        while self._waiting:
+            self._waiting.popleft().generation.put(ErrorEvent(error))
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, Task):
+                item.generation.put(ErrorEvent(error))

@@ -1,0 +1,182 @@
+"""The thin layer over llama-cpp-python's low-level API: load, tokenize, sample.
+
+Only the engine thread decodes and samples; tokenizing is read-only on the vocabulary
+and safe from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from collections.abc import Sequence
+
+import llama_cpp
+
+from localinfer.backends.base import SamplingParams
+from localinfer.errors import ModelLoadFailed
+
+__all__ = ["NativeModel", "SamplerChain", "route_llama_log"]
+
+log = logging.getLogger("localinfer.llama_cpp")
+
+# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_log_lock = threading.Lock()
+_log_state = {"installed": False, "last_level": logging.INFO}
+
+
+@llama_cpp.llama_log_callback
+def _on_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # level 5 (CONT) continues the previous line at the previous level
+    py_level = _LEVELS.get(level, _log_state["last_level"])
+    _log_state["last_level"] = py_level
+    message = text.decode("utf-8", errors="replace").rstrip("\n")
+    if message and log.isEnabledFor(py_level):
+        log.log(py_level, "%s", message)
+
+
+def route_llama_log() -> None:
+    """Send llama.cpp's own log into the `localinfer.llama_cpp` logger (once per process)."""
+    with _log_lock:
+        if not _log_state["installed"]:
+            llama_cpp.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
+            _log_state["installed"] = True
+
+
+class NativeModel:
+    """A llama.cpp model and one context, owned together."""
+
+    def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
+                 n_threads: int, n_gpu_layers: int = 0):
+        route_llama_log()
+        llama_cpp.llama_backend_init()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise ModelLoadFailed(f"llama.cpp could not load '{path}' — run with --verbose to see why")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx_total
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = n_batch
+        cparams.n_seq_max = n_slots
+        cparams.n_threads = n_threads
+        cparams.n_threads_batch = n_threads
+        cparams.no_perf = True
+        # Keep every sliding-window layer's cells so a cached prefix can be reused at any length.
+        cparams.swa_full = True
+        self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            llama_cpp.llama_model_free(self.model)
+            raise ModelLoadFailed(
+                f"llama.cpp could not create a context of {n_ctx_total} tokens — lower --ctx"
+            )
+        self.memory = llama_cpp.llama_get_memory(self.ctx)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self._piece_buf = ctypes.create_string_buffer(256)
+
+    # -- model facts
+    def n_ctx(self) -> int:
+        return llama_cpp.llama_n_ctx(self.ctx)
+
+    def n_ctx_train(self) -> int:
+        return llama_cpp.llama_model_n_ctx_train(self.model)
+
+    def n_params(self) -> int:
+        return llama_cpp.llama_model_n_params(self.model)
+
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(256)
+        n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace") if n >= 0 else None
+
+    def token_text(self, token: int) -> str:
+        if token < 0:
+            return ""
+        return llama_cpp.llama_vocab_get_text(self.vocab, token).decode("utf-8", errors="replace")
+
+    def bos(self) -> int:
+        return llama_cpp.llama_vocab_bos(self.vocab)
+
+    def eos(self) -> int:
+        return llama_cpp.llama_vocab_eos(self.vocab)
+
+    def is_eog(self, token: int) -> bool:
+        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+
+    # -- text
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (llama_cpp.llama_token * capacity)()
+        n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity,
+                                     add_special, parse_special)
+        if n < 0:  # buffer too small: -n is the size needed
+            capacity = -n
+            buf = (llama_cpp.llama_token * capacity)()
+            n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity,
+                                         add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes of one token (special tokens render as nothing). Engine thread only."""
+        buf = self._piece_buf
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        buf = ctypes.create_string_buffer(256)
+        out = bytearray()
+        for token in tokens:
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            out += buf.raw[:max(n, 0)]
+        return out.decode("utf-8", errors="replace")
+
+    def close(self) -> None:
+        if self.ctx:
+            llama_cpp.llama_free(self.ctx)
+            self.ctx = None
+        if self.model:
+            llama_cpp.llama_model_free(self.model)
+            self.model = None
+
+
+class SamplerChain:
+    """One llama.cpp sampler chain per request, in llama.cpp's own default order."""
+
+    _PENALTY_LAST_N = 64
+
+    def __init__(self, native: NativeModel, params: SamplingParams, prompt: Sequence[int] = ()):
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self.chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
+        if params.repeat_penalty != 1.0:
+            add(llama_cpp.llama_sampler_init_penalties(
+                native.n_vocab, self._PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0))
+            for token in prompt[-self._PENALTY_LAST_N:]:  # the prompt counts as history
+                llama_cpp.llama_sampler_accept(self.chain, token)
+        if params.greedy:
+            add(llama_cpp.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
+        add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        add(llama_cpp.llama_sampler_init_temp(params.temperature))
+        seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
+        add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def sample(self, native: NativeModel, batch_index: int) -> int:
+        """Sample from the logits at `batch_index` of the last decode (and accept the token)."""
+        return llama_cpp.llama_sampler_sample(self.chain, native.ctx, batch_index)
+
+    def close(self) -> None:
+        if self.chain:
+            llama_cpp.llama_sampler_free(self.chain)
+            self.chain = None

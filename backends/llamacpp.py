@@ -1,0 +1,88 @@
+"""The llama.cpp implementation of `Backend`: a native model plus the batching engine."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import llama_cpp
+import psutil
+
+from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
+from localinfer.backends.chat_template import ChatTemplate, fallback_template
+from localinfer.backends.engine import Engine
+from localinfer.backends.llama_native import NativeModel
+
+__all__ = ["LlamaCppBackend", "default_threads"]
+
+
+def default_threads() -> int:
+    """Physical cores: decode is memory-bound and hyper-threads only add contention."""
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+class LlamaCppBackend(Backend):
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions, name: str | None = None):
+        path = str(path)
+        n_ctx = options.n_ctx or 4096
+        self.native = NativeModel(
+            path,
+            n_ctx_total=n_ctx * options.n_slots,
+            n_slots=options.n_slots,
+            n_batch=options.n_batch,
+            n_threads=options.n_threads or default_threads(),
+            n_gpu_layers=options.n_gpu_layers,
+        )
+        architecture = self.native.meta("general.architecture") or "unknown"
+        self.template = ChatTemplate(
+            self._template_source() or fallback_template(architecture),
+            bos_token=self.native.token_text(self.native.bos()),
+            eos_token=self.native.token_text(self.native.eos()),
+        )
+        self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=options.n_batch)
+        self.info = ModelInfo(
+            name=name or Path(path).stem,
+            path=path,
+            architecture=architecture,
+            quant=_quant_label(self.native),
+            n_ctx=self.engine.n_ctx_slot,
+            n_ctx_train=self.native.n_ctx_train(),
+            n_slots=options.n_slots,
+            n_params=self.native.n_params(),
+            size_bytes=llama_cpp.llama_model_size(self.native.model),
+        )
+
+    def _template_source(self) -> str | None:
+        # llama.cpp returns the GGUF's template, or NULL when the file carries none
+        source = llama_cpp.llama_model_chat_template(self.native.model, None)
+        return source.decode("utf-8") if source else None
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        # a template that writes the BOS itself must not get a second one
+        if add_special and self.template.bos_token and text.startswith(self.template.bos_token):
+            add_special = False
+        return self.native.tokenize(text, add_special=add_special, parse_special=True)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self.native.detokenize(tokens)
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        return self.template.render(messages, add_generation_prompt)
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self.engine.submit(tokens, params)
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def _quant_label(native: NativeModel) -> str:
+    buf = ctypes.create_string_buffer(128)
+    llama_cpp.llama_model_desc(native.model, buf, len(buf))
+    desc = buf.value.decode("utf-8", errors="replace")  # e.g. "llama 135M Q4_1"
+    return desc.rsplit(" ", 1)[-1] if " " in desc else desc

@@ -1,0 +1,1 @@
+"""Model store: where models come from (embedded packages, local paths) and what they hold."""

@@ -1,0 +1,214 @@
+"""Read and validate a GGUF file's header before llama.cpp ever sees it."""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+
+from localinfer.errors import InvalidModelFile, ModelFileMissing
+
+__all__ = ["GGUFInfo", "read_gguf_info"]
+
+_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class GGUFInfo:
+    path: Path
+    file_size: int
+    architecture: str
+    name: str
+    quant: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_ctx_train: int
+    sliding_window: int | None
+    n_vocab: int
+    chat_template: str | None
+
+    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
+        """K and V for one token across all layers (f16 by default), as llama.cpp stores them."""
+        per_layer = self.n_head_kv * (self.head_dim_k + self.head_dim_v) * bytes_per_element
+        return self.n_layer * per_layer
+
+
+_SCALARS = {
+    gguf.GGUFValueType.UINT8: "<B", gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H", gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I", gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f", gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+}
+_SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    length: int
+
+
+class _Cursor:
+    """Walks a GGUF header in a memory map. `gguf.GGUFReader` materialises every
+    vocabulary entry as a numpy view, which takes seconds on a 262k-token vocabulary;
+    this reads only what the planner and validator need."""
+
+    def __init__(self, buf: mmap.mmap):
+        self.buf = buf
+        self.pos = 0
+
+    def scalar(self, fmt: str) -> Any:
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def string(self) -> str:
+        n = self.scalar("<Q")
+        raw = self.buf[self.pos : self.pos + n]
+        if len(raw) != n:
+            raise ValueError("string runs past the end of the file")
+        self.pos += n
+        return raw.decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        vtype = gguf.GGUFValueType(vtype)
+        if vtype == gguf.GGUFValueType.STRING:
+            return self.string()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            return self.array()
+        return self.scalar(_SCALARS[vtype])
+
+    def array(self) -> list[Any] | SkippedArray:
+        item_type = gguf.GGUFValueType(self.scalar("<I"))
+        n = self.scalar("<Q")
+        if item_type in _SCALARS and n > _SMALL_ARRAY:  # token scores and types
+            self.pos += n * struct.calcsize(_SCALARS[item_type])
+            return SkippedArray(n)
+        if n > _SMALL_ARRAY:  # the vocabulary: step over it without decoding
+            if item_type != gguf.GGUFValueType.STRING:
+                raise ValueError(f"unexpected large array of {item_type.name}")
+            for _ in range(n):
+                length = self.scalar("<Q")
+                self.pos += length
+            return SkippedArray(n)
+        return [self.value(item_type) for _ in range(n)]
+
+
+def _read_header(buf: mmap.mmap, size: int) -> tuple[dict[str, Any], int]:
+    """Return the metadata and the byte offset where the last tensor's data ends."""
+    cur = _Cursor(buf)
+    cur.pos = 4
+    version = cur.scalar("<I")
+    if version < 2:
+        raise ValueError(f"GGUF version {version} is too old")
+    n_tensors, n_kv = cur.scalar("<Q"), cur.scalar("<Q")
+    meta = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        meta[key] = cur.value(cur.scalar("<I"))
+    data_end = 0
+    for _ in range(n_tensors):
+        cur.string()
+        dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+        qtype = gguf.GGMLQuantizationType(cur.scalar("<I"))
+        offset = cur.scalar("<Q")
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n_bytes = math.prod(dims) // block * type_size
+        data_end = max(data_end, offset + n_bytes)
+    alignment = int(meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+    data_start = -(-cur.pos // alignment) * alignment
+    if n_tensors == 0:
+        raise ValueError("it holds no tensors")
+    return meta, data_start + data_end
+
+
+def _largest(value: Any, default: Any) -> Any:
+    if value is None:
+        return default
+    if isinstance(value, list):  # per-layer arrays (e.g. head_count_kv): take the largest
+        return max(value) if value else default
+    return value
+
+
+def _quant_name(file_type: int | None) -> str:
+    if file_type is None:
+        return "unknown"
+    try:
+        return gguf.LlamaFileType(file_type).name.removeprefix("MOSTLY_")
+    except ValueError:
+        return f"type{file_type}"
+
+
+def _check_header(path: Path) -> int:
+    if not path.exists():
+        raise ModelFileMissing(str(path))
+    if not path.is_file():
+        raise InvalidModelFile(str(path), "it is a directory, not a file")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != _MAGIC:
+        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {magic!r})")
+    return size
+
+
+def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
+    """Parse the header and tensor table; reject files that are not GGUF or are cut short."""
+    path = Path(path)
+    size = _check_header(path)
+    try:
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            meta, data_end = _read_header(buf, size)
+    except (ValueError, KeyError, struct.error, OverflowError) as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
+    if data_end > size:
+        raise InvalidModelFile(
+            str(path),
+            f"the file is truncated: {size:,} bytes but its tensors need {data_end:,} "
+            "— download it again",
+        )
+    return _info_from_meta(path, size, meta)
+
+
+def _array_length(value: Any) -> int:
+    if isinstance(value, SkippedArray):
+        return value.length
+    return len(value) if isinstance(value, list) else 0
+
+
+def _info_from_meta(path: Path, size: int, meta: dict[str, Any]) -> GGUFInfo:
+    arch = str(meta.get("general.architecture", "unknown"))
+
+    def get(key: str, default: Any = 0) -> Any:
+        return _largest(meta.get(f"{arch}.{key}"), default)
+
+    n_head = int(get("attention.head_count"))
+    n_embd = int(get("embedding_length"))
+    default_head_dim = n_embd // n_head if n_head else 0
+    window = get("attention.sliding_window", None)
+    return GGUFInfo(
+        path=path,
+        file_size=size,
+        architecture=arch,
+        name=str(meta.get("general.name", path.stem)),
+        quant=_quant_name(meta.get("general.file_type")),
+        n_layer=int(get("block_count")),
+        n_head=n_head,
+        n_head_kv=int(get("attention.head_count_kv", n_head)),
+        head_dim_k=int(get("attention.key_length", default_head_dim)),
+        head_dim_v=int(get("attention.value_length", default_head_dim)),
+        n_ctx_train=int(get("context_length")),
+        sliding_window=int(window) if window else None,
+        n_vocab=_array_length(meta.get("tokenizer.ggml.tokens")),
+        chat_template=meta.get("tokenizer.chat_template"),
+    )

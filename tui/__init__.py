@@ -1,0 +1,1 @@
+"""The Textual chat app. Not built yet: see the TUI issue."""
