@@ -31,9 +31,10 @@ class Reply:
 def stream_reply(backend: Backend, messages: list[dict[str, str]], params: SamplingParams,
                  out: TextIO) -> Reply:
     """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written."""
-    generation = backend.chat(messages, params)
+    generation = None
     pieces: list[str] = []
     try:
+        generation = backend.chat(messages, params)
         for event in generation:
             if isinstance(event, TokenEvent):
                 pieces.append(event.text)
@@ -42,6 +43,8 @@ def stream_reply(backend: Backend, messages: list[dict[str, str]], params: Sampl
             elif isinstance(event, ErrorEvent):
                 raise event.error
     except KeyboardInterrupt:
+        if generation is None:  # interrupted before the request was queued
+            return Reply("", None, interrupted=True)
         generation.cancel()
         for _ in generation:  # the engine answers the cancel within one step
             pass
@@ -51,7 +54,7 @@ def stream_reply(backend: Backend, messages: list[dict[str, str]], params: Sampl
 
 def _print_stats(reply: Reply, err: Console) -> None:
     if reply.stats is not None:
-        err.print(reply.stats.summary(), style="dim", highlight=False, soft_wrap=True)
+        err.print(reply.stats.summary(), style="dim", highlight=False, soft_wrap=True, markup=False)
 
 
 def answer_once(backend: Backend, prompt: str, system: str | None, params: SamplingParams,
@@ -89,7 +92,7 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
     history = list(base)
     err.print(f"Chatting with {backend.info.name} ({backend.info.quant}, "
               f"{backend.info.n_ctx} tokens of context). /? for help, /bye to exit.",
-              style="dim", highlight=False)
+              style="dim", highlight=False, soft_wrap=True)
     while (line := _read_line()) is not None:
         command = line.strip()
         if not command:
@@ -108,10 +111,10 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
             reply = stream_reply(backend, history, params, out)
         except LocalinferError as exc:
             history.pop()  # the turn never happened: keep the history clean
-            err.print(f"Error: {exc}", style="red", highlight=False)
+            err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
             continue
         out.write("\n")
         if reply.interrupted:
-            err.print("[stopped]", style="dim", highlight=False)
+            err.print("[stopped]", style="dim", highlight=False, markup=False)
         history.append({"role": "assistant", "content": reply.text})
         _print_stats(reply, err)

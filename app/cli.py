@@ -50,7 +50,7 @@ def _user_errors() -> Iterator[None]:
     except LocalinferError as exc:
         if os.environ.get("LOCALINFER_DEBUG"):
             raise
-        _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True)
+        _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None

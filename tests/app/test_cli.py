@@ -1,0 +1,88 @@
+"""`localinfer run` as a user runs it: a real process, real model, real exit codes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+RUN = [sys.executable, "-m", "localinfer", "run"]
+
+
+def _run(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*RUN, *args], input=stdin if stdin is not None else "",
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_console_script_answers_with_a_stats_line():
+    exe = shutil.which("localinfer")
+    assert exe, "the console script is not installed"
+    result = subprocess.run([exe, "run", "--prompt", "What is the capital of France?",
+                             "--max-tokens", "16", "--temperature", "0"],
+                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    assert "TTFT" in result.stderr and "tok/s" in result.stderr
+    assert "llama_model_loader" not in result.stderr  # llama.cpp's log is hidden by default
+
+
+def test_piped_stdin_is_the_prompt():
+    result = _run("--max-tokens", "8", "--seed", "3", stdin="Say hi.")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() and "generated 8 tok" in result.stderr
+
+
+def test_gemma3_by_name():
+    result = _run("gemma3:270m", "-p", "The capital of France is", "--max-tokens", "6",
+                  "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+
+
+def test_verbose_shows_llama_cpp_log():
+    result = _run("-p", "hi", "--max-tokens", "2", "--verbose")
+    assert result.returncode == 0
+    assert "llama_model_loader" in result.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["lama3"], "model 'lama3' not found — did you mean 'gemma3'?"),
+    (["./missing/model.gguf"], "no model file at './missing/model.gguf'"),
+    (["--ctx", "100000"], "more than the 8192 'smollm2:135m' was trained for"),
+])
+def test_bad_input_is_one_line_and_exit_1(args, message):
+    result = _run(*args, "-p", "hi")
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [f"Error: {result.stderr.split('Error: ', 1)[1].strip()}"]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_file_that_is_not_gguf(tmp_path):
+    fake = tmp_path / "fake.gguf"
+    fake.write_text("not a model")
+    result = _run(str(fake), "-p", "hi")
+    assert result.returncode == 1 and "does not start with the GGUF magic" in result.stderr
+
+
+def test_truncated_file(tmp_path, smollm2_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2_path.read_bytes()[:10_000_000])
+    result = _run(str(cut), "-p", "hi")
+    assert result.returncode == 1 and "truncated" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prompt_longer_than_context():
+    result = _run("--ctx", "256", stdin="word " * 1000)
+    assert result.returncode == 1
+    assert "but the context holds 256 — raise --ctx or shorten the prompt" in result.stderr
+
+
+def test_empty_pipe_and_bad_option_values():
+    assert "nothing to answer" in _run(stdin="").stderr
+    bad = _run("--temperature", "-1", "-p", "hi")
+    assert bad.returncode == 2 and "Invalid value for '--temperature'" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -1,0 +1,62 @@
+"""The interactive chat driven through a pseudo-terminal, as a person uses it."""
+
+from __future__ import annotations
+
+import sys
+
+import pexpect
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def chat():
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "run", "--temperature", "0",
+                                           "--max-tokens", "60"],
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    child.expect("/bye to exit")
+    child.expect(">>> ")
+    yield child
+    child.close(force=True)
+
+
+def _ask(child, text: str) -> str:
+    child.sendline(text)
+    child.expect(r"TTFT \d+ ms[^\n]*tok/s")
+    stats = child.after
+    child.expect(">>> ")
+    return stats
+
+
+def test_two_turns_ctrl_c_and_bye(chat):
+    first = _ask(chat, "What is the capital of France?")
+    assert "cached" not in first.split("generated")[0] or "prompt" in first
+    second = _ask(chat, "And of Italy?")
+    assert "cached)" in second  # the first turn's tokens were reused
+
+    chat.sendline("Write a very long story about a dragon who learns to sing.")
+    chat.expect(r"sing\.\r\n")  # our own line echoed back
+    chat.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    chat.sendintr()
+    chat.expect(r"\[stopped\]")
+    chat.expect(r"finish: cancelled")
+    chat.expect(">>> ")
+
+    third = _ask(chat, "Thanks!")  # still chatting after the interruption
+    assert "tok/s" in third
+
+    chat.sendline("/bye")
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0
+
+
+def test_ctrl_c_at_prompt_hints_and_ctrl_d_exits(chat):
+    chat.sendintr()
+    chat.expect("Use Ctrl-D or /bye to exit.")
+    chat.expect(">>> ")
+    chat.sendeof()
+    chat.expect(pexpect.EOF)
+    chat.close()
+    assert chat.exitstatus == 0

@@ -1,0 +1,38 @@
+import pytest
+
+from localinfer.backends.metrics import RequestStats
+
+
+def _stats() -> RequestStats:
+    # submitted at 10.0, slot at 10.5, tokens at 11.0, 11.1, 11.3, 11.6
+    return RequestStats(submitted_at=10.0, started_at=10.5, token_times=[11.0, 11.1, 11.3, 11.6],
+                        prompt_tokens=120, cached_tokens=20, finish_reason="length")
+
+
+def test_definitions():
+    s = _stats()
+    assert s.queue_time == pytest.approx(0.5)
+    assert s.ttft == pytest.approx(1.0)
+    assert s.e2el == pytest.approx(1.6)
+    assert s.itls == pytest.approx([0.1, 0.2, 0.3])
+    assert s.tpot == pytest.approx((1.6 - 1.0) / 3)
+    assert s.decode_tps == pytest.approx(3 / 0.6)
+    assert s.prefill_tps == pytest.approx(100 / 0.5)  # cached tokens are not evaluated
+    assert sum(s.itls) == pytest.approx(s.e2el - s.ttft)
+
+
+def test_no_tokens_and_one_token_have_no_rates():
+    empty = RequestStats(submitted_at=1.0, started_at=1.0)
+    assert empty.ttft is None and empty.e2el is None and empty.decode_tps is None
+    one = RequestStats(submitted_at=1.0, started_at=1.0, token_times=[1.5], prompt_tokens=5)
+    assert one.ttft == pytest.approx(0.5)
+    assert one.tpot is None and one.decode_tps is None
+    assert one.prefill_tps == pytest.approx(10.0)
+
+
+def test_summary_line_shows_cached_tokens_and_rates():
+    line = _stats().summary()
+    assert "TTFT 1000 ms" in line
+    assert "prompt 120 tok (20 cached) @ 200.0 tok/s" in line
+    assert "generated 4 tok @ 5.0 tok/s" in line
+    assert "finish: length" in line

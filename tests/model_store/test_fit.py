@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from localinfer.errors import ContextTooLarge
+from localinfer.model_store.fit import check_context, estimate_memory, max_context
+from localinfer.model_store.gguf_info import read_gguf_info
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def info(smollm2_path):
+    return read_gguf_info(smollm2_path)
+
+
+def test_estimate_adds_weights_kv_and_buffers(info):
+    e = estimate_memory(info, n_ctx=4096, n_slots=2)
+    assert e.weights == info.file_size
+    assert e.kv_cache == 30 * 3 * (64 + 64) * 2 * 4096 * 2  # layers × kv heads × (K+V dims) × f16
+    assert e.total == e.weights + e.kv_cache + e.compute
+
+
+def test_context_beyond_training_length_is_refused(info):
+    with pytest.raises(ContextTooLarge, match="more than the 8192 'smollm2:135m' was trained for"):
+        check_context(info, 16384, 1, available=64 * GIB, name="smollm2:135m")
+
+
+def test_context_beyond_memory_is_refused_with_a_context_that_fits(info):
+    available = info.file_size + 200 * 2**20
+    with pytest.raises(ContextTooLarge, match=r"GiB is available — use --ctx (\d+) or less") as err:
+        check_context(info, 8192, 1, available=available)
+    suggested = int(str(err.value).rsplit("--ctx ", 1)[1].split()[0])
+    assert 0 < suggested < 8192
+    check_context(info, suggested, 1, available=available)  # the suggestion really fits
+    with pytest.raises(ContextTooLarge):
+        check_context(info, suggested + 64, 1, available=available)
+
+
+def test_nothing_fits_in_too_little_memory(info):
+    assert max_context(info, available=info.file_size // 2) == 0
+    with pytest.raises(ContextTooLarge, match="pick a smaller model"):
+        check_context(info, 512, 1, available=info.file_size // 2)

@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.errors import InvalidModelFile, ModelFileMissing
+from localinfer.model_store.gguf_info import read_gguf_info
+
+
+def test_reads_architecture_facts_of_both_models(smollm2_path, gemma3_path):
+    s = read_gguf_info(smollm2_path)
+    assert (s.architecture, s.quant, s.n_layer, s.n_head, s.n_head_kv) == ("llama", "Q4_1", 30, 9, 3)
+    assert (s.head_dim_k, s.n_ctx_train, s.n_vocab, s.sliding_window) == (64, 8192, 49152, None)
+    assert s.chat_template and "<|im_start|>" in s.chat_template
+    g = read_gguf_info(gemma3_path)
+    assert (g.architecture, g.quant, g.n_layer, g.n_head_kv, g.head_dim_k) == ("gemma3", "Q4_K_M", 18, 1, 256)
+    assert (g.n_ctx_train, g.sliding_window, g.n_vocab, g.chat_template) == (32768, 512, 262144, None)
+
+
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
+def test_kv_bytes_agree_with_what_llama_cpp_allocates(model, request, caplog):
+    path = request.getfixturevalue(model)
+    info = read_gguf_info(path)
+    caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
+    with LlamaCppBackend(path, LoadOptions(n_ctx=2048)):
+        pass
+    reported = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]
+    assert reported, "llama.cpp did not report its KV buffer"
+    ours = info.kv_bytes_per_token() * 2048 / 2**20
+    assert sum(reported) == pytest.approx(ours, rel=0.05)
+
+
+def test_truncated_file_is_rejected_with_sizes(smollm2_path, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2_path.read_bytes()[:20_000_000])
+    with pytest.raises(InvalidModelFile, match=r"truncated: 20,000,000 bytes but its tensors need"):
+        read_gguf_info(cut)
+
+
+def test_file_cut_inside_the_header_is_rejected(smollm2_path, tmp_path):
+    cut = tmp_path / "head.gguf"
+    with smollm2_path.open("rb") as f:
+        cut.write_bytes(f.read(5000))
+    with pytest.raises(InvalidModelFile, match="damaged or cut short"):
+        read_gguf_info(cut)
+
+
+def test_not_gguf_missing_and_directory(tmp_path):
+    text = tmp_path / "notes.gguf"
+    text.write_text("hello world")
+    with pytest.raises(InvalidModelFile, match="GGUF magic"):
+        read_gguf_info(text)
+    with pytest.raises(ModelFileMissing):
+        read_gguf_info(tmp_path / "absent.gguf")
+    with pytest.raises(InvalidModelFile, match="directory"):
+        read_gguf_info(tmp_path)
