@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,9 +17,10 @@ def _run(*args: str, stdin: str | None = None, timeout: float = 120) -> subproce
 
 
 def test_console_script_answers_with_a_stats_line():
-    exe = shutil.which("localinfer")
-    assert exe, "the console script is not installed"
-    result = subprocess.run([exe, "run", "--prompt", "What is the capital of France?",
+    # the script pip installed beside this interpreter (PATH shims may not be refreshed yet)
+    exe = Path(sys.executable).with_name("localinfer")
+    assert exe.is_file(), "the console script is not installed"
+    result = subprocess.run([str(exe), "run", "--prompt", "What is the capital of France?",
                              "--max-tokens", "16", "--temperature", "0"],
                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert result.returncode == 0, result.stderr

