@@ -146,3 +146,17 @@ def test_both_models_answer(smollm2, gemma3):
                          SamplingParams(temperature=0, max_tokens=12))
         assert g.text().strip()
         assert backend.info.n_ctx == 1024
+
+
+def test_concurrent_requests_share_slots_and_match_solo_output(smollm2):
+    """More requests than slots: they queue, share decode steps, and each greedy reply is
+    what it would be alone."""
+    questions = ["Why is the sky blue?", "What is rain?", "Describe a cat.", "What is a prime?"]
+    params = SamplingParams(temperature=0, max_tokens=24)
+    solo = [smollm2.chat([{"role": "user", "content": q}], params).text() for q in questions]
+    generations = [smollm2.chat([{"role": "user", "content": q}], params) for q in questions]
+    together = [g.text() for g in generations]
+    assert together == solo
+    # with 2 slots the last two waited in the queue for a free slot
+    queued = sorted(g.stats.queue_time for g in generations)
+    assert queued[-1] > queued[0]
