@@ -107,7 +107,7 @@ def run(
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
-        backend = load_model(model, LoadOptions(n_ctx=ctx, n_threads=threads, verbose=verbose))
+        backend = load_model(model, LoadOptions(n_ctx=ctx, n_threads=threads))
         with backend:
             if one_shot is not None:
                 answer_once(backend, one_shot, system, params)

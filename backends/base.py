@@ -66,7 +66,6 @@ class LoadOptions:
     n_batch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int = 0
-    verbose: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -88,16 +89,14 @@ class Engine:
         n_slots: int,
         n_batch: int,
         max_waiting: int = 64,
-        clock: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ):
-        import time
-
         self.native = native
         self.n_batch = max(n_batch, n_slots)
         self.n_ctx_slot = native.n_ctx() // n_slots
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
-        self._clock = clock or time.perf_counter
+        self._clock = clock
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._waiting: deque[Task] = deque()
         self._n_queued = 0

