@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -14,6 +13,7 @@ from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
 from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
+from localinfer.model_store.gguf_info import quant_name
 
 __all__ = ["LlamaCppBackend", "default_threads"]
 
@@ -46,13 +46,17 @@ class LlamaCppBackend(Backend):
             name=name or Path(path).stem,
             path=path,
             architecture=architecture,
-            quant=_quant_label(self.native),
+            quant=self._quant(),
             n_ctx=self.engine.n_ctx_slot,
             n_ctx_train=self.native.n_ctx_train(),
             n_slots=options.n_slots,
             n_params=self.native.n_params(),
             size_bytes=llama_cpp.llama_model_size(self.native.model),
         )
+
+    def _quant(self) -> str:
+        file_type = self.native.meta("general.file_type")
+        return quant_name(int(file_type)) if file_type and file_type.isdigit() else "unknown"
 
     def _template_source(self) -> str | None:
         # llama.cpp returns the GGUF's template, or NULL when the file carries none
@@ -79,10 +83,3 @@ class LlamaCppBackend(Backend):
 
     def close(self) -> None:
         self.engine.close()
-
-
-def _quant_label(native: NativeModel) -> str:
-    buf = ctypes.create_string_buffer(128)
-    llama_cpp.llama_model_desc(native.model, buf, len(buf))
-    desc = buf.value.decode("utf-8", errors="replace")  # e.g. "llama 135M Q4_1"
-    return desc.rsplit(" ", 1)[-1] if " " in desc else desc

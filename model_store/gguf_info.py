@@ -14,7 +14,7 @@ import gguf
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 
-__all__ = ["GGUFInfo", "read_gguf_info"]
+__all__ = ["GGUFInfo", "quant_name", "read_gguf_info"]
 
 _MAGIC = b"GGUF"
 
@@ -140,7 +140,8 @@ def _largest(value: Any, default: Any) -> Any:
     return value
 
 
-def _quant_name(file_type: int | None) -> str:
+def quant_name(file_type: int | None) -> str:
+    """`general.file_type` as the usual label: 15 → "Q4_K_M"."""
     if file_type is None:
         return "unknown"
     try:
@@ -201,7 +202,7 @@ def _info_from_meta(path: Path, size: int, meta: dict[str, Any]) -> GGUFInfo:
         file_size=size,
         architecture=arch,
         name=str(meta.get("general.name", path.stem)),
-        quant=_quant_name(meta.get("general.file_type")),
+        quant=quant_name(meta.get("general.file_type")),
         n_layer=int(get("block_count")),
         n_head=n_head,
         n_head_kv=int(get("attention.head_count_kv", n_head)),

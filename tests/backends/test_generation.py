@@ -140,6 +140,11 @@ def test_prefix_cache_hit_gives_the_cold_output(smollm2):
     assert warm.stats.cached_tokens == len(prompt) - 1  # all but the token that yields logits
 
 
+def test_model_info_names_the_quant(smollm2, gemma3):
+    assert (smollm2.info.quant, gemma3.info.quant) == ("Q4_1", "Q4_K_M")
+    assert (smollm2.info.architecture, gemma3.info.architecture) == ("llama", "gemma3")
+
+
 def test_both_models_answer(smollm2, gemma3):
     for backend in (smollm2, gemma3):
         g = backend.chat([{"role": "user", "content": "Say hello."}],
