@@ -122,20 +122,19 @@ class NativeModel:
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (special tokens render as nothing). Engine thread only."""
-        buf = self._piece_buf
+        return self._piece(token, self._piece_buf)
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        """Any thread: uses its own buffer, not the engine's."""
+        buf = ctypes.create_string_buffer(256)
+        return b"".join(self._piece(t, buf) for t in tokens).decode("utf-8", errors="replace")
+
+    def _piece(self, token: int, buf: ctypes.Array) -> bytes:
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-        if n < 0:
+        if n < 0:  # longer than the buffer: -n is the size needed
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
-
-    def detokenize(self, tokens: Sequence[int]) -> str:
-        buf = ctypes.create_string_buffer(256)
-        out = bytearray()
-        for token in tokens:
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
-            out += buf.raw[:max(n, 0)]
-        return out.decode("utf-8", errors="replace")
 
     def close(self) -> None:
         if self.ctx:

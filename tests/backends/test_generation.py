@@ -165,3 +165,9 @@ def test_concurrent_requests_share_slots_and_match_solo_output(smollm2):
     # with 2 slots the last two waited in the queue for a free slot
     queued = sorted(g.stats.queue_time for g in generations)
     assert queued[-1] > queued[0]
+
+
+def test_detokenize_round_trips_multibyte_text(smollm2, gemma3):
+    text = "Héllo wörld — ünïcode ✓ 日本"
+    for backend in (smollm2, gemma3):
+        assert backend.detokenize(backend.tokenize(text, add_special=False)) == text
