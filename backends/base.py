@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import queue
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Union
 
-from localinfer.backends.metrics import RequestStats
+from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError
 
 __all__ = [
@@ -33,24 +36,35 @@ class SamplingParams:
     top_p: float = 0.95
     min_p: float = 0.05
     repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    # token id → added to its logit; -100 or less bans it, as in OpenAI's logit_bias
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: str | None = None  # GBNF; the reply must match it (see backends/grammar.py)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "stop", tuple(self.stop))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
         checks = [
             (self.temperature >= 0, "temperature must be 0 or more"),
             (self.top_k >= 0, "top_k must be 0 (off) or more"),
             (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
             (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
             (self.repeat_penalty > 0, "repeat_penalty must be more than 0"),
+            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
+            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
+            (all(-100 <= b <= 100 for _, b in self.logit_bias),
+             "logit_bias values must be in [-100, 100]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2^32)"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidRequest(message)
-        object.__setattr__(self, "stop", tuple(self.stop))
 
     @property
     def greedy(self) -> bool:
@@ -109,9 +123,15 @@ class Generation:
     _on_cancel: Callable[[], None] = field(default=lambda: None, repr=False)
     cancelled: bool = False
     stats: RequestStats | None = None
+    _sink_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _async_sink: Callable[[Event], None] | None = field(default=None, repr=False)
 
     def put(self, event: Event) -> None:
-        self._events.put(event)
+        with self._sink_lock:
+            if self._async_sink is not None:
+                self._async_sink(event)
+            else:
+                self._events.put(event)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -128,6 +148,27 @@ class Generation:
                 self.stats = event.stats
                 return
             if isinstance(event, ErrorEvent):
+                return
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The same events for asyncio code, without holding a thread per request."""
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Event] = asyncio.Queue()
+
+        def sink(event: Event) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
+                loop.call_soon_threadsafe(inbox.put_nowait, event)
+
+        with self._sink_lock:
+            while not self._events.empty():
+                inbox.put_nowait(self._events.get_nowait())
+            self._async_sink = sink
+        while True:
+            event = await inbox.get()
+            if isinstance(event, DoneEvent):
+                self.stats = event.stats
+            yield event
+            if isinstance(event, (DoneEvent, ErrorEvent)):
                 return
 
     def text(self) -> str:
@@ -160,6 +201,14 @@ class Backend(ABC):
     @abstractmethod
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         """Queue a request; raises PromptTooLong or EngineBusy before queueing."""
+
+    @abstractmethod
+    def embed(self, text: str) -> tuple[list[float], int]:
+        """An L2-normalised embedding of `text`, and how many tokens it took."""
+
+    @abstractmethod
+    def stats(self) -> EngineStats:
+        """A snapshot of the engine: slots in use, queue, KV cells, counters."""
 
     @abstractmethod
     def close(self) -> None: ...

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import llama_cpp
 
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
-from localinfer.backends.llama_native import NativeModel, SamplerChain
-from localinfer.backends.metrics import RequestStats
+from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
+from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.stop import StopMatcher
 from localinfer.errors import (
     EngineBusy,
@@ -103,6 +103,7 @@ class Engine:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
+        self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0}
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
@@ -113,6 +114,7 @@ class Engine:
             raise EngineClosed("the engine has been shut down")
         prompt = list(prompt)
         self._check_prompt(prompt)
+        self._check_params(params)
         with self._lock:
             if self._n_queued >= self.max_waiting:
                 raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
@@ -122,6 +124,32 @@ class Engine:
         stats = RequestStats(submitted_at=self._clock())
         self._inbox.put(Task(task_id, prompt, params, generation, stats))
         return generation
+
+    def stats(self) -> EngineStats:
+        """Safe from any thread; the figures may be one step apart from each other."""
+        slots = list(self.slots)
+        return EngineStats(
+            n_slots=len(slots),
+            active=sum(1 for s in slots if s.task is not None),
+            waiting=self._n_queued,
+            kv_cells_used=sum(len(s.cache) for s in slots),
+            kv_cells_total=self.native.n_ctx(),
+            steps=self._counters["steps"],
+            tokens_evaluated=self._counters["evaluated"],
+            tokens_generated=self._counters["generated"],
+            requests_finished=self._counters["finished"],
+        )
+
+    def _check_params(self, params: SamplingParams) -> None:
+        n_vocab = self.native.n_vocab
+        bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise InvalidRequest(f"logit_bias names token {bad}, outside the vocabulary (0..{n_vocab - 1})")
+        if params.grammar:
+            sampler = grammar_sampler(self.native, params.grammar)
+            if sampler is None:
+                raise InvalidRequest("the grammar does not parse — check its GBNF syntax")
+            llama_cpp.llama_sampler_free(sampler)
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
@@ -220,6 +248,9 @@ class Engine:
         rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
+        self._counters["steps"] += 1
+        n_generating = sum(1 for s in self.slots if s.state is SlotState.GENERATING)
+        self._counters["evaluated"] += n - n_generating
         for slot in self.slots:
             if slot.task and slot.batch_index >= 0:
                 token = slot.sampler.sample(self.native, slot.batch_index)
@@ -257,6 +288,7 @@ class Engine:
     def _on_token(self, slot: Slot, token: int) -> None:
         task = slot.task
         task.stats.token_times.append(self._clock())
+        self._counters["generated"] += 1
         if self.native.is_eog(token):
             return self._finish(slot, "stop")
         text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
@@ -277,8 +309,9 @@ class Engine:
         if tail and reason != "cancelled":
             task.generation.put(TokenEvent(tail, -1))
         task.stats.finish_reason = reason
+        self._counters["finished"] += 1
+        self._release(slot)  # first: whoever sees the end may count on a free slot
         task.generation.put(DoneEvent(task.stats))
-        self._release(slot)
 
     def _release(self, slot: Slot) -> None:
         if slot.sampler:

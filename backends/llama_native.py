@@ -14,9 +14,9 @@ from collections.abc import Sequence
 import llama_cpp
 
 from localinfer.backends.base import SamplingParams
-from localinfer.errors import ModelLoadFailed
+from localinfer.errors import InvalidRequest, ModelLoadFailed
 
-__all__ = ["NativeModel", "SamplerChain", "route_llama_log"]
+__all__ = ["NativeModel", "SamplerChain", "grammar_sampler", "route_llama_log"]
 
 log = logging.getLogger("localinfer.llama_cpp")
 
@@ -126,6 +126,9 @@ class NativeModel:
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Any thread: uses its own buffer, not the engine's."""
+        bad = next((t for t in tokens if not 0 <= t < self.n_vocab), None)
+        if bad is not None:  # llama.cpp would read out of bounds
+            raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{self.n_vocab - 1})")
         buf = ctypes.create_string_buffer(256)
         return b"".join(self._piece(t, buf) for t in tokens).decode("utf-8", errors="replace")
 
@@ -146,7 +149,11 @@ class NativeModel:
 
 
 class SamplerChain:
-    """One llama.cpp sampler chain per request, in llama.cpp's own default order."""
+    """One llama.cpp sampler chain per request, in llama.cpp's own default order.
+
+    Logit bias and grammar see the full vocabulary first, so a banned or ungrammatical
+    token can never be picked; penalties follow, then the truncations and the draw.
+    """
 
     _PENALTY_LAST_N = 64
 
@@ -155,11 +162,23 @@ class SamplerChain:
         chain_params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(chain_params)
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
-        if params.repeat_penalty != 1.0:
-            add(llama_cpp.llama_sampler_init_penalties(
-                native.n_vocab, self._PENALTY_LAST_N, params.repeat_penalty, 0.0, 0.0))
-            for token in prompt[-self._PENALTY_LAST_N:]:  # the prompt counts as history
-                llama_cpp.llama_sampler_accept(self.chain, token)
+        if params.logit_bias:
+            add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
+        if params.grammar:
+            grammar = grammar_sampler(native, params.grammar)
+            if grammar is None:
+                self.close()
+                raise InvalidRequest("the grammar does not parse — check its GBNF syntax")
+            add(grammar)
+        if (params.repeat_penalty, params.frequency_penalty, params.presence_penalty) != (1, 0, 0):
+            penalties = llama_cpp.llama_sampler_init_penalties(
+                native.n_vocab, self._PENALTY_LAST_N, params.repeat_penalty,
+                params.frequency_penalty, params.presence_penalty)
+            # the prompt counts as history — for this sampler only: fed to the whole chain,
+            # a grammar would take the prompt for its output and abort the process
+            for token in prompt[-self._PENALTY_LAST_N:]:
+                llama_cpp.llama_sampler_accept(penalties, token)
+            add(penalties)
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
             return
@@ -179,3 +198,18 @@ class SamplerChain:
         if self.chain:
             llama_cpp.llama_sampler_free(self.chain)
             self.chain = None
+
+
+def _logit_bias_sampler(n_vocab: int, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
+    entries = (llama_cpp.llama_logit_bias * len(bias))()
+    for entry, (token, value) in zip(entries, bias):
+        entry.token = token
+        # OpenAI's ±100 means "never" / "always"; llama.cpp needs -inf to ban outright
+        entry.bias = float("-inf") if value <= -100 else value
+    return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), entries)
+
+
+def grammar_sampler(native: NativeModel, grammar: str) -> llama_cpp.llama_sampler_p | None:
+    """A grammar sampler, or None when the GBNF does not parse. Reads only the vocabulary."""
+    sampler = llama_cpp.llama_sampler_init_grammar(native.vocab, grammar.encode(), b"root")
+    return sampler or None

@@ -11,8 +11,10 @@ import psutil
 
 from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
+from localinfer.backends.embeddings import Embedder
 from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.metrics import EngineStats
 from localinfer.model_store.gguf_info import quant_name
 
 __all__ = ["LlamaCppBackend", "default_threads"]
@@ -42,6 +44,8 @@ class LlamaCppBackend(Backend):
             eos_token=self.native.token_text(self.native.eos()),
         )
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=options.n_batch)
+        self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
+                                 n_threads=options.n_threads or default_threads())
         self.info = ModelInfo(
             name=name or Path(path).stem,
             path=path,
@@ -81,5 +85,13 @@ class LlamaCppBackend(Backend):
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return self.engine.submit(tokens, params)
 
+    def embed(self, text: str) -> tuple[list[float], int]:
+        tokens = self.tokenize(text)
+        return self.embedder.embed(tokens), len(tokens)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
     def close(self) -> None:
+        self.embedder.close()
         self.engine.close()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["RequestStats"]
+__all__ = ["EngineStats", "RequestStats"]
 
 
 @dataclass
@@ -121,3 +121,18 @@ class RequestStats:
             "decode_tps": self.decode_tps,
             "finish_reason": self.finish_reason,
         }
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine, for /metrics and status bars. Counters only grow."""
+
+    n_slots: int
+    active: int  # slots with a request (processing its prompt or generating)
+    waiting: int  # requests queued for a slot
+    kv_cells_used: int  # tokens whose KV the slots hold, finished requests' prefixes included
+    kv_cells_total: int
+    steps: int  # llama_decode calls
+    tokens_evaluated: int  # prompt tokens decoded, cached ones excluded
+    tokens_generated: int
+    requests_finished: int

@@ -1,0 +1,112 @@
+"""Logit bias, penalties, grammar, embeddings, engine stats and the asyncio event stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import pytest
+
+from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
+from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
+from localinfer.errors import InvalidRequest
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def _first_token(backend, params):
+    return next(e.token for e in backend.chat(QUESTION, params) if isinstance(e, TokenEvent))
+
+
+def test_logit_bias_bans_the_greedy_choice(smollm2):
+    greedy = SamplingParams(temperature=0, max_tokens=1)
+    banned = _first_token(smollm2, greedy)
+    other = _first_token(smollm2, SamplingParams(temperature=0, max_tokens=1,
+                                                 logit_bias={banned: -100}))
+    assert other != banned
+    # a strong positive bias makes a chosen token the greedy pick
+    forced = smollm2.tokenize(" banana", add_special=False)[0]
+    assert _first_token(smollm2, SamplingParams(temperature=0, max_tokens=1,
+                                                logit_bias={forced: 50})) == forced
+
+
+def _distinct_tokens(backend, text, **penalties):
+    prompt = backend.tokenize(text, add_special=False)
+    generation = backend.generate(prompt, SamplingParams(temperature=0, max_tokens=16, **penalties))
+    return len({e.token for e in generation if isinstance(e, TokenEvent)})
+
+
+@pytest.mark.parametrize("text,penalty", [("1, 1, 1, 1, 1, 1, 1,", "frequency_penalty"),
+                                          ("the the the the the the", "presence_penalty")])
+def test_penalties_reduce_repetition(smollm2, text, penalty):
+    assert _distinct_tokens(smollm2, text, **{penalty: 2.0}) > _distinct_tokens(smollm2, text)
+
+
+def test_json_schema_grammar_with_penalties(smollm2):
+    """Penalties see the prompt as history; a grammar must not (that aborted the process)."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    params = SamplingParams(temperature=0, max_tokens=40, repeat_penalty=1.1,
+                            grammar=json_schema_grammar(schema))
+    generation = smollm2.chat(QUESTION, params)
+    data = json.loads(generation.text())
+    assert list(data) == ["city"] and generation.stats.finish_reason == "stop"
+
+
+def test_json_object_grammar_on_gemma(gemma3):
+    text = gemma3.chat(QUESTION, SamplingParams(temperature=0, max_tokens=48,
+                                                grammar=ANY_JSON)).text()
+    assert text.lstrip().startswith("{")
+
+
+def test_bad_grammar_and_bias_are_refused_before_queueing(smollm2):
+    with pytest.raises(InvalidRequest, match="grammar"):
+        smollm2.chat(QUESTION, SamplingParams(grammar="root ::= ("))
+    with pytest.raises(InvalidRequest, match="outside the vocabulary"):
+        smollm2.chat(QUESTION, SamplingParams(logit_bias={10**8: 1.0}))
+    with pytest.raises(InvalidRequest, match="presence_penalty"):
+        SamplingParams(presence_penalty=3)
+    with pytest.raises(InvalidRequest, match="logit_bias"):
+        SamplingParams(logit_bias={5: 500})
+    with pytest.raises(InvalidRequest, match="schema"):
+        json_schema_grammar({"type": "object", "properties": {"x": {"$ref": "#/nowhere"}}})
+
+
+def test_embeddings_are_normalised_and_meaningful(smollm2):
+    cat, kitten, market = (smollm2.embed(t)[0] for t in
+                           ("The cat sat on the mat.", "A kitten sat on a rug.",
+                            "Interest rates rose again."))
+    assert math.isclose(sum(x * x for x in cat), 1.0, rel_tol=1e-5)
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
+    assert dot(cat, kitten) > dot(cat, market)
+    assert smollm2.embed("The cat sat on the mat.")[0] == cat  # deterministic
+    with pytest.raises(InvalidRequest):
+        smollm2.detokenize([-5])
+
+
+def test_engine_stats_count_steps_and_tokens(smollm2):
+    before = smollm2.stats()
+    generation = smollm2.chat(QUESTION, SamplingParams(temperature=0, max_tokens=6))
+    generation.text()
+    after = smollm2.stats()
+    assert after.n_slots == 2 and after.active == 0 and after.waiting == 0
+    assert after.tokens_generated - before.tokens_generated == generation.stats.generated_tokens
+    assert after.tokens_evaluated - before.tokens_evaluated == generation.stats.evaluated_prompt_tokens
+    assert after.steps - before.steps >= generation.stats.generated_tokens
+    assert after.requests_finished == before.requests_finished + 1
+    assert 0 < after.kv_cells_used <= after.kv_cells_total == 2048
+
+
+def test_async_events_match_the_threaded_stream(smollm2):
+    params = SamplingParams(temperature=0, max_tokens=12)
+    expected = smollm2.chat(QUESTION, params).text()
+
+    async def collect():
+        generation = smollm2.chat(QUESTION, params)
+        await asyncio.sleep(0.2)  # some events arrive before anyone listens: none is lost
+        events = [e async for e in generation.events()]
+        return events, generation
+
+    events, generation = asyncio.run(collect())
+    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == expected
+    assert isinstance(events[-1], DoneEvent) and generation.stats is events[-1].stats
