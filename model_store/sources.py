@@ -41,6 +41,18 @@ class _PackageModel:
                              f"run `pip install {self.pip_name}`")
         return spec
 
+    def available(self) -> bool:
+        """The package is installed (the file may still need assembling)."""
+        return importlib.util.find_spec(self.package) is not None
+
+    def peek(self, store: Path) -> Path | None:
+        """The file if it is on disk already; never writes anything."""
+        try:
+            return self.locate(store) if isinstance(self, PackagedFile) else (
+                p if (p := store / "embedded" / self.filename).is_file() else None)
+        except ModelError:
+            return None
+
 
 class PackagedFile(_PackageModel):
     """A GGUF shipped as a file inside an installed package."""

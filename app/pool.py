@@ -1,0 +1,225 @@
+"""Loaded models for a long-running process (the API server, the TUI).
+
+A model loads on first use and stays while requests keep it busy or its keep-alive has
+not run out; a request for a model that is still loading waits for that load. When a
+new model would not fit beside the loaded ones (by count, or by the memory estimate),
+the least recently used idle one is unloaded first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from localinfer.backends.base import Backend, LoadOptions
+from localinfer.errors import ContextTooLarge, InvalidRequest
+from localinfer.model_store.fit import estimate_memory
+from localinfer.model_store.gguf_info import GGUFInfo
+from localinfer.model_store.sources import ResolvedModel, resolve
+from localinfer.service import BackendFactory, _available_memory, _llama_cpp_backend, prepare
+from localinfer.settings import Settings
+
+__all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
+
+log = logging.getLogger("localinfer.pool")
+
+_UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+_DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+
+
+def parse_keep_alive(value: str | float | int | None, default: float | None) -> float | None:
+    """Seconds to keep a model after its last request; None is forever (Ollama's rules).
+
+    Numbers are seconds; strings are Go-style durations ("5m", "1h30m", "10s"); anything
+    negative means forever and 0 means unload as soon as the request ends.
+    """
+    if value is None:
+        return default
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(r"-?\d+(\.\d+)?", value.strip()):
+        seconds = float(value)
+    elif isinstance(value, str) and re.fullmatch(rf"(?:{_DURATION.pattern})+", value.strip()):
+        seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(value.strip()))
+    else:
+        raise InvalidRequest(f"keep_alive {value!r} is not a duration — use e.g. 5m, 30s or -1")
+    return None if seconds < 0 else seconds
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    backend: Backend
+    info: GGUFInfo
+    resolved: ResolvedModel
+    options: LoadOptions
+    load_duration: float
+    memory_bytes: int
+    keep_alive: float | None
+    active: int = 0
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def expires_in(self) -> float | None:
+        """Seconds until unload, None for never (or while requests are running)."""
+        if self.keep_alive is None or self.active:
+            return None
+        return max(0.0, self.last_used + self.keep_alive - time.monotonic())
+
+
+class ModelPool:
+    def __init__(
+        self,
+        settings: Settings,
+        options: LoadOptions,
+        *,
+        max_loaded: int = 3,
+        default_keep_alive: float | None = 300.0,
+        backend_factory: BackendFactory = _llama_cpp_backend,
+        available_memory: Callable[[], int] = _available_memory,
+    ):
+        self.settings = settings
+        self.options = options
+        self.max_loaded = max_loaded
+        self.default_keep_alive = default_keep_alive
+        self._factory = backend_factory
+        self._available = available_memory
+        self._loaded: dict[str, LoadedModel] = {}
+        self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
+        self._lock = asyncio.Lock()
+        self._reaper: asyncio.Task[None] | None = None
+        self._aliases: dict[str, str] = {}
+
+    def alias(self, name: str, ref: str) -> None:
+        """Let requests name a model the operator gave as a path (`serve --model x.gguf`)."""
+        self._aliases[name] = ref
+
+    # ------------------------------------------------------------------ queries
+    def loaded(self) -> list[LoadedModel]:
+        return list(self._loaded.values())
+
+    @property
+    def aliases(self) -> list[str]:
+        return list(self._aliases)
+
+    @property
+    def loading(self) -> list[str]:
+        return list(self._loading)
+
+    # ------------------------------------------------------------------ use
+    @contextlib.asynccontextmanager
+    async def use(self, ref: str | None, keep_alive: str | float | None = None
+                  ) -> AsyncIterator[LoadedModel]:
+        """The loaded model for `ref`, kept loaded while the block runs."""
+        seconds = parse_keep_alive(keep_alive, self.default_keep_alive)  # bad value: fail first
+        model = await self.get(ref)
+        model.active += 1
+        try:
+            yield model
+        finally:
+            model.active -= 1
+            model.last_used = time.monotonic()
+            if keep_alive is not None:
+                model.keep_alive = seconds
+            if model.keep_alive == 0 and not model.active:
+                await self.unload(model.name)
+
+    async def canonical(self, ref: str | None) -> str:
+        """The name a model is loaded under, without loading it."""
+        ref = self._aliases.get(ref or "", ref) or self.settings.default_model
+        return (await asyncio.to_thread(resolve, ref, self.settings.models_dir)).name
+
+    async def get(self, ref: str | None) -> LoadedModel:
+        ref = self._aliases.get(ref or "", ref)
+        resolved, info, options = await asyncio.to_thread(
+            prepare, ref, self.options, self.settings, lambda: 1 << 62)
+        name = resolved.name
+        async with self._lock:
+            if name in self._loaded:
+                self._loaded[name].last_used = time.monotonic()
+                return self._loaded[name]
+            task = self._loading.get(name)
+            if task is None:
+                task = asyncio.create_task(self._load(resolved, info, options))
+                self._loading[name] = task
+        # shield: one caller giving up (a disconnect) must not cancel the load others wait for
+        return await asyncio.shield(task)
+
+    async def _load(self, resolved: ResolvedModel, info: GGUFInfo, options: LoadOptions
+                    ) -> LoadedModel:
+        try:
+            await self._make_room(resolved.name, info, options)
+            started = time.monotonic()
+            backend = await asyncio.to_thread(self._factory, resolved.path, options, resolved.name)
+            model = LoadedModel(
+                name=resolved.name, backend=backend, info=info, resolved=resolved,
+                options=options, load_duration=time.monotonic() - started,
+                memory_bytes=_estimated_bytes(info, options), keep_alive=self.default_keep_alive,
+            )
+            async with self._lock:
+                self._loaded[resolved.name] = model
+            log.info("loaded %s in %.2f s", resolved.name, model.load_duration)
+            return model
+        finally:
+            self._loading.pop(resolved.name, None)
+
+    async def _make_room(self, name: str, info: GGUFInfo, options: LoadOptions) -> None:
+        while True:
+            if len(self._loaded) < self.max_loaded:
+                try:
+                    await asyncio.to_thread(prepare, name, options, self.settings, self._available)
+                    return
+                except ContextTooLarge:
+                    if not self._idle():
+                        raise
+            victim = min(self._idle(), key=lambda m: m.last_used, default=None)
+            if victim is None:
+                raise ContextTooLarge(
+                    f"{len(self._loaded)} models are loaded and busy — wait for their requests "
+                    f"to finish or raise the number of models kept loaded")
+            log.info("unloading %s to make room for %s", victim.name, name)
+            await self.unload(victim.name)
+
+    def _idle(self) -> list[LoadedModel]:
+        return [m for m in self._loaded.values() if not m.active]
+
+    async def unload(self, name: str) -> bool:
+        async with self._lock:
+            model = self._loaded.pop(name, None)
+        if model is None:
+            return False
+        await asyncio.to_thread(model.backend.close)
+        log.info("unloaded %s", name)
+        return True
+
+    # ------------------------------------------------------------------ lifetime
+    def start(self, interval: float = 1.0) -> None:
+        """Unload models whose keep-alive ran out (call from the running loop)."""
+        self._reaper = asyncio.create_task(self._reap(interval))
+
+    async def _reap(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            for model in list(self._loaded.values()):
+                if model.expires_in == 0:
+                    await self.unload(model.name)
+
+    async def close(self) -> None:
+        if self._reaper:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reaper
+        for task in list(self._loading.values()):
+            with contextlib.suppress(Exception):
+                await task
+        for name in list(self._loaded):
+            await self.unload(name)
+
+
+def _estimated_bytes(info: GGUFInfo, options: LoadOptions) -> int:
+    return estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch).total

@@ -1,0 +1,104 @@
+"""The model pool of long-running processes, on the real models."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.errors import ContextTooLarge, InvalidRequest
+from localinfer.pool import ModelPool, parse_keep_alive
+from localinfer.service import _llama_cpp_backend
+from localinfer.settings import Settings
+
+
+@pytest.mark.parametrize("value,seconds", [
+    (None, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("10s", 10.0), ("250ms", 0.25),
+    (0, 0.0), ("0", 0.0), (42, 42.0), ("-1", None), (-1, None), ("-5m", None),
+])
+def test_keep_alive_follows_ollama_rules(value, seconds):
+    assert parse_keep_alive(value, 300.0) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "m5", True, ""])
+def test_bad_keep_alive_is_refused(value):
+    with pytest.raises(InvalidRequest, match="keep_alive"):
+        parse_keep_alive(value, 300.0)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, _session_store: Path) -> Settings:
+    home = tmp_path / "pool-home"
+    home.mkdir()
+    (home / "models").symlink_to(_session_store)  # the session's assembled gemma3 file
+    return Settings(home=home)
+
+
+class CountingFactory:
+    def __init__(self):
+        self.loads: list[str] = []
+
+    def __call__(self, path, options, name):
+        self.loads.append(name)
+        return _llama_cpp_backend(path, options, name)
+
+
+def _pool(settings, **kw) -> tuple[ModelPool, CountingFactory]:
+    factory = CountingFactory()
+    return ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=factory, **kw), factory
+
+
+def test_concurrent_requests_share_one_load_and_names_alias(settings):
+    async def scenario():
+        pool, factory = _pool(settings)
+        models = await asyncio.gather(pool.get("smollm2"), pool.get("smollm2:135m"),
+                                      pool.get("smollm2:latest"))
+        assert factory.loads == ["smollm2:135m"]
+        assert models[0] is models[1] is models[2]
+        assert models[0].load_duration > 0 and models[0].memory_bytes > 90_000_000
+        await pool.close()
+        assert pool.loaded() == []
+    asyncio.run(scenario())
+
+
+def test_least_recently_used_idle_model_makes_room(settings):
+    async def scenario():
+        pool, factory = _pool(settings, max_loaded=1)
+        async with pool.use("smollm2"):
+            pass
+        async with pool.use("gemma3"):
+            assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+        await pool.close()
+        assert factory.loads == ["smollm2:135m", "gemma3:270m"]
+    asyncio.run(scenario())
+
+
+def test_a_busy_model_is_not_evicted(settings):
+    async def scenario():
+        pool, _ = _pool(settings, max_loaded=1)
+        try:
+            async with pool.use("smollm2"):
+                with pytest.raises(ContextTooLarge, match="busy"):
+                    await pool.get("gemma3")
+                assert [m.name for m in pool.loaded()] == ["smollm2:135m"]
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
+def test_keep_alive_zero_unloads_after_the_request_and_expiry_unloads_idle(settings):
+    async def scenario():
+        pool, _ = _pool(settings, default_keep_alive=0.2)
+        pool.start(interval=0.05)
+        async with pool.use("smollm2", keep_alive=0):
+            assert len(pool.loaded()) == 1
+        assert pool.loaded() == []
+        async with pool.use("smollm2") as model:
+            assert model.expires_in is None  # never expires while a request runs
+        assert 0 < pool.loaded()[0].expires_in <= 0.2
+        await asyncio.sleep(0.5)
+        assert pool.loaded() == []
+        await pool.close()
+    asyncio.run(scenario())
