@@ -115,6 +115,43 @@ def run(
                 interactive(backend, system, params)
 
 
+@app.command()
+def serve(
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="Load this model at startup (others load on first request).")] = None,
+    host: Annotated[Optional[str], typer.Option(help="Address to bind [127.0.0.1].")] = None,
+    port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="Port [11435].")] = None,
+    parallel: Annotated[Optional[int], typer.Option(
+        min=1, max=64, help="Requests decoded together per model [4].")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="Require this Bearer token (needed to listen beyond loopback).")] = None,
+    allow_origin: Annotated[Optional[list[str]], typer.Option(
+        help="Allow browser pages from this origin (CORS; repeatable).")] = None,
+    allow_host: Annotated[Optional[list[str]], typer.Option(
+        help="Answer to this Host name besides loopback ones (repeatable, * for any).")] = None,
+    keep_alive: Annotated[Optional[str], typer.Option(
+        help="How long an idle model stays loaded, e.g. 5m, 1h, -1 for ever [5m].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log requests and llama.cpp.")] = False,
+) -> None:
+    """Serve models over HTTP with OpenAI- and Ollama-compatible APIs."""
+    from localinfer.api.server import serve as run_server
+    from localinfer.pool import parse_keep_alive
+    from localinfer.settings import ServeSettings
+
+    _setup_logging(verbose)
+    with _user_errors():
+        given = {"host": host, "port": port, "parallel": parallel, "api_key": api_key,
+                 "allowed_origins": allow_origin, "allowed_hosts": allow_host,
+                 "keep_alive": keep_alive}
+        settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
+        parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
+        options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads)
+        run_server(settings, options, model, verbose)
+
+
 def main() -> None:
     app()
 

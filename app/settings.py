@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from localinfer.model_store.sources import DEFAULT_MODEL
 
-__all__ = ["Settings"]
+__all__ = ["ServeSettings", "Settings"]
 
 
 class Settings(BaseSettings):
@@ -26,3 +26,20 @@ class Settings(BaseSettings):
     @property
     def models_dir(self) -> Path:
         return self.home / "models"
+
+
+class ServeSettings(BaseSettings):
+    """`localinfer serve`: each field is also LOCALINFER_<FIELD>; command-line options win."""
+
+    model_config = SettingsConfigDict(env_prefix="LOCALINFER_", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="address to bind")
+    port: int = Field(11435, ge=0, le=65535)
+    api_key: str | None = Field(None, description="required as a Bearer token when set")
+    allowed_origins: list[str] = Field(default_factory=list, description="CORS origins")
+    allowed_hosts: list[str] = Field(default_factory=list,
+                                     description="Host header names besides loopback ones")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    parallel: int = Field(4, ge=1, le=64, description="requests decoded together per model")
+    keep_alive: str = Field("5m", description="how long an idle model stays loaded")
+    max_loaded_models: int = Field(3, ge=1)

@@ -1,0 +1,85 @@
+"""The FastAPI application: both dialects, health, metrics, and the guard in front."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from localinfer import __version__
+from localinfer.api import ollama, openai
+from localinfer.api.errors import install_handlers
+from localinfer.api.metrics import render, track_pool
+from localinfer.api.security import Guard
+from localinfer.model_store.sources import EMBEDDED
+from localinfer.pool import ModelPool
+from localinfer.settings import ServeSettings, Settings
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("localinfer.api")
+
+
+def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
+               preload: str | None = None) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        pool.start()
+        if preload:
+            app.state.preloading = asyncio.create_task(_preload(app, pool, preload))
+        else:
+            app.state.ready = True
+        yield
+        await pool.close()
+
+    app = FastAPI(title="localinfer", version=__version__, lifespan=lifespan,
+                  description="OpenAI- and Ollama-compatible API over local models.")
+    app.state.pool = pool
+    app.state.settings = settings
+    app.state.ready = False
+    app.state.log = log
+    app.state.catalog = lambda: _catalog(pool)
+    install_handlers(app)
+    app.include_router(openai.router)
+    app.include_router(ollama.router)
+    app.include_router(ollama.root)
+    track_pool(pool)
+
+    @app.get("/health", tags=["operations"])
+    async def health(request: Request) -> JSONResponse:
+        """200 when the server answers requests; 503 while the startup model is loading."""
+        body = {"status": "ok" if app.state.ready else "loading",
+                "models_loaded": [m.name for m in pool.loaded()], "models_loading": pool.loading}
+        return JSONResponse(body, status_code=200 if app.state.ready else 503)
+
+    @app.get("/metrics", tags=["operations"])
+    async def metrics() -> Response:
+        return Response(render(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(Guard, allowed_hosts=serve.allowed_hosts + [serve.host],
+                       api_key=serve.api_key, max_body_bytes=serve.max_body_bytes)
+    if serve.allowed_origins:  # outermost: a browser's preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=serve.allowed_origins,
+                           allow_methods=["*"], allow_headers=["*"])
+    return app
+
+
+async def _preload(app: FastAPI, pool: ModelPool, ref: str) -> None:
+    try:
+        await pool.get(ref)
+    except Exception:
+        log.exception("could not load %s at startup; requests will retry", ref)
+    finally:
+        app.state.ready = True
+
+
+def _catalog(pool: ModelPool) -> list[str]:
+    names = {n for n, m in EMBEDDED.items() if m.available()}
+    names |= {m.name for m in pool.loaded()} | set(pool.aliases)
+    return sorted(names)

@@ -1,0 +1,112 @@
+"""The one internal chat/generate path; the OpenAI and Ollama routes only convert shapes.
+
+`start()` does everything that can fail with a 4xx — name check, load, template, queue —
+before any byte of a response is sent, and hands back a `Job` whose events the route
+streams or collects. Leaving the job's event stream early (a client that disconnects)
+cancels the request in the engine, which frees its slot within one step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from localinfer.api.errors import ApiError
+from localinfer.api.tools import ToolSpec
+from localinfer.backends.base import DoneEvent, ErrorEvent, Event, Generation, SamplingParams
+from localinfer.backends.metrics import RequestStats
+from localinfer.pool import LoadedModel, ModelPool
+
+__all__ = ["Job", "check_model_name", "start"]
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")
+
+
+def check_model_name(name: str | None) -> str | None:
+    """A model name from a request: never a filesystem path, never outside the store."""
+    if not name:
+        return None
+    if not _NAME.fullmatch(name) or ".." in name or name.lower().endswith(".gguf"):
+        raise ApiError(400, f"'{name[:80]}' is not a valid model name — use a name such as "
+                            f"smollm2:135m (see /api/tags or /v1/models)")
+    return name
+
+
+@dataclass
+class Job:
+    model: LoadedModel
+    generation: Generation
+    prompt_tokens: int
+    started: float  # when the request reached us, for Ollama's total_duration
+    load_duration: float
+    tools: ToolSpec | None = None
+    _release: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    stats: RequestStats | None = None
+
+    async def events(self) -> AsyncIterator[Event]:
+        finished = False
+        try:
+            async for event in self.generation.events():
+                if isinstance(event, DoneEvent):
+                    self.stats = event.stats
+                    finished = True
+                elif isinstance(event, ErrorEvent):
+                    finished = True
+                yield event
+        finally:
+            if not finished:
+                self.generation.cancel()
+            await self._release.aclose()
+
+    async def collect(self) -> tuple[str, RequestStats]:
+        pieces = []
+        async for event in self.events():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if not isinstance(event, DoneEvent):
+                pieces.append(event.text)
+        return "".join(pieces), self.stats
+
+
+async def start(
+    pool: ModelPool,
+    model: str | None,
+    params: SamplingParams,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    prompt: str | Sequence[int] | None = None,
+    keep_alive: str | float | None = None,
+    tools: ToolSpec | None = None,
+) -> Job:
+    """Load (or wait for) the model, build the prompt, queue the request."""
+    began = time.monotonic()
+    stack = contextlib.AsyncExitStack()
+    try:
+        was_loaded = {m.name for m in pool.loaded()}
+        loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive))
+        backend = loaded.backend
+        if max_tokens_too_big(params, loaded):
+            raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
+                                f"({backend.info.n_ctx} tokens) — ask for fewer")
+        if messages is not None:
+            if tools is not None:
+                messages, params = tools.prepare(messages, params)
+            tokens = backend.tokenize(backend.apply_chat_template(messages))
+        elif isinstance(prompt, str):
+            tokens = backend.tokenize(prompt)
+        else:
+            tokens = list(prompt or ())
+        generation = backend.generate(tokens, params)
+    except BaseException:
+        await stack.aclose()
+        raise
+    load = 0.0 if loaded.name in was_loaded else loaded.load_duration
+    return Job(loaded, generation, len(tokens), began, load, tools, stack)
+
+
+def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:
+    return params.max_tokens is not None and params.max_tokens > loaded.backend.info.n_ctx

@@ -1,0 +1,87 @@
+"""Errors as each dialect spells them, with the status code each kind deserves."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from localinfer.errors import (
+    ContextError,
+    EngineBusy,
+    EngineClosed,
+    InvalidRequest,
+    LocalinferError,
+    ModelError,
+    ModelFileMissing,
+    ModelNotFound,
+)
+
+__all__ = ["ApiError", "error_response", "install_handlers", "status_for"]
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.kind = kind
+
+
+def status_for(exc: LocalinferError) -> tuple[int, str]:
+    if isinstance(exc, (ModelNotFound, ModelFileMissing)):
+        return 404, "not_found_error"
+    if isinstance(exc, (InvalidRequest, ContextError)):
+        return 400, "invalid_request_error"
+    if isinstance(exc, (EngineBusy, EngineClosed)):
+        return 503, "server_busy"
+    if isinstance(exc, ModelError):
+        return 500, "model_error"
+    return 500, "server_error"
+
+
+def is_openai(request: Request) -> bool:
+    return request.url.path.startswith("/v1/")
+
+
+def error_response(request: Request, status: int, message: str,
+                   kind: str = "invalid_request_error") -> JSONResponse:
+    """OpenAI: {"error": {"message", "type", ...}}; Ollama and the rest: {"error": "..."}."""
+    if is_openai(request):
+        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    else:
+        body = {"error": message}
+    return JSONResponse(body, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors()[:3]:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+        parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+    return "invalid request — " + "; ".join(parts)
+
+
+def install_handlers(app) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(request, exc.status, exc.message, exc.kind)
+
+    @app.exception_handler(LocalinferError)
+    async def _domain_error(request: Request, exc: LocalinferError) -> JSONResponse:
+        status, kind = status_for(exc)
+        return error_response(request, status, str(exc), kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(request, 400, _validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException) -> JSONResponse:
+        return error_response(request, exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        request.app.state.log.exception("unexpected error on %s", request.url.path)
+        return error_response(request, 500, f"internal error: {type(exc).__name__}", "server_error")

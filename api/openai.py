@@ -1,0 +1,356 @@
+"""OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions, /v1/embeddings."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Optional, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from localinfer.api import core
+from localinfer.api.errors import ApiError
+from localinfer.api.metrics import observe
+from localinfer.api.tools import ToolSpec
+from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
+from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
+from localinfer.backends.metrics import RequestStats
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")  # clients send fields we do not use
+
+
+class ContentPart(_Lenient):
+    type: str
+    text: Optional[str] = None
+
+
+class Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[ContentPart], None] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None
+    tool_call_id: Optional[str] = None
+    name: Optional[str] = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: Optional[dict[str, Any]] = None
+
+
+class _Sampling(_Lenient):
+    model: str = Field("", max_length=200)
+    max_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=1, description="only 1 is supported")
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = Field(None, ge=0, lt=2**32)
+    presence_penalty: float = Field(0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    logit_bias: Optional[dict[str, float]] = None
+
+    def params(self, max_tokens: int | None, grammar: str | None = None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        bias = {}
+        for token, value in (self.logit_bias or {}).items():
+            if not token.lstrip("-").isdigit():
+                raise ApiError(400, f"logit_bias keys must be token ids, not '{token[:40]}'")
+            bias[int(token)] = value
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            max_tokens=max_tokens, stop=tuple(stop), logit_bias=bias, grammar=grammar,
+        )
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=1)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: Union[str, list[str], list[int]]
+    max_tokens: Optional[int] = Field(16, ge=1)  # the completions API's own default
+    echo: bool = False
+
+
+class EmbeddingRequest(_Lenient):
+    model: str = Field("", max_length=200)
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: Literal["float", "base64"] = "float"
+
+
+# ---------------------------------------------------------------------------- helpers
+def _text(message: Message) -> dict[str, Any]:
+    content = message.content
+    if isinstance(content, list):
+        if any(p.type != "text" for p in content):
+            raise ApiError(400, "only text content is supported — this model takes no images "
+                                "or audio")
+        content = "".join(p.text or "" for p in content)
+    out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
+                           "content": content or ""}
+    if message.tool_calls:
+        out["tool_calls"] = message.tool_calls
+    return out
+
+
+def _grammar(fmt: ResponseFormat | None) -> str | None:
+    if fmt is None or fmt.type == "text":
+        return None
+    if fmt.type == "json_object":
+        return ANY_JSON
+    schema = (fmt.json_schema or {}).get("schema")
+    if not isinstance(schema, dict):
+        raise ApiError(400, "response_format json_schema needs json_schema.schema, an object")
+    return json_schema_grammar(schema)
+
+
+def usage(stats: RequestStats, prompt_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": stats.generated_tokens,
+        "total_tokens": prompt_tokens + stats.generated_tokens,
+        "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    }
+
+
+def timings(stats: RequestStats) -> dict[str, Any]:
+    """Our measurements, in an extra field that OpenAI clients ignore."""
+    ms = lambda s: None if s is None else round(s * 1000, 3)  # noqa: E731
+    return {
+        "queue_ms": ms(stats.queue_time), "ttft_ms": ms(stats.ttft), "tpot_ms": ms(stats.tpot),
+        "e2el_ms": ms(stats.e2el), "prompt_n": stats.prompt_tokens,
+        "cached_n": stats.cached_tokens, "predicted_n": stats.generated_tokens,
+        "prefill_tps": stats.prefill_tps, "decode_tps": stats.decode_tps,
+    }
+
+
+def _finish(stats: RequestStats) -> str:
+    return "length" if stats.finish_reason == "length" else "stop"
+
+
+def _sse(data: dict[str, Any] | str) -> str:
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
+    """SSE: one chunk per token event, a closing chunk, then [DONE]."""
+    try:
+        async for event in job.events():
+            if isinstance(event, ErrorEvent):
+                yield _sse({"error": {"message": str(event.error), "type": "server_error"}})
+                break
+            if isinstance(event, DoneEvent):
+                observe(job, event.stats)
+                for chunk in shape.finish(event.stats):
+                    yield _sse(chunk)
+            elif event.text:
+                chunk = shape.delta(event.text)
+                if chunk is not None:  # held back (a reply that may be a tool call)
+                    yield _sse(chunk)
+    finally:
+        yield _sse("[DONE]")
+
+
+# ---------------------------------------------------------------------------- routes
+@router.get("/models")
+async def list_models(request: Request) -> dict[str, Any]:
+    now = int(time.time())
+    return {"object": "list", "data": [
+        {"id": name, "object": "model", "created": now, "owned_by": "localinfer"}
+        for name in request.app.state.catalog()
+    ]}
+
+
+class _ChatShape:
+    def __init__(self, job: core.Job, body: ChatCompletionRequest):
+        self.job, self.body = job, body
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.sent_role = False
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.job.model.name,
+                "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                             "finish_reason": finish}]}
+
+    def delta(self, text: str) -> dict[str, Any]:
+        delta = {"content": text}
+        if not self.sent_role:
+            delta["role"] = "assistant"
+            self.sent_role = True
+        return self._chunk(delta, None)
+
+    def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
+        last = self._chunk({} if self.sent_role else {"role": "assistant", "content": ""},
+                           _finish(stats))
+        last["timings"] = timings(stats)
+        chunks = [last]
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            tail = self._chunk({}, None)
+            tail["choices"] = []
+            tail["usage"] = usage(stats, self.job.prompt_tokens)
+            chunks.append(tail)
+        return chunks
+
+
+class _ToolChatShape(_ChatShape):
+    """With tools the reply is held back until it is known to be a call or text."""
+
+    def __init__(self, job: core.Job, body: ChatCompletionRequest):
+        super().__init__(job, body)
+        self.pieces: list[str] = []
+
+    def delta(self, text: str) -> None:
+        self.pieces.append(text)
+        return None
+
+    def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
+        message, finish = _reply("".join(self.pieces), stats, self.job)
+        first = self._chunk({"role": "assistant", **{k: v for k, v in message.items()
+                                                      if k != "role"}}, None)
+        if "tool_calls" in message:
+            for i, call in enumerate(first["choices"][0]["delta"]["tool_calls"]):
+                call["index"] = i
+        self.sent_role = True
+        rest = super().finish(stats)
+        rest[0]["choices"][0]["finish_reason"] = finish
+        return [first, *rest]
+
+
+def _reply(text: str, stats: RequestStats, job: core.Job) -> tuple[dict[str, Any], str]:
+    calls = job.tools.parse(text) if job.tools else []
+    if calls:
+        return {"role": "assistant", "content": None, "tool_calls": [
+            {"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+            for c in calls]}, "tool_calls"
+    return {"role": "assistant", "content": text}, _finish(stats)
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    tools = ToolSpec.from_request(body.tools, body.tool_choice)
+    params = body.params(body.max_completion_tokens or body.max_tokens, _grammar(body.response_format))
+    job = await core.start(request.app.state.pool, body.model or None, params,
+                           messages=[_text(m) for m in body.messages], tools=tools)
+    if body.stream:
+        shape = (_ToolChatShape if tools else _ChatShape)(job, body)
+        return StreamingResponse(_stream(job, shape), media_type="text/event-stream")
+    text, stats = await job.collect()
+    observe(job, stats)
+    message, finish = _reply(text, stats, job)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
+        "created": int(time.time()), "model": job.model.name,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "usage": usage(stats, job.prompt_tokens), "timings": timings(stats),
+    }
+
+
+class _CompletionShape:
+    def __init__(self, job: core.Job, body: CompletionRequest):
+        self.job, self.body = job, body
+        self.id = f"cmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created,
+                "model": self.job.model.name,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+
+    def delta(self, text: str) -> dict[str, Any]:
+        return self._chunk(text, None)
+
+    def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
+        last = self._chunk("", _finish(stats))
+        last["timings"] = timings(stats)
+        chunks = [last]
+        if self.body.stream_options and self.body.stream_options.include_usage:
+            tail = {**self._chunk("", None), "choices": [],
+                    "usage": usage(stats, self.job.prompt_tokens)}
+            chunks.append(tail)
+        return chunks
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request):
+    pool = request.app.state.pool
+    params = body.params(body.max_tokens)
+    prompts: list[Any]
+    if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int)):
+        prompts = [body.prompt]
+    else:
+        prompts = list(body.prompt)
+    if not prompts:
+        raise ApiError(400, "prompt is empty")
+    if body.stream:
+        if len(prompts) != 1:
+            raise ApiError(400, "streaming takes one prompt at a time")
+        job = await core.start(pool, body.model or None, params, prompt=prompts[0])
+        return StreamingResponse(_stream(job, _CompletionShape(job, body)),
+                                 media_type="text/event-stream")
+    jobs = [await core.start(pool, body.model or None, params, prompt=p) for p in prompts]
+    results = await asyncio.gather(*(j.collect() for j in jobs))
+    choices, prompt_n, completion_n, cached_n = [], 0, 0, 0
+    for i, (job, (text, stats), prompt) in enumerate(zip(jobs, results, prompts)):
+        observe(job, stats)
+        echo = (prompt if isinstance(prompt, str) else "") if body.echo else ""
+        choices.append({"index": i, "text": echo + text, "logprobs": None,
+                        "finish_reason": _finish(stats)})
+        prompt_n += job.prompt_tokens
+        completion_n += stats.generated_tokens
+        cached_n += stats.cached_tokens
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion",
+        "created": int(time.time()), "model": jobs[0].model.name, "choices": choices,
+        "usage": {"prompt_tokens": prompt_n, "completion_tokens": completion_n,
+                  "total_tokens": prompt_n + completion_n,
+                  "prompt_tokens_details": {"cached_tokens": cached_n}},
+        "timings": timings(results[0][1]) if len(results) == 1 else None,
+    }
+
+
+@router.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]:
+    inputs = body.input
+    if isinstance(inputs, str) or (inputs and isinstance(inputs[0], int)):
+        inputs = [inputs]
+    if not inputs:
+        raise ApiError(400, "input is empty")
+    async with request.app.state.pool.use(core.check_model_name(body.model or None)) as loaded:
+        data, n_tokens = [], 0
+        for i, item in enumerate(inputs):
+            text = item if isinstance(item, str) else loaded.backend.detokenize(item)
+            vector, n = await asyncio.to_thread(loaded.backend.embed, text)
+            n_tokens += n
+            encoded: Any = vector
+            if body.encoding_format == "base64":
+                encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": encoded})
+    return {"object": "list", "data": data, "model": loaded.name,
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

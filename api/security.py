@@ -1,0 +1,138 @@
+"""The server's guard, in front of every route: Host check, API key, body limit, request count.
+
+- Host: a browser page on another site can reach 127.0.0.1 through DNS rebinding, but its
+  requests carry that site's name in Host; only loopback names (and those configured) pass.
+- API key: when one is set, every route but `/` and `/health` needs `Authorization: Bearer`.
+- Body: refused past the limit, by Content-Length or by counting a chunked body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Iterable
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from localinfer.api.metrics import REQUESTS
+
+__all__ = ["Guard", "is_loopback"]
+
+_OPEN_PATHS = {"/", "/health"}
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _hostname(header: str) -> str:
+    if header.startswith("["):  # [::1]:11435
+        return header[1:].split("]", 1)[0]
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+
+
+class _BodyTooLarge(HTTPException):
+    """An HTTPException, so the routes' own handler answers it in the dialect's shape."""
+
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body is larger than {limit} bytes")
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] = (), api_key: str | None = None,
+                 max_body_bytes: int = 8 * 1024 * 1024):
+        self.app = app
+        self.allowed_hosts = {h.lower() for h in allowed_hosts}
+        self.api_key = api_key or None
+        self.max_body = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        status = {"code": 500, "started": False}
+
+        async def counted_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        try:
+            refusal = self._refusal(scope)
+            if refusal:
+                await _reply(scope, counted_send, *refusal)
+                return
+            _read_as_json(scope)
+            await self.app(scope, self._limited(receive), counted_send)
+        except _BodyTooLarge:
+            if not status["started"]:
+                await _reply(scope, counted_send, 413, self._too_large())
+        finally:
+            route = scope.get("route")
+            REQUESTS.labels(getattr(route, "path", "unmatched"), scope["method"],
+                            str(status["code"])).inc()
+
+    def _refusal(self, scope: Scope) -> tuple[int, str] | None:
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        host = headers.get("host")
+        if host is not None and not self._host_ok(_hostname(host)):
+            return 403, (f"Host '{host[:100]}' is not allowed — add it with --allow-host "
+                         f"if this server should answer to that name")
+        if self.api_key and scope["path"] not in _OPEN_PATHS:
+            given = headers.get("authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+                return 401, "missing or wrong API key — send 'Authorization: Bearer <key>'"
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_body:
+            return 413, self._too_large()
+        return None
+
+    def _host_ok(self, host: str) -> bool:
+        return "*" in self.allowed_hosts or host.lower() in self.allowed_hosts or is_loopback(host)
+
+    def _too_large(self) -> str:
+        return f"request body is larger than {self.max_body} bytes"
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body:
+                    raise _BodyTooLarge(self.max_body)
+            return message
+
+        return wrapped
+
+
+def _read_as_json(scope: Scope) -> None:
+    """Read every API body as JSON whatever its Content-Type, as Ollama does: the usual
+    `curl -d '{...}'` sends application/x-www-form-urlencoded. In place: the router
+    writes the matched route into this same scope, and the request counter reads it."""
+    if scope["path"].startswith(("/api/", "/v1/")):
+        headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+        scope["headers"] = [*headers, (b"content-type", b"application/json")]
+
+
+async def _reply(scope: Scope, send: Send, status: int, message: str) -> None:
+    if scope["path"].startswith("/v1/"):
+        kind = {401: "authentication_error", 403: "permission_error"}.get(status,
+                                                                          "invalid_request_error")
+        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+    else:
+        body = {"error": message}
+    data = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode())]})
+    await send({"type": "http.response.body", "body": data})

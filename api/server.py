@@ -1,0 +1,55 @@
+"""`localinfer serve`: bind first (so a busy port is one clear line), then run uvicorn."""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+import uvicorn
+
+from localinfer.api.app import create_app
+from localinfer.api.security import is_loopback
+from localinfer.backends.base import LoadOptions
+from localinfer.errors import LocalinferError
+from localinfer.model_store.sources import _looks_like_path, resolve
+from localinfer.pool import ModelPool, parse_keep_alive
+from localinfer.settings import ServeSettings, Settings
+
+__all__ = ["serve"]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise LocalinferError(f"cannot listen on {host}:{port} ({exc.strerror}) — "
+                              f"pick another with --port") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+          verbose: bool = False) -> None:
+    if not is_loopback(serve_settings.host) and not serve_settings.api_key:
+        raise LocalinferError(
+            f"listening on {serve_settings.host} would expose your models to the network — "
+            f"set an API key with --api-key or LOCALINFER_API_KEY first")
+    settings = Settings()
+    pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
+                     default_keep_alive=parse_keep_alive(serve_settings.keep_alive, 300.0))
+    if model and _looks_like_path(model):
+        pool.alias(resolve(model, settings.models_dir).name, model)
+    app = create_app(pool, serve_settings, settings, preload=model)
+    sock = _bind(serve_settings.host, serve_settings.port)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
+          f"— OpenAI API at /v1, Ollama API at /api", file=sys.stderr, flush=True)
+    config = uvicorn.Config(app, log_level="info" if verbose else "warning",
+                            timeout_graceful_shutdown=5, access_log=verbose)
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,98 @@
+"""Bad requests get the right 4xx in the dialect's shape, and the server keeps serving."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from .conftest import start_server, stop_server
+
+CHAT = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+OLLAMA_CHAT = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "hi"}],
+               "stream": False, "options": {"num_predict": 2}}
+
+CASES = [
+    ("/v1/chat/completions", b"{not json", 400),
+    ("/v1/chat/completions", {**CHAT, "messages": "hello"}, 400),
+    ("/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400),
+    ("/v1/chat/completions", {**CHAT, "model": "no-such-model"}, 404),
+    ("/v1/chat/completions", {**CHAT, "model": "../../etc/passwd"}, 400),
+    ("/v1/chat/completions", {**CHAT, "model": "/tmp/x.gguf"}, 400),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": -5}, 400),
+    ("/v1/chat/completions", {**CHAT, "max_tokens": 10**9}, 400),
+    ("/v1/chat/completions", {**CHAT, "messages": []}, 400),
+    ("/v1/chat/completions", {**CHAT, "logit_bias": {"999999999": 5}}, 400),
+    ("/v1/chat/completions", {**CHAT, "n": 3}, 400),
+    ("/v1/chat/completions", {**CHAT, "tool_choice": {"type": "function",
+                                                      "function": {"name": "nope"}},
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "x" * 4000}]}, 400),
+    ("/v1/embeddings", {"model": "smollm2:135m", "input": []}, 400),
+    ("/api/chat", b"[1, 2", 400),
+    ("/api/chat", {**OLLAMA_CHAT, "model": "nope"}, 404),
+    ("/api/chat", {**OLLAMA_CHAT, "options": {"temperature": -1}}, 400),
+    ("/api/chat", {**OLLAMA_CHAT, "format": "yaml"}, 400),
+    ("/api/chat", {**OLLAMA_CHAT, "keep_alive": "soon"}, 400),
+    ("/api/generate", {"model": "smollm2:135m", "prompt": "hi", "images": ["aGk="]}, 400),
+    ("/api/show", {}, 400),
+]
+
+
+@pytest.mark.parametrize("path,body,status", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, path, body, status):
+    kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+    response = server.post(path, **kwargs)
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    message = error["message"] if path.startswith("/v1/") else error
+    assert isinstance(message, str) and 10 < len(message) < 400
+    assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_oversized_body_is_413(server):
+    huge = {**CHAT, "messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]}
+    assert server.post("/v1/chat/completions", json=huge).status_code == 413
+    chunks = (b"x" * 65536 for _ in range(160))  # 10 MiB, chunked: no Content-Length
+    response = server.post("/api/chat", content=chunks)
+    assert response.status_code == 413 and "larger than" in response.json()["error"]
+    assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "attacker.com:11435", "192.168.1.10"])
+def test_foreign_host_header_is_refused(server, host):
+    response = server.post("/api/chat", json=OLLAMA_CHAT, headers={"Host": host})
+    assert response.status_code == 403 and "not allowed" in response.json()["error"]
+
+
+@pytest.mark.parametrize("host", ["localhost", "127.0.0.1:8080", "[::1]:11435", "app.localhost"])
+def test_loopback_host_names_pass(server, host):
+    assert server.get("/api/version", headers={"Host": host}).status_code == 200
+
+
+def test_cors_is_closed_by_default(server):
+    response = server.get("/api/tags", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in response.headers
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("keyed"), "--api-key", "s3cret", "--parallel", "1",
+                       "--ctx", "256", "--allow-origin", "https://ok.example")
+    yield srv
+    stop_server(srv)
+
+
+def test_api_key_is_required_when_set(keyed_server):
+    assert keyed_server.post("/v1/chat/completions", json=CHAT).status_code == 401
+    wrong = keyed_server.post("/api/chat", json=OLLAMA_CHAT, headers={"Authorization": "Bearer x"})
+    assert wrong.status_code == 401 and "API key" in wrong.json()["error"]
+    right = keyed_server.post("/v1/chat/completions", json=CHAT,
+                              headers={"Authorization": "Bearer s3cret"})
+    assert right.status_code == 200
+    assert keyed_server.get("/health").status_code == 200  # probes need no key
+
+
+def test_configured_origin_gets_cors_headers(keyed_server):
+    response = httpx.options(keyed_server.url + "/v1/models", timeout=10, headers={
+        "Origin": "https://ok.example", "Access-Control-Request-Method": "GET"})
+    assert response.headers.get("access-control-allow-origin") == "https://ok.example"

@@ -1,0 +1,74 @@
+"""Many clients at once through the server: same greedy text as alone, slots freed on disconnect."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+PROMPTS = ["What is the capital of France?", "Name three colours.", "Count to five.",
+           "What is 2 + 2?", "Say hello in Spanish.", "What is the largest ocean?",
+           "Name a fruit.", "What colour is the sky?"]
+
+
+def _stream(url: str, prompt: str) -> tuple[str, float, float]:
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    start, first, pieces = time.monotonic(), None, []
+    for chunk in client.chat.completions.create(
+            model="smollm2:135m", temperature=0, max_tokens=24, stream=True,
+            messages=[{"role": "user", "content": prompt}]):
+        for choice in chunk.choices:
+            if choice.delta.content:
+                first = first or time.monotonic()
+                pieces.append(choice.delta.content)
+    return "".join(pieces), first - start, time.monotonic() - start
+
+
+@pytest.mark.slow
+def test_eight_concurrent_streams_match_their_solo_replies(server):
+    solo = [_stream(server.url, p)[0] for p in PROMPTS]
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        together = list(pool.map(lambda p: _stream(server.url, p), PROMPTS))
+    assert [t[0] for t in together] == solo
+    assert all(text for text in solo)  # none came back empty
+
+
+def _metric(server, name: str) -> float:
+    text = server.get("/metrics").text
+    match = re.search(rf'^{name}{{model="smollm2:135m"}} (\S+)$', text, re.M)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_client_that_disconnects_frees_its_slot(server):
+    body = {"model": "smollm2:135m", "messages": [{"role": "user", "content": "Tell a long story."}],
+            "max_tokens": 400, "temperature": 0, "stream": True,
+            "logit_bias": {"0": -100, "2": -100}}  # no end-of-text: it would run all 400 tokens
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()  # next(), not a for/break: leaving the loop would disconnect
+        assert json.loads(next(line for line in lines if line.startswith("data: {"))[6:])
+        time.sleep(0.2)
+        assert _metric(server, "localinfer_slots_active") >= 1
+        r.close()
+    deadline = time.monotonic() + 5
+    while _metric(server, "localinfer_slots_active") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _metric(server, "localinfer_slots_active") == 0
+    generated = _metric(server, "localinfer_decode_steps")
+    time.sleep(0.3)
+    assert _metric(server, "localinfer_decode_steps") == generated  # nothing decodes for it
+
+
+def test_metrics_count_requests_by_route_and_status(server):
+    server.post("/v1/chat/completions", json={"model": "smollm2:135m", "max_tokens": 1,
+                                               "messages": [{"role": "user", "content": "hi"}]})
+    server.post("/v1/chat/completions", json={"model": "smollm2:135m"})
+    text = server.get("/metrics").text
+    assert re.search(r'localinfer_http_requests_total\{method="POST",'
+                     r'route="/v1/chat/completions",status="200"\} [1-9]', text)
+    assert re.search(r'route="/v1/chat/completions",status="400"\} [1-9]', text)
+    assert re.search(r'^localinfer_ttft_seconds_count\{model="smollm2:135m"\} [1-9]', text, re.M)

@@ -1,0 +1,90 @@
+"""The unmodified `ollama` client against a real `localinfer serve`."""
+
+from __future__ import annotations
+
+import math
+
+import ollama
+import pytest
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+GREEDY = {"temperature": 0, "num_predict": 16}
+
+
+@pytest.fixture(scope="module")
+def client(server) -> ollama.Client:
+    return ollama.Client(host=server.url)
+
+
+def test_chat_with_ollama_numbers(client):
+    reply = client.chat(model="smollm2:135m", messages=QUESTION, options=GREEDY)
+    assert reply.message.role == "assistant" and reply.message.content
+    assert reply.done and reply.done_reason in ("stop", "length")
+    assert reply.prompt_eval_count > 10 and 1 <= reply.eval_count <= 16
+    # durations are nanoseconds, and the parts fit inside the whole
+    assert 0 < reply.eval_duration < reply.total_duration < 60e9
+    assert reply.prompt_eval_duration < reply.total_duration
+
+
+def test_streamed_chat_equals_the_whole(client):
+    whole = client.chat(model="smollm2:135m", messages=QUESTION, options=GREEDY)
+    parts = list(client.chat(model="smollm2:135m", messages=QUESTION, options=GREEDY, stream=True))
+    assert len(parts) > 3 and parts[-1].done and not any(p.done for p in parts[:-1])
+    assert "".join(p.message.content for p in parts) == whole.message.content
+
+
+def test_generate_with_system_and_raw(client):
+    reply = client.generate(model="smollm2", prompt="Name a colour.", system="Answer in one word.",
+                            options=GREEDY)
+    assert reply.response and reply.done
+    raw = client.generate(model="smollm2", prompt="1, 2, 3, 4,", raw=True,
+                          options={"temperature": 0, "num_predict": 4})
+    assert raw.response.strip().startswith("5")
+
+
+def test_format_json_schema(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    reply = client.chat(model="smollm2:135m", messages=QUESTION, format=schema,
+                        options={"temperature": 0, "num_predict": 40})
+    import json
+    assert isinstance(json.loads(reply.message.content)["city"], str)
+
+
+def test_list_show_ps(client):
+    names = [m.model for m in client.list().models]
+    assert "smollm2:135m" in names
+    shown = client.show("smollm2:135m")
+    assert shown.details.format == "gguf" and shown.details.quantization_level == "Q4_1"
+    assert shown.modelinfo["general.architecture"] == "llama"
+    running = client.ps().models
+    entry = next(m for m in running if m.model == "smollm2:135m")
+    assert entry.size > 90_000_000 and entry.expires_at is not None
+
+
+def test_embed(client):
+    result = client.embed(model="smollm2:135m", input=["hello world", "goodbye"])
+    assert len(result.embeddings) == 2
+    assert math.isclose(sum(x * x for x in result.embeddings[0]), 1.0, rel_tol=1e-4)
+
+
+def test_pull_of_an_embedded_model_succeeds(client):
+    assert client.pull("smollm2:135m").status == "success"
+    statuses = [p.status for p in client.pull("smollm2:135m", stream=True)]
+    assert statuses[-1] == "success"
+
+
+def test_unknown_model_raises_response_error(client):
+    with pytest.raises(ollama.ResponseError) as err:
+        client.chat(model="no-such-model", messages=QUESTION)
+    assert err.value.status_code == 404
+
+
+def test_version_and_root(server):
+    assert server.get("/api/version").json()["version"]
+    assert server.get("/").status_code == 200
+    assert httpx_head(server.url + "/").status_code == 200
+
+
+def httpx_head(url: str):
+    import httpx
+    return httpx.head(url, timeout=10)

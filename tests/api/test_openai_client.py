@@ -1,0 +1,162 @@
+"""The unmodified `openai` client against a real `localinfer serve`."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import openai
+import pytest
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_embedded_model(client):
+    ids = [m.id for m in client.models.list()]
+    assert "smollm2:135m" in ids
+
+
+def test_chat_reply_usage_and_timings(client):
+    reply = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                           temperature=0, max_tokens=12)
+    choice = reply.choices[0]
+    assert choice.message.role == "assistant" and choice.message.content
+    assert choice.finish_reason in ("stop", "length")
+    assert reply.usage.prompt_tokens > 10
+    assert 1 <= reply.usage.completion_tokens <= 12
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+    timings = reply.model_extra["timings"]  # our extra field rides along, the client keeps it
+    assert 0 < timings["ttft_ms"] <= timings["e2el_ms"]
+
+
+def test_max_tokens_ends_with_length(client):
+    reply = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                           max_completion_tokens=3)
+    assert reply.choices[0].finish_reason == "length"
+    assert reply.usage.completion_tokens == 3
+
+
+def test_streaming_is_incremental_and_matches_the_whole_reply(client):
+    whole = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                           temperature=0, max_tokens=40)
+    arrivals, pieces, usage, finish = [], [], None, None
+    stream = client.chat.completions.create(
+        model="smollm2:135m", messages=QUESTION, temperature=0, max_tokens=40, stream=True,
+        stream_options={"include_usage": True})
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                arrivals.append(time.monotonic())
+                pieces.append(choice.delta.content)
+            finish = choice.finish_reason or finish
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert len(pieces) > 5
+    assert arrivals[-1] - arrivals[0] > 0.01  # pieces came over time, not in one burst
+    assert usage.completion_tokens == whole.usage.completion_tokens
+    assert finish == whole.choices[0].finish_reason
+
+
+def test_cached_prompt_tokens_reported_on_repeat(client):
+    messages = [{"role": "system", "content": "You are a terse assistant. " * 10}, *QUESTION]
+    client.chat.completions.create(model="smollm2:135m", messages=messages, temperature=0,
+                                   max_tokens=2)
+    again = client.chat.completions.create(model="smollm2:135m", messages=messages,
+                                           temperature=0, max_tokens=2)
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
+
+
+def test_json_schema_response_format_gives_matching_json(client):
+    schema = {"type": "object", "properties": {"name": {"type": "string"},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model="smollm2:135m", temperature=0, max_tokens=60,
+        messages=[{"role": "user", "content": "Invent a person."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}})
+    data = json.loads(reply.choices[0].message.content)
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
+
+
+def test_json_object_mode_gives_an_object(client):
+    reply = client.chat.completions.create(
+        model="smollm2:135m", temperature=0, max_tokens=100, response_format={"type": "json_object"},
+        messages=[{"role": "user", "content": "What is the capital of France? Answer as JSON."}])
+    assert reply.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(reply.choices[0].message.content), dict)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_tool_call_comes_back_as_tool_calls(client, stream):
+    args = dict(model="smollm2:135m", temperature=0, max_tokens=40, tools=[WEATHER],
+                tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                messages=[{"role": "user", "content": "What's the weather in Paris?"}])
+    if stream:
+        chunks = list(client.chat.completions.create(stream=True, **args))
+        calls = [c for ch in chunks for choice in ch.choices for c in choice.delta.tool_calls or []]
+        finish = [choice.finish_reason for ch in chunks for choice in ch.choices
+                  if choice.finish_reason]
+        name, arguments = calls[0].function.name, calls[0].function.arguments
+    else:
+        reply = client.chat.completions.create(**args)
+        calls = reply.choices[0].message.tool_calls
+        finish = [reply.choices[0].finish_reason]
+        name, arguments = calls[0].function.name, calls[0].function.arguments
+    assert finish == ["tool_calls"]
+    assert name == "get_weather"
+    assert isinstance(json.loads(arguments)["city"], str)
+
+
+def test_tool_result_can_be_sent_back(client):
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    reply = client.chat.completions.create(
+        model="smollm2:135m", temperature=0, max_tokens=20, tools=[WEATHER], tool_choice="none",
+        messages=[{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": None, "tool_calls": [call]},
+                  {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}])
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+
+
+def test_completions_and_a_batch_of_prompts(client):
+    one = client.completions.create(model="smollm2:135m", prompt="The capital of France is",
+                                    temperature=0, max_tokens=5)
+    assert one.choices[0].text
+    batch = client.completions.create(model="smollm2:135m", temperature=0, max_tokens=5,
+                                      prompt=["The capital of France is", "One, two, three,"])
+    assert [c.index for c in batch.choices] == [0, 1]
+    assert batch.choices[0].text == one.choices[0].text  # greedy: batch-invariant
+
+
+def test_embeddings_are_unit_vectors_and_order_similarity(client):
+    # the client asks for base64 unless told otherwise; check both encodings agree
+    texts = ["The cat sat on the mat.", "A cat was sitting on a mat.", "Stock markets fell."]
+    result = client.embeddings.create(model="smollm2:135m", input=texts)
+    floats = client.embeddings.create(model="smollm2:135m", input=texts[0],
+                                      encoding_format="float")
+    vectors = [d.embedding for d in result.data]
+    assert len(vectors) == 3 and len(vectors[0]) == 576
+    assert all(math.isclose(sum(x * x for x in v), 1.0, rel_tol=1e-4) for v in vectors)
+    assert floats.data[0].embedding == pytest.approx(vectors[0], abs=1e-6)
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
+    assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2])
+    assert result.usage.prompt_tokens > 10
+
+
+def test_unknown_model_is_404_with_suggestion(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="smolm2", messages=QUESTION)
+    assert "smollm2" in str(err.value)
