@@ -1,0 +1,42 @@
+"""`localinfer serve` refuses unsafe or impossible setups with one line, before loading anything."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+
+SERVE = [sys.executable, "-m", "localinfer", "serve"]
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*SERVE, *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_listening_beyond_loopback_needs_an_api_key(monkeypatch):
+    monkeypatch.delenv("LOCALINFER_API_KEY", raising=False)
+    _one_line_error(_serve("--host", "0.0.0.0"), "--api-key", "network")
+
+
+def test_a_busy_port_is_one_clear_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _one_line_error(_serve("--port", str(port)), str(port), "--port")
+
+
+@pytest.mark.parametrize("value", ["soon", "5 minutes"])
+def test_a_bad_keep_alive_is_refused(value):
+    _one_line_error(_serve("--keep-alive", value), "keep_alive")
