@@ -1,1 +1,1 @@
-"""The local REST API (OpenAI and Ollama dialects). Not built yet: see the REST API issue."""
+"""`localinfer serve`: OpenAI- and Ollama-compatible HTTP APIs over the batching engine."""
