@@ -152,6 +152,35 @@ def serve(
         run_server(settings, options, model, verbose)
 
 
+@app.command()
+def hw(
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Show the GPUs, CPU and memory localinfer sees, and what each probe found."""
+    import json
+
+    from localinfer.model_store.hardware import detect
+
+    found = detect()
+    if as_json:
+        print(json.dumps(found.to_dict(), indent=2))
+        return
+    gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
+    cpu = found.cpu
+    print(f"CPU   {cpu.model} · {cpu.physical_cores} cores, {cpu.logical_cores} threads · "
+          f"{' '.join(f.upper() for f in cpu.features) or 'no SIMD features found'}")
+    print(f"RAM   {gib(found.ram_total_bytes)} total, {gib(found.ram_available_bytes)} available")
+    for gpu in found.gpus:
+        free = f", {gib(gpu.free_bytes)} free" if gpu.free_bytes is not None else ""
+        print(f"GPU {gpu.index} {gpu.name} · {gib(gpu.total_bytes)}{free} · {gpu.backend.upper()}"
+              + (f" · driver {gpu.driver}" if gpu.driver else ""))
+    if not found.gpus:
+        print("GPU   none found")
+    print(f"GPU offload in this llama.cpp build: {'yes' if found.gpu_offload else 'no (CPU only)'}")
+    for probe in found.probes:
+        print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
+
+
 def main() -> None:
     app()
 

@@ -1,0 +1,227 @@
+"""What this machine has for running models: GPUs and their memory, CPU, RAM, offload support.
+
+Every probe runs with a timeout and ends as data: a probe that cannot answer (no tool, no
+driver, a hung tool) gives "unknown" with the reason, never an exception to the caller.
+NVIDIA GPUs are read through NVML when nvidia-ml-py is installed, else from
+`nvidia-smi --query-gpu` CSV; AMD from `rocm-smi --json`; Apple Silicon from sysctl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import psutil
+
+__all__ = ["CPU", "GPU", "Hardware", "Probe", "detect", "parse_nvidia_smi", "parse_rocm_smi"]
+
+_MIB = 1024 * 1024
+TIMEOUT_S = 5.0
+
+Runner = Callable[[Sequence[str], float], str]
+
+
+@dataclass(frozen=True)
+class GPU:
+    vendor: str  # "nvidia", "amd", "apple"
+    index: int
+    name: str
+    total_bytes: int
+    free_bytes: int | None  # None where the platform does not say
+    backend: str  # the llama.cpp backend that drives it: "cuda", "rocm", "metal"
+    driver: str | None = None
+
+
+@dataclass(frozen=True)
+class CPU:
+    model: str
+    physical_cores: int
+    logical_cores: int
+    features: tuple[str, ...]  # of those llama.cpp uses: avx, avx2, avx512f, fma, f16c, neon
+
+
+@dataclass(frozen=True)
+class Probe:
+    name: str
+    status: str  # "ok", "absent" (nothing of that kind here) or "unknown" (could not tell)
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    cpu: CPU
+    ram_total_bytes: int
+    ram_available_bytes: int
+    gpus: tuple[GPU, ...]
+    gpu_offload: bool  # this llama-cpp-python build can offload layers to a GPU
+    probes: tuple[Probe, ...] = field(default_factory=tuple)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _run(cmd: Sequence[str], timeout: float) -> str:
+    done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        message = (done.stderr or done.stdout).strip().splitlines()
+        raise RuntimeError(message[0] if message else f"exit code {done.returncode}")
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------- NVIDIA
+_NVIDIA_QUERY = "index,name,memory.total,memory.free,driver_version"
+
+
+def parse_nvidia_smi(csv_text: str) -> list[GPU]:
+    """`nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version
+    --format=csv,noheader,nounits` → GPUs (memory comes in MiB)."""
+    gpus = []
+    for line in csv_text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 5:
+            raise ValueError(f"unexpected nvidia-smi line: {line!r}")
+        index, name, total, free, driver = parts
+        gpus.append(GPU("nvidia", int(index), name, int(float(total)) * _MIB,
+                        None if free in ("[N/A]", "N/A") else int(float(free)) * _MIB,
+                        "cuda", driver))
+    return gpus
+
+
+def _nvml() -> list[GPU]:
+    import pynvml  # nvidia-ml-py, optional
+
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        gpus = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            name = pynvml.nvmlDeviceGetName(handle)
+            gpus.append(GPU("nvidia", i, name.decode() if isinstance(name, bytes) else name,
+                            memory.total, memory.free, "cuda",
+                            driver.decode() if isinstance(driver, bytes) else driver))
+        return gpus
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _probe_nvidia(run: Runner) -> tuple[list[GPU], Probe]:
+    nvml_error = ""
+    try:
+        return _nvml(), Probe("nvidia", "ok", "NVML")
+    except ImportError:  # nvidia-ml-py is optional
+        pass
+    except Exception as exc:  # NVML present but the driver did not answer: try the tool
+        nvml_error = f"NVML: {exc}; "
+    if shutil.which("nvidia-smi") is None:
+        return [], Probe("nvidia", "absent", nvml_error + "no nvidia-smi on PATH")
+    try:
+        out = run(["nvidia-smi", f"--query-gpu={_NVIDIA_QUERY}",
+                   "--format=csv,noheader,nounits"], TIMEOUT_S)
+        return parse_nvidia_smi(out), Probe("nvidia", "ok", "nvidia-smi")
+    except subprocess.TimeoutExpired:
+        return [], Probe("nvidia", "unknown", f"nvidia-smi did not answer in {TIMEOUT_S:.0f} s")
+    except (RuntimeError, ValueError, OSError) as exc:
+        return [], Probe("nvidia", "unknown", f"nvidia-smi: {exc}")
+
+
+# ---------------------------------------------------------------------------- AMD
+def parse_rocm_smi(json_text: str) -> list[GPU]:
+    """`rocm-smi --showproductname --showmeminfo vram --json` → GPUs (memory in bytes)."""
+    data = json.loads(json_text)
+    gpus = []
+    for key, card in sorted(data.items()):
+        if not key.startswith("card"):
+            continue
+        total = int(card["VRAM Total Memory (B)"])
+        used = int(card.get("VRAM Total Used Memory (B)", 0))
+        name = card.get("Card Series") or card.get("Card series") or card.get("Card SKU") or "AMD GPU"
+        gpus.append(GPU("amd", int(key[4:]), name, total, total - used, "rocm"))
+    return gpus
+
+
+def _probe_amd(run: Runner) -> tuple[list[GPU], Probe]:
+    if shutil.which("rocm-smi") is None:
+        return [], Probe("amd", "absent", "no rocm-smi on PATH")
+    try:
+        out = run(["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--json"], TIMEOUT_S)
+        return parse_rocm_smi(out), Probe("amd", "ok", "rocm-smi")
+    except subprocess.TimeoutExpired:
+        return [], Probe("amd", "unknown", f"rocm-smi did not answer in {TIMEOUT_S:.0f} s")
+    except (RuntimeError, ValueError, KeyError, OSError) as exc:
+        return [], Probe("amd", "unknown", f"rocm-smi: {exc}")
+
+
+# ---------------------------------------------------------------------------- Apple
+def apple_gpu_share(total_bytes: int) -> int:
+    """Metal's default working-set limit on Apple Silicon: about 2/3 of unified memory up to
+    36 GiB, 3/4 above (what llama.cpp sees as the device's recommendedMaxWorkingSetSize)."""
+    return total_bytes * 2 // 3 if total_bytes <= 36 * 1024 * _MIB else total_bytes * 3 // 4
+
+
+def _probe_apple(run: Runner, system: str, machine: str) -> tuple[list[GPU], Probe]:
+    if system != "Darwin" or machine != "arm64":
+        return [], Probe("apple", "absent", "not Apple Silicon")
+    try:
+        total = int(run(["sysctl", "-n", "hw.memsize"], TIMEOUT_S).strip())
+        name = run(["sysctl", "-n", "machdep.cpu.brand_string"], TIMEOUT_S).strip()
+    except (subprocess.TimeoutExpired, RuntimeError, ValueError, OSError) as exc:
+        return [], Probe("apple", "unknown", f"sysctl: {exc}")
+    share = apple_gpu_share(total)
+    return [GPU("apple", 0, f"{name} GPU", share, None, "metal")], Probe("apple", "ok", "sysctl")
+
+
+# ---------------------------------------------------------------------------- CPU
+_FEATURES = ("avx", "avx2", "avx512f", "fma", "f16c")
+
+
+def _cpu_info(run: Runner, system: str, machine: str) -> CPU:
+    model, flags = platform.processor() or machine, set()
+    try:
+        if system == "Linux":
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    key, _, value = line.partition(":")
+                    key = key.strip()
+                    if key in ("model name", "Model") and model in ("", machine, platform.processor()):
+                        model = value.strip()
+                    elif key in ("flags", "Features") and not flags:
+                        flags = set(value.split())
+        elif system == "Darwin":
+            model = run(["sysctl", "-n", "machdep.cpu.brand_string"], TIMEOUT_S).strip()
+    except (OSError, subprocess.TimeoutExpired, RuntimeError):
+        pass
+    features = [f for f in _FEATURES if f in flags]
+    if machine in ("arm64", "aarch64") and (system == "Darwin" or "asimd" in flags):
+        features.append("neon")
+    return CPU(model or "unknown", psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+               psutil.cpu_count() or os.cpu_count() or 1, tuple(features))
+
+
+def _gpu_offload() -> bool:
+    try:
+        import llama_cpp
+
+        return bool(llama_cpp.llama_supports_gpu_offload())
+    except Exception:  # the native library did not load: nothing can offload
+        return False
+
+
+def detect(run: Runner = _run, system: str | None = None, machine: str | None = None) -> Hardware:
+    system = system or platform.system()
+    machine = machine or platform.machine()
+    gpus: list[GPU] = []
+    probes: list[Probe] = []
+    for found, probe in (_probe_nvidia(run), _probe_amd(run), _probe_apple(run, system, machine)):
+        gpus += found
+        probes.append(probe)
+    memory = psutil.virtual_memory()
+    return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
+                    _gpu_offload(), tuple(probes))

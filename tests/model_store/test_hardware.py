@@ -1,0 +1,113 @@
+"""Hardware probes: real output shapes of the vendor tools, fed through real processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from localinfer.model_store.hardware import (
+    apple_gpu_share,
+    detect,
+    parse_nvidia_smi,
+    parse_rocm_smi,
+)
+
+# nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits
+NVIDIA_TWO_GPUS = """0, NVIDIA GeForce RTX 4090, 24564, 23012, 550.54.14
+1, NVIDIA H100 80GB HBM3, 81559, 80970, 550.54.14
+"""
+
+# rocm-smi --showproductname --showmeminfo vram --json (ROCm 6)
+ROCM_ONE_GPU = json.dumps({"card0": {
+    "Card Series": "Radeon RX 7900 XTX", "Card Model": "0x744c", "Card Vendor": "Advanced Micro Devices, Inc. [AMD/ATI]",
+    "Card SKU": "D7070100", "VRAM Total Memory (B)": "25753026560",
+    "VRAM Total Used Memory (B)": "1073741824"}})
+
+
+def test_nvidia_smi_csv_is_parsed_in_mib():
+    gpus = parse_nvidia_smi(NVIDIA_TWO_GPUS)
+    assert [g.name for g in gpus] == ["NVIDIA GeForce RTX 4090", "NVIDIA H100 80GB HBM3"]
+    assert gpus[0].total_bytes == 24564 * 2**20 and gpus[0].free_bytes == 23012 * 2**20
+    assert gpus[1].backend == "cuda" and gpus[1].driver == "550.54.14"
+
+
+def test_nvidia_smi_na_free_memory_and_garbage():
+    assert parse_nvidia_smi("0, Tesla T4, 15360, [N/A], 535.104.05")[0].free_bytes is None
+    with pytest.raises(ValueError):
+        parse_nvidia_smi("NVIDIA-SMI has failed")
+
+
+def test_rocm_smi_json_is_parsed():
+    gpu, = parse_rocm_smi(ROCM_ONE_GPU)
+    assert gpu.name == "Radeon RX 7900 XTX" and gpu.backend == "rocm"
+    assert gpu.free_bytes == 25753026560 - 1073741824
+
+
+@pytest.mark.parametrize("gib,share", [(8, 8 * 2 / 3), (16, 16 * 2 / 3), (36, 24), (64, 48),
+                                       (192, 144)])
+def test_apple_gpu_share_of_unified_memory(gib, share):
+    assert apple_gpu_share(gib * 2**30) == pytest.approx(share * 2**30, rel=1e-6)
+
+
+def test_apple_silicon_through_sysctl_output():
+    answers = {("sysctl", "-n", "hw.memsize"): "34359738368\n",
+               ("sysctl", "-n", "machdep.cpu.brand_string"): "Apple M2 Pro\n"}
+    found = detect(run=lambda cmd, timeout: answers[tuple(cmd)], system="Darwin", machine="arm64")
+    apple = [g for g in found.gpus if g.vendor == "apple"]
+    assert apple and apple[0].backend == "metal" and apple[0].name == "Apple M2 Pro GPU"
+    assert apple[0].total_bytes == apple_gpu_share(32 * 2**30)
+    assert "neon" in found.cpu.features and found.cpu.model == "Apple M2 Pro"
+
+
+def _fake_tool(bindir: Path, name: str, script: str) -> None:
+    path = bindir / name
+    path.write_text(f"#!/bin/sh\n{script}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def _hw_json(bindir: Path) -> dict:
+    env = {**os.environ, "PATH": f"{bindir}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run([sys.executable, "-m", "localinfer", "hw", "--json"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_hw_command_reads_nvidia_smi(tmp_path):
+    csv = NVIDIA_TWO_GPUS.replace("\n", "\\n")
+    _fake_tool(tmp_path, "nvidia-smi", f'printf "{csv}"')
+    found = _hw_json(tmp_path)
+    assert [g["name"] for g in found["gpus"]][:2] == ["NVIDIA GeForce RTX 4090",
+                                                      "NVIDIA H100 80GB HBM3"]
+    assert {"name": "nvidia", "status": "ok", "reason": "nvidia-smi"} in found["probes"]
+    assert found["ram_total_bytes"] > 0 and found["cpu"]["physical_cores"] >= 1
+
+
+def test_a_failing_driver_is_unknown_with_its_reason(tmp_path):
+    _fake_tool(tmp_path, "nvidia-smi",
+               'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA '
+               'driver. Make sure that the latest NVIDIA driver is installed and running."; exit 9')
+    probe = next(p for p in _hw_json(tmp_path)["probes"] if p["name"] == "nvidia")
+    assert probe["status"] == "unknown" and "couldn't communicate" in probe["reason"]
+
+
+def test_a_hung_tool_times_out_to_unknown(tmp_path, monkeypatch):
+    _fake_tool(tmp_path, "rocm-smi", "sleep 30")
+    monkeypatch.setattr("localinfer.model_store.hardware.TIMEOUT_S", 0.5)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    found = detect()
+    probe = next(p for p in found.probes if p.name == "amd")
+    assert probe.status == "unknown" and "did not answer" in probe.reason
+
+
+def test_this_machine_without_gpu_tools():
+    found = detect()
+    assert found.cpu.logical_cores >= found.cpu.physical_cores >= 1
+    assert 0 < found.ram_available_bytes <= found.ram_total_bytes
+    assert all(p.status in ("ok", "absent", "unknown") for p in found.probes)
