@@ -1,0 +1,138 @@
+"""The fit planner: which quant, on which device, with how many GPU layers, at what context.
+
+A pure function of the model's shape (from GGUF metadata), the files on offer (quant →
+size), the devices and the request, so tables of machines can test it. The rules:
+
+1. Fully on the GPU: the best quant in QUALITY order whose weights + KV cache + compute
+   buffer + margin fit the GPU's free memory at the requested context.
+2. Otherwise partial offload: the best quant no better than Q4_K_M (on a split, speed is bound
+   by the layers left on the CPU, so bigger files are slower for little gain) that fits GPU
+   and RAM together; as many layers on the GPU as fit, each bringing its KV cache with it.
+3. Otherwise CPU only, the same cap, in available RAM.
+4. Otherwise "won't fit", naming the largest context that would fit with the smallest quant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from localinfer.model_store.hardware import GPU
+
+__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "plan"]
+
+QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
+           "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
+           "IQ3_XXS", "Q2_K", "IQ2_M", "IQ2_S", "IQ2_XS", "IQ2_XXS", "IQ1_M", "IQ1_S")
+_SPLIT_CAP = QUALITY.index("Q4_K_M")
+_MIB = 1024 * 1024
+_GIB = 1024 * _MIB
+KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # per element, with block scales
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    n_ctx_train: int
+
+    def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
+        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
+
+
+@dataclass(frozen=True)
+class Plan:
+    quant: str
+    device: str  # "cuda", "metal", "rocm" or "cpu"
+    n_gpu_layers: int  # 0 for CPU; n_layer + 1 means everything, output layer included
+    n_ctx: int
+    n_slots: int
+    kv_type: str
+    memory_bytes: int  # the whole estimate: weights + KV + compute + margin
+    reason: str
+
+
+class WontFit(Exception):
+    pass
+
+
+def _rank(quant: str) -> int:
+    return QUALITY.index(quant) if quant in QUALITY else len(QUALITY)
+
+
+def _compute(shape: ModelShape, n_ubatch: int) -> int:
+    return shape.n_vocab * n_ubatch * 4 + 16 * _MIB  # logits of one micro-batch dominate
+
+
+def _margin(total: int) -> int:
+    return max(256 * _MIB, total // 20)  # driver context, fragmentation: 5%, at least 256 MiB
+
+
+def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
+         n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512) -> Plan:
+    """Raise WontFit (with what would fit) when nothing does."""
+    if not files:
+        raise WontFit("no GGUF files to choose from")
+    n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
+    kv = int(shape.kv_bytes_per_token(kv_type) * n_ctx * n_slots)
+    compute = _compute(shape, n_ubatch)
+    ranked = sorted(files, key=_rank)
+    capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
+    gpu = max(gpus, key=_budget, default=None)
+    common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
+    gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
+
+    if gpu is not None:
+        budget = _budget(gpu)
+        for quant in ranked:
+            need = files[quant] + kv + compute
+            if need + _margin(need) <= budget:
+                return Plan(quant, gpu.backend, shape.n_layer + 1,
+                            memory_bytes=need + _margin(need), **common,
+                            reason=f"{quant} fits fully on {gpu.name} ({gib(need)} of "
+                                   f"{gib(budget)} free) with a {n_ctx}-token context")
+        for quant in capped:
+            split = _split(shape, files[quant], kv, compute, budget, ram_available)
+            if split is not None:
+                layers, need = split
+                return Plan(quant, gpu.backend, layers, memory_bytes=need, **common,
+                            reason=f"no quant fits {gpu.name}'s {gib(budget)} at {n_ctx} tokens; "
+                                   f"{quant} with {layers} of {shape.n_layer} layers on the GPU, "
+                                   f"the rest in RAM")
+    for quant in capped:
+        need = files[quant] + kv + compute
+        if need + _margin(need) <= ram_available:
+            where = "no GPU was found" if gpu is None else "the GPU cannot take a layer"
+            return Plan(quant, "cpu", 0, memory_bytes=need + _margin(need), **common,
+                        reason=f"{where}; {quant} runs on the CPU in {gib(need)} of "
+                               f"{gib(ram_available)} available RAM")
+    smallest = min(files, key=files.get)
+    room = max(_budget(gpu) if gpu else 0, ram_available)
+    per_token = shape.kv_bytes_per_token(kv_type) * n_slots
+    fixed = files[smallest] + compute
+    fits_ctx = int((room * 0.95 - fixed - 256 * _MIB) // per_token) if per_token else 0
+    hint = (f"a context of {fits_ctx} tokens would fit with {smallest}" if fits_ctx >= 512
+            else "pick a smaller model")
+    raise WontFit(f"no quant fits at {n_ctx} tokens: the smallest, {smallest}, needs "
+                  f"{gib(fixed + kv)} and {gib(room)} is free — {hint}")
+
+
+def _budget(gpu: GPU) -> int:
+    return gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes
+
+
+def _split(shape: ModelShape, weights: int, kv: int, compute: int, gpu_budget: int,
+           ram: int) -> tuple[int, int] | None:
+    """Layers on the GPU for a partial offload, and the total memory, or None."""
+    per_layer = (weights + kv) / max(shape.n_layer, 1)
+    room = gpu_budget - compute - _margin(gpu_budget)
+    layers = min(shape.n_layer, int(room // per_layer)) if room > 0 else 0
+    if layers < 1:
+        return None
+    in_ram = (shape.n_layer - layers) * per_layer
+    if in_ram + _margin(int(in_ram)) > ram:
+        return None
+    return layers, int(weights + kv + compute + _margin(weights + kv + compute))
