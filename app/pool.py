@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest
-from localinfer.model_store.fit import estimate_memory
+from localinfer.model_store.fit import check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import BackendFactory, _available_memory, _llama_cpp_backend, prepare
@@ -132,12 +132,12 @@ class ModelPool:
     async def canonical(self, ref: str | None) -> str:
         """The name a model is loaded under, without loading it."""
         ref = self._aliases.get(ref or "", ref) or self.settings.default_model
-        return (await asyncio.to_thread(resolve, ref, self.settings.models_dir)).name
+        return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
 
     async def get(self, ref: str | None) -> LoadedModel:
-        ref = self._aliases.get(ref or "", ref)
+        alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
         resolved, info, options = await asyncio.to_thread(
-            prepare, ref, self.options, self.settings, lambda: 1 << 62)
+            prepare, alias or ref, self.options, self.settings, lambda: 1 << 62, alias is not None)
         name = resolved.name
         async with self._lock:
             if name in self._loaded:
@@ -172,7 +172,8 @@ class ModelPool:
         while True:
             if len(self._loaded) < self.max_loaded:
                 try:
-                    await asyncio.to_thread(prepare, name, options, self.settings, self._available)
+                    check_context(info, options.n_ctx or 0, options.n_slots, self._available(),
+                                  options.n_batch, name)
                     return
                 except ContextTooLarge:
                     if not self._idle():

@@ -3,18 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+from collections.abc import Sequence
+
 from localinfer.backends.base import Backend, LoadOptions
+from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
+from localinfer.model_store import store
+from localinfer.model_store.catalog import HubRef, parse_hub_ref
+from localinfer.model_store.hardware import Hardware, detect
+from localinfer.model_store.hub import RemoteFile, remote_info
+from localinfer.model_store.planner import ModelShape, WontFit, plan
+from localinfer.model_store.store import Manifest
 from localinfer.model_store.fit import check_context
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
-from localinfer.model_store.sources import ResolvedModel, resolve
+from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.settings import Settings
 
-__all__ = ["load_model", "prepare"]
+__all__ = ["choose_quant", "load_model", "prepare", "pull_model"]
+
+log = logging.getLogger("localinfer.service")
 
 BackendFactory = Callable[[Path, LoadOptions, str], Backend]
 
@@ -34,10 +46,11 @@ def prepare(
     options: LoadOptions,
     settings: Settings | None = None,
     available_memory: Callable[[], int] = _available_memory,
+    allow_paths: bool = True,
 ) -> tuple[ResolvedModel, GGUFInfo, LoadOptions]:
     """Resolve, validate the file and check the context fits — all before loading anything."""
     settings = settings or Settings()
-    model = resolve(ref or settings.default_model, settings.models_dir)
+    model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
     n_ctx = options.n_ctx or min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
     check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name)
@@ -53,3 +66,34 @@ def load_model(
 ) -> Backend:
     model, _info, options = prepare(ref, options, settings, available_memory)
     return backend_factory(model.path, options, model.name)
+
+
+def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
+                 hardware: Hardware | None = None) -> str:
+    """The planner's pick for this machine, from the header of one file read remotely."""
+    info = remote_info(ref.repo, min(files, key=lambda f: f.size))
+    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
+                       info.n_vocab, info.n_ctx_train)
+    hardware = hardware or detect()
+    gpus = list(hardware.gpus) if hardware.gpu_offload else []  # a CPU build cannot use them
+    sizes = {f.quant: f.size for f in files if f.quant}
+    if not sizes:
+        raise ModelNotFound(f"{ref.repo} (no file names a quant)")
+    try:
+        chosen = plan(shape, sizes, gpus, hardware.ram_available_bytes, n_ctx=n_ctx)
+    except WontFit as exc:
+        raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
+    log.info("plan for %s: %s", ref.installed_name, chosen.reason)
+    return chosen.quant
+
+
+def pull_model(ref: str, settings: Settings | None = None) -> Manifest | ResolvedModel:
+    """Download a hub model; an embedded one is only located (assembled if need be)."""
+    settings = settings or Settings()
+    if is_embedded(ref):
+        return resolve(ref, settings.models_dir, allow_paths=False)
+    hub_ref = parse_hub_ref(ref)
+    if hub_ref is None:
+        resolve(ref, settings.models_dir)  # a path, or a clear "not found" with suggestions
+        raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
+    return store.pull(hub_ref, settings.models_dir, choose_quant)

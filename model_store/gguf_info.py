@@ -14,7 +14,7 @@ import gguf
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 
-__all__ = ["GGUFInfo", "quant_name", "read_gguf_info"]
+__all__ = ["GGUFInfo", "quant_name", "read_gguf_header", "read_gguf_info"]
 
 _MAGIC = b"GGUF"
 
@@ -179,6 +179,20 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
             "— download it again",
         )
     return _info_from_meta(path, size, meta)
+
+
+def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:
+    """The same, from the first bytes of a file elsewhere (a range request to the hub)."""
+    if data[:4] != _MAGIC:
+        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
+    try:
+        meta, data_end = _read_header(data, file_size)
+    except (ValueError, KeyError, struct.error, OverflowError) as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
+    if file_size and data_end > file_size:
+        raise InvalidModelFile(str(path), f"its tensors need {data_end:,} bytes but the file "
+                                          f"has {file_size:,}")
+    return _info_from_meta(path, file_size, meta)
 
 
 def _array_length(value: Any) -> int:

@@ -16,7 +16,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.errors import ModelError, ModelFileMissing, ModelNotFound
+from localinfer.errors import ModelError, ModelFileMissing, ModelNotFound, ModelNotInstalled
+from localinfer.model_store import store as store_index
+from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
 __all__ = ["EMBEDDED", "DEFAULT_MODEL", "ResolvedModel", "known_names", "resolve"]
 
@@ -117,17 +119,36 @@ def _canonical(ref: str) -> str | None:
     return None
 
 
-def resolve(ref: str, store: Path) -> ResolvedModel:
-    """Turn what the user typed into a model file on disk, or raise a helpful error."""
+def is_embedded(ref: str) -> bool:
+    return _canonical(ref.strip().lower()) is not None
+
+
+def resolve(ref: str, store: Path, allow_paths: bool = True) -> ResolvedModel:
+    """Turn what the user typed into a model file on disk, or raise a helpful error.
+
+    Order: an existing file path, an embedded model, a pulled one (by its installed name).
+    A hub reference that is not pulled yet raises ModelNotInstalled, which says how to get
+    it. Names that arrive over the network are resolved with allow_paths=False.
+    """
     ref = ref.strip()
-    if _looks_like_path(ref):
+    if allow_paths and _looks_like_path(ref):
         path = Path(ref).expanduser()
-        if not path.exists():
+        if path.exists():
+            return ResolvedModel(name=path.stem, path=path.resolve(), source="path")
+        if ref.endswith(".gguf") or ref.startswith((".", "~", os.sep)):
             raise ModelFileMissing(ref)
-        return ResolvedModel(name=path.stem, path=path.resolve(), source="path")
     name = _canonical(ref.lower())
-    if name is None:
-        candidates = known_names() + sorted({n.split(":", 1)[0] for n in EMBEDDED})
-        close = difflib.get_close_matches(ref.lower(), candidates, n=3, cutoff=0.5)
-        raise ModelNotFound(ref, suggestions=close, known=known_names())
-    return ResolvedModel(name=name, path=EMBEDDED[name].locate(store), source="package")
+    if name is not None:
+        return ResolvedModel(name=name, path=EMBEDDED[name].locate(store), source="package")
+    manifest = store_index.find(store, ref)
+    hub_ref = parse_hub_ref(ref)
+    if manifest is None and hub_ref is not None:
+        manifest = store_index.find(store, hub_ref.installed_name)
+    if manifest is not None:
+        return ResolvedModel(name=manifest.name, path=manifest.path(store), source="hub")
+    if hub_ref is not None:
+        raise ModelNotInstalled(hub_ref)
+    installed = [m.name for m in store_index.installed(store)]
+    candidates = known_names() + sorted({n.split(":", 1)[0] for n in EMBEDDED}) + installed
+    close = difflib.get_close_matches(ref.lower(), candidates + catalog_names(), n=3, cutoff=0.5)
+    raise ModelNotFound(ref, suggestions=close, known=known_names() + installed)

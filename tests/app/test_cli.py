@@ -49,7 +49,7 @@ def test_verbose_shows_llama_cpp_log():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["lama3"], "model 'lama3' not found — did you mean 'gemma3'?"),
+    (["lama3"], "model 'lama3' not found — did you mean 'llama3'"),  # catalog names count
     (["./missing/model.gguf"], "no model file at './missing/model.gguf'"),
     (["--ctx", "100000"], "more than the 8192 'smollm2:135m' was trained for"),
 ])

@@ -2,8 +2,6 @@ from __future__ import annotations
 
 import logging
 import re
-import shutil
-from pathlib import Path
 
 import pytest
 

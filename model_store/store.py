@@ -1,0 +1,117 @@
+"""Models pulled from the hub, on disk: files under `hub/<owner>/<repo>/`, one manifest each.
+
+A model is installed when its manifest exists, and a manifest is written (atomically) only
+after its file is complete and verified, so a half-downloaded file is never installed.
+A lock per file makes two pulls of the same file do one download.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from filelock import FileLock
+
+from localinfer.errors import ModelNotFound
+from localinfer.model_store import hub
+from localinfer.model_store.catalog import HubRef
+
+__all__ = ["Manifest", "find", "installed", "pull", "remove"]
+
+QuantChooser = Callable[[HubRef, Sequence[hub.RemoteFile]], str]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    repo: str
+    file: str
+    quant: str | None
+    sha256: str | None
+    size: int
+    pulled_at: str
+    source: str = "hub"
+
+    def path(self, models_dir: Path) -> Path:
+        return models_dir / "hub" / self.repo / self.file
+
+
+def _manifest_path(models_dir: Path, name: str) -> Path:
+    safe = name.replace("/", "__").replace(":", "--")
+    return models_dir / "manifests" / f"{safe}.json"
+
+
+def installed(models_dir: Path) -> list[Manifest]:
+    folder = models_dir / "manifests"
+    manifests = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            manifests.append(Manifest(**json.loads(path.read_text("utf-8"))))
+        except (ValueError, TypeError):
+            continue  # a damaged manifest: the model is not installed
+    return manifests
+
+
+def find(models_dir: Path, name: str) -> Manifest | None:
+    path = _manifest_path(models_dir, name)
+    if not path.is_file():
+        return None
+    try:
+        manifest = Manifest(**json.loads(path.read_text("utf-8")))
+    except (ValueError, TypeError):
+        return None
+    return manifest if manifest.path(models_dir).is_file() else None
+
+
+def _write(models_dir: Path, manifest: Manifest) -> None:
+    target = _manifest_path(models_dir, manifest.name)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".manifest.", suffix=".tmp")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(dataclasses.asdict(manifest), f, indent=2)
+    os.replace(tmp, target)
+
+
+def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser) -> Manifest:
+    files = hub.list_ggufs(ref.repo)
+    if not files:
+        raise hub.HubError(f"'{ref.repo}' holds no single-file GGUF model")
+    quant = ref.quant or choose_quant(ref, files)
+    remote = hub.pick_file(ref.repo, files, quant)
+    dest = models_dir / "hub" / ref.repo / remote.path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha1(f"{ref.repo}/{remote.path}".encode()).hexdigest()[:16]
+    (models_dir / ".locks").mkdir(parents=True, exist_ok=True)
+    with FileLock(models_dir / ".locks" / f"{key}.lock"):
+        if not (dest.is_file() and remote.sha256 and hub._sha256(dest) == remote.sha256):
+            hub.download(ref.repo, remote, dest)
+        manifest = Manifest(
+            name=ref.installed_name, repo=ref.repo, file=remote.path, quant=remote.quant,
+            sha256=remote.sha256, size=dest.stat().st_size,
+            pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        _write(models_dir, manifest)
+    return manifest
+
+
+def remove(models_dir: Path, name: str) -> str:
+    """Forget the model; delete its file unless another installed name uses it."""
+    path = _manifest_path(models_dir, name)
+    if not path.is_file():
+        raise ModelNotFound(name, known=[m.name for m in installed(models_dir)])
+    try:
+        manifest: Manifest | None = Manifest(**json.loads(path.read_text("utf-8")))
+    except (ValueError, TypeError):
+        manifest = None  # damaged: removing it is all there is to do
+    path.unlink()
+    if manifest and not any(m.file == manifest.file and m.repo == manifest.repo
+                            for m in installed(models_dir)):
+        manifest.path(models_dir).unlink(missing_ok=True)
+    return name

@@ -1,0 +1,140 @@
+"""A small Hugging Face hub over real HTTP on 127.0.0.1, for pulls without the internet.
+
+Serves the routes huggingface_hub uses to list and download: the repo tree
+(`/api/models/{repo}/tree/{rev}`) with LFS sha256 and sizes, and `/{repo}/resolve/{rev}/{file}`
+(HEAD and GET) with the hub's headers (X-Repo-Commit, ETag = sha256, X-Linked-Size) and Range.
+Faults can be injected per file: drop the connection after N bytes (once), or serve bytes that
+do not match the advertised hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@dataclass
+class HubFile:
+    path: Path
+    sha256: str
+    size: int
+    drop_after: int | None = None  # cut the next GET after this many bytes, once
+    corrupt: bool = False
+
+
+@dataclass
+class FakeHub:
+    repos: dict[str, dict[str, HubFile]] = field(default_factory=dict)
+    gets: Counter = field(default_factory=Counter)  # (repo, file) → GETs that sent bytes
+    ranges: list[str] = field(default_factory=list)
+    url: str = ""
+    _server: ThreadingHTTPServer | None = None
+
+    def add(self, repo: str, name: str, path: Path) -> HubFile:
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        entry = HubFile(path, digest, path.stat().st_size)
+        self.repos.setdefault(repo, {})[name] = entry
+        return entry
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def do_GET(self) -> None:
+                hub._route(self, send_body=True)
+
+            def do_HEAD(self) -> None:
+                hub._route(self, send_body=False)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()
+
+    # ------------------------------------------------------------------ routes
+    def _route(self, req: BaseHTTPRequestHandler, send_body: bool) -> None:
+        path = req.path.split("?", 1)[0]
+        tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+/?", path)
+        resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
+        if tree:
+            return self._tree(req, tree.group(1), send_body)
+        if resolve:
+            return self._file(req, resolve.group(1), resolve.group(2), send_body)
+        self._json(req, 404, {"error": "Not Found"}, send_body)
+
+    def _json(self, req, status: int, body, send_body: bool, headers: dict | None = None) -> None:
+        data = json.dumps(body).encode()
+        req.send_response(status)
+        req.send_header("Content-Type", "application/json")
+        req.send_header("Content-Length", str(len(data)))
+        for k, v in (headers or {}).items():
+            req.send_header(k, v)
+        req.end_headers()
+        if send_body:
+            req.wfile.write(data)
+
+    def _tree(self, req, repo: str, send_body: bool) -> None:
+        if repo not in self.repos:
+            return self._json(req, 404, {"error": "Repository not found"}, send_body,
+                              {"X-Error-Code": "RepoNotFound"})
+        entries = [{"type": "file", "oid": f.sha256[:40], "size": f.size, "path": name,
+                    "lfs": {"oid": f.sha256, "size": f.size, "pointerSize": 134}}
+                   for name, f in self.repos[repo].items()]
+        entries.append({"type": "file", "oid": "1" * 40, "size": 12, "path": "README.md"})
+        self._json(req, 200, entries, send_body)
+
+    def _file(self, req, repo: str, name: str, send_body: bool) -> None:
+        entry = self.repos.get(repo, {}).get(name)
+        if entry is None:
+            return self._json(req, 404, {"error": "Entry not found"}, send_body,
+                              {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
+        data = entry.path.read_bytes()
+        if entry.corrupt:
+            data = data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:]
+        start, end = 0, len(data) - 1
+        rng = req.headers.get("Range")
+        if rng:
+            self.ranges.append(rng)
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)
+            start, end = int(m.group(1)), int(m.group(2) or end)
+            end = min(end, len(data) - 1)
+        req.send_response(206 if rng else 200)
+        for k, v in {"X-Repo-Commit": COMMIT, "ETag": f'"{entry.sha256}"',
+                     "X-Linked-Etag": f'"{entry.sha256}"', "X-Linked-Size": str(entry.size),
+                     "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream",
+                     "Content-Length": str(end - start + 1)}.items():
+            req.send_header(k, v)
+        if rng:
+            req.send_header("Content-Range", f"bytes {start}-{end}/{len(data)}")
+        req.end_headers()
+        if not send_body:
+            return
+        body = data[start:end + 1]
+        if entry.drop_after is not None and not rng:
+            cut, entry.drop_after = entry.drop_after, None
+            req.wfile.write(body[:cut])
+            req.wfile.flush()
+            req.close_connection = True
+            return
+        if start == 0 and end == len(data) - 1 or rng and start > 0:
+            self.gets[(repo, name)] += 1
+        req.wfile.write(body)

@@ -1,0 +1,165 @@
+"""`localinfer pull/list/rm/run` against a fake hub over real HTTP, with real GGUF quants."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .fake_hub import FakeHub
+
+REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
+REF = f"hf.co/{REPO}"
+
+
+@pytest.fixture(scope="session")
+def quant_files(smollm2_path: Path, tmp_path_factory) -> dict[str, Path]:
+    """The real smollm2 file and two requantisations of it, made with llama.cpp's quantizer."""
+    import llama_cpp
+
+    folder = tmp_path_factory.mktemp("quants")
+    files = {"Q4_1": smollm2_path}
+    for label, ftype in (("Q8_0", 7), ("Q4_K_M", 15)):
+        out = folder / f"SmolLM2-135M-Instruct-{label}.gguf"
+        params = llama_cpp.llama_model_quantize_default_params()
+        params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
+        assert llama_cpp.llama_model_quantize(str(smollm2_path).encode(), str(out).encode(),
+                                              ctypes.byref(params)) == 0
+        files[label] = out
+    return files
+
+
+@pytest.fixture
+def hub(quant_files) -> FakeHub:
+    fake = FakeHub()
+    for label, path in quant_files.items():
+        fake.add(REPO, f"SmolLM2-135M-Instruct-{label}.gguf", path)
+    fake.repos["testorg/no-gguf"] = {}
+    yield fake.start()
+    fake.stop()
+
+
+def cli(hub: FakeHub, *args: str, offline: bool = False, **popen) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": os.environ["LOCALINFER_HOME"] + "-hf",
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+    env.pop("HF_TOKEN", None)
+    if offline:
+        env["HF_HUB_OFFLINE"] = "1"
+    return subprocess.run([sys.executable, "-m", "localinfer", *args], env=env,
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def manifests(home: Path) -> list[dict]:
+    folder = home / "models" / "manifests"
+    return [json.loads(p.read_text()) for p in folder.glob("*.json")] if folder.is_dir() else []
+
+
+def one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: ") and "Traceback" not in result.stderr, result.stderr
+    for word in words:
+        assert word in lines[-1]
+
+
+def test_pull_plans_the_quant_verifies_and_registers(hub, _private_home):
+    result = cli(hub, "pull", REF)
+    assert result.returncode == 0, result.stderr
+    # CPU only: the best quant not above Q4_K_M; Q8_0 would be slower for little gain
+    assert "Q4_K_M" in result.stderr and "verified" in result.stderr
+    assert any(r.startswith("bytes=0-") for r in hub.ranges)  # the header was read remotely
+    (manifest,) = manifests(_private_home)
+    assert (manifest["name"], manifest["quant"], manifest["repo"]) == (REF, "Q4_K_M", REPO)
+    file = _private_home / "models" / "hub" / REPO / manifest["file"]
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == manifest["sha256"]
+    assert not any((_private_home / "models" / "hub" / REPO / ".staging").glob("*.gguf"))
+    listed = cli(hub, "list")
+    assert REF in listed.stdout and "Q4_K_M" in listed.stdout
+
+
+def test_explicit_quant_then_run_offline(hub, _private_home):
+    assert cli(hub, "pull", f"{REF}:q8_0").returncode == 0
+    assert manifests(_private_home)[0]["quant"] == "Q8_0"
+    ran = cli(hub, "run", f"{REF}:Q8_0", "-p", "Say hi.", "--max-tokens", "4", offline=True)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() and "generated 4 tok" in ran.stderr
+
+
+def test_run_pulls_a_missing_hub_model_first(hub, _private_home):
+    ran = cli(hub, "run", f"{REF}:Q4_1", "-p", "Say hi.", "--max-tokens", "3")
+    assert ran.returncode == 0, ran.stderr
+    assert "pulling" in ran.stderr and manifests(_private_home)[0]["quant"] == "Q4_1"
+
+
+def test_an_interrupted_transfer_resumes(hub, _private_home):
+    entry = hub.repos[REPO]["SmolLM2-135M-Instruct-Q4_1.gguf"]
+    entry.drop_after = entry.size // 2
+    first = cli(hub, "pull", f"{REF}:Q4_1")
+    if first.returncode != 0:  # the client gave up: the next pull picks up where it stopped
+        one_line_error(first)
+        assert manifests(_private_home) == []
+        assert cli(hub, "pull", f"{REF}:Q4_1").returncode == 0
+    resumed = [r for r in hub.ranges if not r.startswith("bytes=0-")]
+    assert resumed and int(resumed[0][6:].split("-")[0]) > 0
+    (manifest,) = manifests(_private_home)
+    file = _private_home / "models" / "hub" / REPO / manifest["file"]
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == entry.sha256
+
+
+def test_a_corrupted_file_is_rejected_and_nothing_is_registered(hub, _private_home):
+    hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].corrupt = True
+    one_line_error(cli(hub, "pull", f"{REF}:Q8_0"), "checksum")
+    assert manifests(_private_home) == []
+    assert not list((_private_home / "models" / "hub").rglob("*Q8_0.gguf"))
+    assert REF not in cli(hub, "list").stdout
+
+
+def test_two_concurrent_pulls_do_one_download(hub, _private_home):
+    env_cli = lambda: subprocess.Popen(  # noqa: E731
+        [sys.executable, "-m", "localinfer", "pull", f"{REF}:Q8_0"],
+        env={**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": str(_private_home) + "-hf",
+             "HF_HUB_DISABLE_PROGRESS_BARS": "1"},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [env_cli(), env_cli()]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert hub.gets[(REPO, "SmolLM2-135M-Instruct-Q8_0.gguf")] == 1
+    assert len(manifests(_private_home)) == 1
+
+
+def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
+    assert cli(hub, "pull", f"{REF}:Q4_1").returncode == 0
+    file = _private_home / "models" / "hub" / REPO / "SmolLM2-135M-Instruct-Q4_1.gguf"
+    assert file.is_file()
+    removed = cli(hub, "rm", f"{REF}:Q4_1")
+    assert removed.returncode == 0, removed.stderr
+    assert not file.exists() and manifests(_private_home) == []
+    one_line_error(cli(hub, "rm", f"{REF}:Q4_1"), "not found")
+    one_line_error(cli(hub, "rm", "smollm2:135m"), "cannot be removed")
+
+
+def test_offline_mode_names_the_way_out(hub):
+    one_line_error(cli(hub, "pull", REF, offline=True), "HF_HUB_OFFLINE")
+    one_line_error(cli(hub, "run", REF, "-p", "hi", offline=True), "HF_HUB_OFFLINE")
+
+
+def test_what_the_hub_does_not_have(hub):
+    one_line_error(cli(hub, "pull", "hf.co/testorg/missing-repo"), "not found")
+    one_line_error(cli(hub, "pull", "hf.co/testorg/no-gguf"), "no single-file GGUF")
+    one_line_error(cli(hub, "pull", f"{REF}:Q3_K_M"), "Q8_0", "Q4_K_M", "Q4_1")
+    one_line_error(cli(hub, "pull", "llama3.2:9b"), "llama3.2:1b", "llama3.2:3b")
+    one_line_error(cli(hub, "pull", "lama3.2"), "llama3.2")
+
+
+def test_an_unreachable_hub_fails_fast(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "localinfer", "pull", "llama3.2:1b"], capture_output=True,
+        text=True, timeout=60, env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9",
+                                    "HF_HOME": str(tmp_path / "hf")})
+    one_line_error(result, "cannot reach")
