@@ -349,7 +349,10 @@ async def delete(body: NameRequest, request: Request):
     name = core.check_model_name(body.which)
     if is_embedded(name):
         raise ApiError(400, f"{name} ships with localinfer and cannot be deleted")
-    await asyncio.to_thread(store.remove, request.app.state.settings.models_dir, name)
+    models_dir = request.app.state.settings.models_dir
+    if store.find(models_dir, name) is not None:
+        await request.app.state.pool.unload(name)  # as Ollama does: a deleted model stops
+    await asyncio.to_thread(store.remove, models_dir, name)
     return Response(status_code=200)
 
 

@@ -20,6 +20,7 @@ from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest
 from localinfer.model_store.fit import check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo
+from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import BackendFactory, _available_memory, _llama_cpp_backend, prepare
 from localinfer.settings import Settings
@@ -94,6 +95,12 @@ class ModelPool:
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
         self._aliases: dict[str, str] = {}
+        self._hw: Hardware | None = None
+
+    def _hardware(self) -> Hardware:
+        if self._hw is None:  # probing runs vendor tools: once per process is enough
+            self._hw = detect()
+        return self._hw
 
     def alias(self, name: str, ref: str) -> None:
         """Let requests name a model the operator gave as a path (`serve --model x.gguf`)."""
@@ -137,7 +144,8 @@ class ModelPool:
     async def get(self, ref: str | None) -> LoadedModel:
         alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
         resolved, info, options = await asyncio.to_thread(
-            prepare, alias or ref, self.options, self.settings, lambda: 1 << 62, alias is not None)
+            prepare, alias or ref, self.options, self.settings, lambda: 1 << 62, alias is not None,
+            self._hardware)
         name = resolved.name
         async with self._lock:
             if name in self._loaded:

@@ -47,14 +47,34 @@ def prepare(
     settings: Settings | None = None,
     available_memory: Callable[[], int] = _available_memory,
     allow_paths: bool = True,
+    hardware: Callable[[], Hardware | None] = lambda: detect(),
 ) -> tuple[ResolvedModel, GGUFInfo, LoadOptions]:
     """Resolve, validate the file and check the context fits — all before loading anything."""
     settings = settings or Settings()
     model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
     n_ctx = options.n_ctx or min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
-    check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name)
-    return model, info, dataclasses.replace(options, n_ctx=n_ctx)
+    n_gpu_layers = options.n_gpu_layers
+    if n_gpu_layers is None:
+        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots, hardware())
+    if not n_gpu_layers:  # all of it in RAM: check it fits there
+        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name)
+    return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+
+
+def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None) -> int:
+    """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
+    if hw is None or not hw.gpu_offload or not hw.gpus:
+        return 0
+    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
+                       info.n_vocab, info.n_ctx_train)
+    try:
+        chosen = plan(shape, {info.quant: info.file_size}, list(hw.gpus),
+                      hw.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots)
+    except WontFit:
+        return 0  # the RAM check that follows says what to do
+    log.info("plan for %s: %s", info.name, chosen.reason)
+    return chosen.n_gpu_layers
 
 
 def load_model(

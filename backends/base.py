@@ -79,7 +79,7 @@ class LoadOptions:
     n_slots: int = 1
     n_batch: int = 512
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
 
 
 @dataclass(frozen=True)

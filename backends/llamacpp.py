@@ -35,7 +35,7 @@ class LlamaCppBackend(Backend):
             n_slots=options.n_slots,
             n_batch=options.n_batch,
             n_threads=options.n_threads or default_threads(),
-            n_gpu_layers=options.n_gpu_layers,
+            n_gpu_layers=options.n_gpu_layers or 0,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

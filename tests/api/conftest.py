@@ -34,11 +34,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(home: Path, *args: str, ready_timeout: float = 60) -> Server:
+def start_server(home: Path, *args: str, ready_timeout: float = 60,
+                 env: dict[str, str] | None = None) -> Server:
     port = free_port()
     log = home / f"serve-{port}.log"
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "LOCALINFER_HOME": str(home)}
+    env = {**os.environ, "LOCALINFER_HOME": str(home), **(env or {})}
     env.pop("LOCALINFER_API_KEY", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "localinfer", "serve", "--port", str(port), *args],

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import json
 import os
@@ -12,27 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from .fake_hub import FakeHub
+from ..fake_hub import FakeHub
 
 REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
 REF = f"hf.co/{REPO}"
-
-
-@pytest.fixture(scope="session")
-def quant_files(smollm2_path: Path, tmp_path_factory) -> dict[str, Path]:
-    """The real smollm2 file and two requantisations of it, made with llama.cpp's quantizer."""
-    import llama_cpp
-
-    folder = tmp_path_factory.mktemp("quants")
-    files = {"Q4_1": smollm2_path}
-    for label, ftype in (("Q8_0", 7), ("Q4_K_M", 15)):
-        out = folder / f"SmolLM2-135M-Instruct-{label}.gguf"
-        params = llama_cpp.llama_model_quantize_default_params()
-        params.ftype, params.allow_requantize, params.nthread = ftype, True, 2
-        assert llama_cpp.llama_model_quantize(str(smollm2_path).encode(), str(out).encode(),
-                                              ctypes.byref(params)) == 0
-        files[label] = out
-    return files
 
 
 @pytest.fixture
