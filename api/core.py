@@ -62,6 +62,11 @@ class Job:
                 self.generation.cancel()
             await self._release.aclose()
 
+    async def cancel(self) -> None:
+        """Give up on a job whose events nobody will read."""
+        self.generation.cancel()
+        await self._release.aclose()
+
     async def collect(self) -> tuple[str, RequestStats]:
         pieces = []
         async for event in self.events():

@@ -314,7 +314,14 @@ async def completions(body: CompletionRequest, request: Request):
         job = await core.start(pool, body.model or None, params, prompt=prompts[0])
         return StreamingResponse(_stream(job, _CompletionShape(job, body)),
                                  media_type="text/event-stream")
-    jobs = [await core.start(pool, body.model or None, params, prompt=p) for p in prompts]
+    jobs: list[core.Job] = []
+    try:
+        for prompt in prompts:
+            jobs.append(await core.start(pool, body.model or None, params, prompt=prompt))
+    except BaseException:  # one bad prompt: the ones already queued must not run on
+        for job in jobs:
+            await job.cancel()
+        raise
     results = await asyncio.gather(*(j.collect() for j in jobs))
     choices, prompt_n, completion_n, cached_n = [], 0, 0, 0
     for i, (job, (text, stats), prompt) in enumerate(zip(jobs, results, prompts)):

@@ -72,3 +72,11 @@ def test_metrics_count_requests_by_route_and_status(server):
                      r'route="/v1/chat/completions",status="200"\} [1-9]', text)
     assert re.search(r'route="/v1/chat/completions",status="400"\} [1-9]', text)
     assert re.search(r'^localinfer_ttft_seconds_count\{model="smollm2:135m"\} [1-9]', text, re.M)
+
+
+def test_a_bad_prompt_in_a_batch_leaves_nothing_running(server):
+    body = {"model": "smollm2:135m", "max_tokens": 200, "temperature": 0,
+            "prompt": ["Tell a long story.", "x " * 2000]}  # the second is longer than the context
+    assert server.post("/v1/completions", json=body).status_code == 400
+    time.sleep(0.3)
+    assert _metric(server, "localinfer_slots_active") == 0
