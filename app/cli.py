@@ -91,6 +91,10 @@ def run(
         min=16, help="Context size in tokens (default 4096, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads (default: physical cores).")] = None,
+    kv_type: Annotated[str, typer.Option(
+        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
+    flash_attn: Annotated[Optional[bool], typer.Option(
+        "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -108,7 +112,7 @@ def run(
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
-        options = LoadOptions(n_ctx=ctx, n_threads=threads)
+        options = LoadOptions(n_ctx=ctx, n_threads=threads, kv_type=kv_type, flash_attn=flash_attn)
         try:
             backend = load_model(model, options)
         except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
@@ -238,6 +242,10 @@ def serve(
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    kv_type: Annotated[str, typer.Option(
+        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
+    flash_attn: Annotated[Optional[bool], typer.Option(
+        "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
     api_key: Annotated[Optional[str], typer.Option(
         help="Require this Bearer token (needed to listen beyond loopback).")] = None,
     allow_origin: Annotated[Optional[list[str]], typer.Option(
@@ -260,7 +268,8 @@ def serve(
                  "keep_alive": keep_alive}
         settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
-        options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads)
+        options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
+                              kv_type=kv_type, flash_attn=flash_attn)
         run_server(settings, options, model, verbose)
 
 

@@ -17,7 +17,7 @@ from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import RemoteFile, remote_info
-from localinfer.model_store.planner import ModelShape, WontFit, plan
+from localinfer.model_store.planner import KV_BYTES, ModelShape, WontFit, plan
 from localinfer.model_store.store import Manifest
 from localinfer.model_store.fit import check_context
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
@@ -56,13 +56,15 @@ def prepare(
     n_ctx = options.n_ctx or min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
     n_gpu_layers = options.n_gpu_layers
     if n_gpu_layers is None:
-        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots, hardware())
+        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots, hardware(), options.kv_type)
     if not n_gpu_layers:  # all of it in RAM: check it fits there
-        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name)
+        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name,
+                      KV_BYTES[options.kv_type])
     return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
 
 
-def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None) -> int:
+def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
+               kv_type: str = "f16") -> int:
     """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
     if hw is None or not hw.gpu_offload or not hw.gpus:
         return 0
@@ -70,7 +72,7 @@ def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None) ->
                        info.n_vocab, info.n_ctx_train)
     try:
         chosen = plan(shape, {info.quant: info.file_size}, list(hw.gpus),
-                      hw.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots)
+                      hw.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     except WontFit:
         return 0  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)

@@ -80,6 +80,14 @@ class LoadOptions:
     n_batch: int = 512
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
+    kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache
+    flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
+
+    def __post_init__(self) -> None:
+        if self.kv_type not in ("f16", "q8_0", "q4_0"):
+            raise InvalidRequest(f"KV cache type must be f16, q8_0 or q4_0, not {self.kv_type!r}")
+        if self.kv_type != "f16" and self.flash_attn is False:
+            raise InvalidRequest("a quantised KV cache needs flash attention — drop --no-flash-attn")
 
 
 @dataclass(frozen=True)

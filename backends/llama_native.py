@@ -22,6 +22,8 @@ log = logging.getLogger("localinfer.llama_cpp")
 
 # ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5
 _LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+             "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 _log_lock = threading.Lock()
 _log_state = {"installed": False, "last_level": logging.INFO}
 
@@ -48,7 +50,8 @@ class NativeModel:
     """A llama.cpp model and one context, owned together."""
 
     def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
-                 n_threads: int, n_gpu_layers: int = 0):
+                 n_threads: int, n_gpu_layers: int = 0, kv_type: str = "f16",
+                 flash_attn: bool | None = None):
         route_llama_log()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
@@ -67,6 +70,10 @@ class NativeModel:
         cparams.no_perf = True
         # Keep every sliding-window layer's cells so a cached prefix can be reused at any length.
         cparams.swa_full = True
+        cparams.type_k = cparams.type_v = _KV_TYPES[kv_type]
+        cparams.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+                                   True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+                                   False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]
         self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
         if not self.ctx:
             llama_cpp.llama_model_free(self.model)

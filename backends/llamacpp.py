@@ -36,6 +36,8 @@ class LlamaCppBackend(Backend):
             n_batch=options.n_batch,
             n_threads=options.n_threads or default_threads(),
             n_gpu_layers=options.n_gpu_layers or 0,
+            kv_type=options.kv_type,
+            flash_attn=options.flash_attn,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

@@ -41,17 +41,19 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     return MemoryEstimate(info.file_size, kv, _compute_buffer(info, n_ubatch))
 
 
-def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512) -> int:
+def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
+                kv_bytes_per_element: float = 2.0) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     fixed = info.file_size + _compute_buffer(info, n_ubatch)
-    per_token = info.kv_bytes_per_token() * n_slots
+    per_token = info.kv_bytes_per_token(kv_bytes_per_element) * n_slots
     if available <= fixed or per_token <= 0:
         return 0
     return min(int((available - fixed) // per_token), info.n_ctx_train or 1 << 30)
 
 
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
-                  n_ubatch: int = 512, name: str | None = None) -> MemoryEstimate:
+                  n_ubatch: int = 512, name: str | None = None,
+                  kv_bytes_per_element: float = 2.0) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits."""
     name = name or info.name
     if info.n_ctx_train and n_ctx > info.n_ctx_train:
@@ -59,9 +61,9 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
-    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch)
+    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_bytes_per_element)
     if estimate.total > available:
-        fits = max_context(info, available, n_slots, n_ubatch)
+        fits = max_context(info, available, n_slots, n_ubatch, kv_bytes_per_element)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         raise ContextTooLarge(
             f"a context of {n_ctx} tokens needs about {estimate.total / _GIB:.2f} GiB "

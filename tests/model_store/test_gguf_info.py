@@ -5,9 +5,10 @@ import re
 
 import pytest
 
-from localinfer.backends.base import LoadOptions
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.model_store.planner import KV_BYTES
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.errors import InvalidModelFile, ModelFileMissing
+from localinfer.errors import InvalidRequest, InvalidModelFile, ModelFileMissing
 from localinfer.model_store.gguf_info import read_gguf_info
 
 
@@ -21,16 +22,19 @@ def test_reads_architecture_facts_of_both_models(smollm2_path, gemma3_path):
     assert (g.n_ctx_train, g.sliding_window, g.n_vocab, g.chat_template) == (32768, 512, 262144, None)
 
 
-@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
-def test_kv_bytes_agree_with_what_llama_cpp_allocates(model, request, caplog):
+@pytest.mark.parametrize("model,kv_type", [("smollm2_path", "f16"), ("gemma3_path", "f16"),
+                                           ("smollm2_path", "q8_0"), ("gemma3_path", "q4_0")])
+def test_kv_bytes_agree_with_what_llama_cpp_allocates(model, kv_type, request, caplog):
     path = request.getfixturevalue(model)
     info = read_gguf_info(path)
     caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
-    with LlamaCppBackend(path, LoadOptions(n_ctx=2048)):
-        pass
+    with LlamaCppBackend(path, LoadOptions(n_ctx=2048, kv_type=kv_type)) as backend:
+        # a quantised cache still generates
+        assert backend.generate(backend.tokenize("The sky is"),
+                                SamplingParams(temperature=0, max_tokens=3)).text()
     reported = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]
     assert reported, "llama.cpp did not report its KV buffer"
-    ours = info.kv_bytes_per_token() * 2048 / 2**20
+    ours = info.kv_bytes_per_token(KV_BYTES[kv_type]) * 2048 / 2**20
     assert sum(reported) == pytest.approx(ours, rel=0.05)
 
 
@@ -58,3 +62,10 @@ def test_not_gguf_missing_and_directory(tmp_path):
         read_gguf_info(tmp_path / "absent.gguf")
     with pytest.raises(InvalidModelFile, match="directory"):
         read_gguf_info(tmp_path)
+
+
+def test_a_quantised_cache_without_flash_attention_is_refused():
+    with pytest.raises(InvalidRequest, match="flash attention"):
+        LoadOptions(kv_type="q8_0", flash_attn=False)
+    with pytest.raises(InvalidRequest, match="f16, q8_0 or q4_0"):
+        LoadOptions(kv_type="q5_1")
