@@ -242,6 +242,9 @@ def serve(
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    prefill_chunk: Annotated[Optional[int], typer.Option(
+        min=1, help="Prompt tokens per request per step: smaller keeps other streams smoother "
+                    "while a long prompt is read [512].")] = None,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(
@@ -269,7 +272,7 @@ def serve(
         settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
-                              kv_type=kv_type, flash_attn=flash_attn)
+                              kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk)
         run_server(settings, options, model, verbose)
 
 

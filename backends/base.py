@@ -78,6 +78,7 @@ class LoadOptions:
     n_ctx: int | None = None
     n_slots: int = 1
     n_batch: int = 512
+    prefill_chunk: int | None = None  # prompt tokens per slot per step; None: n_batch
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache

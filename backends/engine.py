@@ -90,9 +90,13 @@ class Engine:
         n_batch: int,
         max_waiting: int = 64,
         clock: Callable[[], float] = time.perf_counter,
+        prefill_chunk: int | None = None,
     ):
         self.native = native
         self.n_batch = max(n_batch, n_slots)
+        # prompt tokens one slot may add to a step: smaller chunks keep running streams
+        # moving while a long prompt is read, at some cost to that prompt's own prefill speed
+        self.prefill_chunk = max(1, min(prefill_chunk or self.n_batch, self.n_batch))
         self.n_ctx_slot = native.n_ctx() // n_slots
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -267,7 +271,7 @@ class Engine:
             if slot.state is not SlotState.PROCESSING_PROMPT or n >= self.n_batch:
                 continue
             prompt = slot.task.prompt
-            end = min(len(prompt), slot.n_prompt_done + self.n_batch - n)
+            end = min(len(prompt), slot.n_prompt_done + min(self.prefill_chunk, self.n_batch - n))
             for i in range(slot.n_prompt_done, end):
                 n = self._add(n, slot, prompt[i], logits=(i == len(prompt) - 1))
             slot.n_prompt_done = end
