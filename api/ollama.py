@@ -319,7 +319,8 @@ def _ps_entry(m: LoadedModel) -> dict[str, Any]:
     return {"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": "",
             "details": _details(m.name, m.backend.info),
             "expires_at": until.isoformat().replace("+00:00", "Z"),
-            "size_vram": 0, "context_length": m.backend.info.n_ctx}
+            "size_vram": m.memory_bytes if m.options.n_gpu_layers else 0,
+            "context_length": m.backend.info.n_ctx}
 
 
 @router.get("/ps")

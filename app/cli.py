@@ -232,6 +232,36 @@ def show(
 
 
 @app.command()
+def ps(
+    url: Annotated[Optional[str], typer.Option(
+        help="The server to ask [http://127.0.0.1:11435, or LOCALINFER_HOST/PORT].")] = None,
+) -> None:
+    """What a running `localinfer serve` has loaded, the memory it takes, and until when."""
+    import httpx
+
+    from localinfer.settings import ServeSettings
+
+    with _user_errors():
+        if url is None:
+            settings = ServeSettings()
+            url = f"http://{settings.host}:{settings.port}"
+        key = ServeSettings().api_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            response = httpx.get(url.rstrip("/") + "/api/ps", headers=headers, timeout=10)
+        except httpx.TransportError:
+            raise LocalinferError(f"no server answers at {url} — start one with `localinfer serve`") from None
+        if response.status_code != 200:
+            raise LocalinferError(f"{url} answered {response.status_code}: {response.text[:200]}")
+        models = response.json().get("models", [])
+        print(f"{'NAME':32} {'SIZE':>10} {'PROCESSOR':10} {'CONTEXT':>8}  UNTIL")
+        for m in models:
+            processor = "GPU" if m.get("size_vram") else "CPU"
+            print(f"{m['name']:32} {m['size'] / 2**20:>6,.0f} MiB {processor:10} "
+                  f"{m.get('context_length', 0):>8}  {m.get('expires_at', '')[:19].replace('T', ' ')}")
+
+
+@app.command()
 def serve(
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="Load this model at startup (others load on first request).")] = None,

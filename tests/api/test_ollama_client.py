@@ -88,3 +88,16 @@ def test_version_and_root(server):
 def httpx_head(url: str):
     import httpx
     return httpx.head(url, timeout=10)
+
+
+def test_ps_command_asks_the_running_server(server):
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", server.url],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "smollm2:135m" in result.stdout and "CPU" in result.stdout
+    gone = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", "http://127.0.0.1:9"],
+                          capture_output=True, text=True, timeout=60)
+    assert gone.returncode == 1 and "localinfer serve" in gone.stderr
