@@ -41,3 +41,25 @@ def test_nothing_fits_in_too_little_memory(info):
     assert max_context(info, available=info.file_size // 2) == 0
     with pytest.raises(ContextTooLarge, match="pick a smaller model"):
         check_context(info, 512, 1, available=info.file_size // 2)
+
+
+@pytest.mark.parametrize("model,n_ctx,n_slots", [("smollm2_path", 2048, 1),
+                                                  ("smollm2_path", 1024, 4),
+                                                  ("gemma3_path", 2048, 1)])
+def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_slots, request,
+                                                              caplog):
+    """Weights + KV + compute, against llama.cpp's own report after loading: within 10%."""
+    import logging
+    import re
+
+    from localinfer.backends.base import LoadOptions
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    path = request.getfixturevalue(model)
+    caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
+    with LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots)):
+        pass
+    pattern = r"^(?!~).*(?:model|KV|compute|output) buffer size =\s+([\d.]+) MiB"
+    reported = sum(float(m) for m in re.findall(pattern, caplog.text, re.M)) * 2**20
+    estimate = estimate_memory(read_gguf_info(path), n_ctx, n_slots).total
+    assert reported == pytest.approx(estimate, rel=0.10)
