@@ -63,3 +63,33 @@ def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_sl
     reported = sum(float(m) for m in re.findall(pattern, caplog.text, re.M)) * 2**20
     estimate = estimate_memory(read_gguf_info(path), n_ctx, n_slots).total
     assert reported == pytest.approx(estimate, rel=0.10)
+
+
+_MEASURE = """
+import json, sys, psutil
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.llamacpp import LlamaCppBackend
+path, n_ctx = sys.argv[1], int(sys.argv[2])
+before = psutil.Process().memory_info().rss
+backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx))
+backend.generate(backend.tokenize("hello " * 600), SamplingParams(temperature=0, max_tokens=4)).text()
+print(json.dumps(psutil.Process().memory_info().rss - before))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
+@pytest.mark.parametrize("n_ctx", [2048, 8192])
+def test_resident_estimate_agrees_with_measured_memory_growth(model, n_ctx, request):
+    """A fresh process loads the model and prefills a full chunk; its RSS growth is the truth."""
+    import json
+    import subprocess
+    import sys
+
+    path = request.getfixturevalue(model)
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(path), str(n_ctx)],
+                         capture_output=True, text=True, timeout=120, check=True)
+    grown = json.loads(out.stdout.strip().splitlines()[-1])
+    estimate = estimate_memory(read_gguf_info(path), n_ctx, 1)
+    assert grown == pytest.approx(estimate.resident, rel=0.10)
+    assert estimate.total > grown  # the reserve is an upper bound on a CPU
