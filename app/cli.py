@@ -330,7 +330,8 @@ def hw(
               + (f" · driver {gpu.driver}" if gpu.driver else ""))
     if not found.gpus:
         print("GPU   none found")
-    print(f"GPU offload in this llama.cpp build: {'yes' if found.gpu_offload else 'no (CPU only)'}")
+    print(f"llama.cpp backends: {', '.join(found.compute_backends) or 'unknown'} · GPU offload "
+          f"{'yes' if found.gpu_offload else 'no (CPU-only build)'}")
     for probe in found.probes:
         print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
@@ -18,7 +19,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-__all__ = ["CPU", "GPU", "Hardware", "Probe", "detect", "parse_nvidia_smi", "parse_rocm_smi"]
+__all__ = ["CPU", "GPU", "Hardware", "Probe", "detect", "parse_nvidia_smi", "parse_rocm_smi",
+           "parse_system_info"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -59,6 +61,7 @@ class Hardware:
     ram_available_bytes: int
     gpus: tuple[GPU, ...]
     gpu_offload: bool  # this llama-cpp-python build can offload layers to a GPU
+    compute_backends: tuple[str, ...] = ()  # ggml backends in this build: CPU, CUDA, Metal, ...
     probes: tuple[Probe, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict:
@@ -205,6 +208,20 @@ def _cpu_info(run: Runner, system: str, machine: str) -> CPU:
                psutil.cpu_count() or os.cpu_count() or 1, tuple(features))
 
 
+def parse_system_info(text: str) -> tuple[str, ...]:
+    """Backend names from llama_print_system_info(): "CUDA : ARCHS = 890 | ... | CPU : AVX = 1"."""
+    return tuple(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][\w-]*) : ", text)))
+
+
+def _compute_backends() -> tuple[str, ...]:
+    try:
+        import llama_cpp
+
+        return parse_system_info(llama_cpp.llama_print_system_info().decode("utf-8", "replace"))
+    except Exception:  # the native library did not load
+        return ()
+
+
 def _gpu_offload() -> bool:
     try:
         import llama_cpp
@@ -224,4 +241,4 @@ def detect(run: Runner = _run, system: str | None = None, machine: str | None = 
         probes.append(probe)
     memory = psutil.virtual_memory()
     return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
-                    _gpu_offload(), tuple(probes))
+                    _gpu_offload(), _compute_backends(), tuple(probes))

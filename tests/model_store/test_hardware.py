@@ -111,3 +111,20 @@ def test_this_machine_without_gpu_tools():
     assert found.cpu.logical_cores >= found.cpu.physical_cores >= 1
     assert 0 < found.ram_available_bytes <= found.ram_total_bytes
     assert all(p.status in ("ok", "absent", "unknown") for p in found.probes)
+
+
+@pytest.mark.parametrize("text,backends", [
+    ("CPU : SSE3 = 1 | SSSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | BMI2 = 1 | "
+     "LLAMAFILE = 1 | OPENMP = 1 | REPACK = 1 | ", ("CPU",)),
+    ("CUDA : ARCHS = 500,610,700,750,800,860,890 | USE_GRAPHS = 1 | PEER_MAX_BATCH_SIZE = 128 | "
+     "CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | OPENMP = 1 | ", ("CUDA", "CPU")),
+    ("Metal : EMBED_LIBRARY = 1 | CPU : NEON = 1 | ARM_FMA = 1 | FP16_VA = 1 | DOTPROD = 1 | "
+     "ACCELERATE = 1 | REPACK = 1 | ", ("Metal", "CPU")),
+])
+def test_build_backends_from_system_info(text, backends):
+    from localinfer.model_store.hardware import parse_system_info
+    assert parse_system_info(text) == backends
+
+
+def test_this_build_reports_its_cpu_backend():
+    assert "CPU" in detect().compute_backends
