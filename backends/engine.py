@@ -227,7 +227,31 @@ class Engine:
         with self._lock:
             self._n_queued -= 1
 
+    _MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
+
+    def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
+        """Take another slot's KV when it shares a longer prefix (the same system prompt).
+
+        The KV cache keeps one stream per sequence, and llama.cpp copies between streams
+        only whole: the donor's stream is copied (at the next decode, before compute) and
+        what lies past the shared prefix is dropped again.
+        """
+        own = slot.common_prefix(prompt)
+        donor = max((s for s in self.slots if s is not slot),
+                    key=lambda s: s.common_prefix(prompt), default=None)
+        if donor is None:
+            return
+        shared = min(donor.common_prefix(prompt), len(prompt) - 1)
+        if shared < own + self._MIN_SHARED:
+            return
+        memory = self.native.memory
+        llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
+        llama_cpp.llama_memory_seq_cp(memory, donor.id, slot.id, -1, -1)
+        llama_cpp.llama_memory_seq_rm(memory, slot.id, shared, -1)
+        slot.cache = list(prompt[:shared])
+
     def _start(self, slot: Slot, task: Task) -> None:
+        self._borrow_prefix(slot, task.prompt)
         # keep at least one prompt token to evaluate: its logits give the first token
         n_keep = min(slot.common_prefix(task.prompt), len(task.prompt) - 1)
         if not llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, n_keep, -1):
