@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sys
+from pathlib import Path
 from collections.abc import Iterator
 from typing import Annotated, Optional
 
@@ -259,6 +260,42 @@ def ps(
             processor = "GPU" if m.get("size_vram") else "CPU"
             print(f"{m['name']:32} {m['size'] / 2**20:>6,.0f} MiB {processor:10} "
                   f"{m.get('context_length', 0):>8}  {m.get('expires_at', '')[:19].replace('T', ' ')}")
+
+
+@app.command()
+def bench(
+    model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
+    levels: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4,8,16",
+    requests_per_client: Annotated[int, typer.Option(min=1)] = 2,
+    max_prompt: Annotated[int, typer.Option(min=8, help="Longest prompt in tokens.")] = 2000,
+    max_output: Annotated[int, typer.Option(min=2, help="Longest reply in tokens.")] = 256,
+    scenarios: Annotated[bool, typer.Option(
+        help="Also run the long-prefill and cached-system-prompt scenarios.")] = True,
+    threads: Annotated[Optional[int], typer.Option(min=1)] = None,
+    out: Annotated[Optional[Path], typer.Option(help="Write the results as JSON here.")] = None,
+) -> None:
+    """Measure the engine under a mixed workload against the bare-loop ceiling and Llama."""
+    import json
+
+    from localinfer.bench import Workload, run_bench
+    from localinfer.model_store.sources import resolve
+    from localinfer.settings import Settings
+
+    _setup_logging(False)
+    with _user_errors():
+        settings = Settings()
+        path = resolve(model or settings.default_model, settings.models_dir).path
+        try:
+            level_list = [int(x) for x in levels.split(",")]
+        except ValueError:
+            raise LocalinferError("--levels takes numbers separated by commas, e.g. 1,4,8") from None
+        work = Workload(min_prompt=min(32, max_prompt), max_prompt=max_prompt,
+                        min_output=min(16, max_output), max_output=max_output,
+                        requests_per_client=requests_per_client)
+        result = run_bench(path, level_list, work, threads, scenarios,
+                           log=lambda line: print(line, flush=True))
+        if out:
+            out.write_text(json.dumps(result, indent=2))
 
 
 @app.command()

@@ -1,0 +1,268 @@
+"""`localinfer bench`: the engine under a mixed workload, against the ceiling and the baseline.
+
+All in one process, same model file, same threads:
+- ceiling: a bare loop decoding one batch of N sequences per step (no scheduling, no
+  sampling), N = each concurrency level;
+- baseline: llama-cpp-python's `Llama` serving the same requests one after another;
+- localinfer: the engine with N slots and N closed-loop clients, each sending requests with
+  exponential (Poisson) gaps; prompts log-uniform in [min_prompt, max_prompt] tokens,
+  outputs uniform in [min_output, max_output] tokens, greedy.
+Two scenarios follow: running streams' ITL while a long prompt is prefilled (at two chunk
+sizes), and the TTFT of a request whose long system prompt is cached against a cold one.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import llama_cpp
+
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
+from localinfer.backends.metrics import RequestStats
+
+__all__ = ["Workload", "run_bench"]
+
+SLO_TTFT_S = 2.0
+SLO_TPOT_S = 0.100
+_FILLER = ("The keeper climbed the stairs of the lighthouse each evening, counting the steps "
+           "and listening to the sea against the rocks below. ")
+
+
+@dataclass(frozen=True)
+class Workload:
+    min_prompt: int = 32
+    max_prompt: int = 2000
+    min_output: int = 16
+    max_output: int = 256
+    requests_per_client: int = 2
+    mean_gap_s: float = 0.2
+    seed: int = 7
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _prompt(backend: LlamaCppBackend, n_tokens: int, salt: int) -> list[int]:
+    text = f"Story {salt}. " + _FILLER * (n_tokens // 20 + 2)
+    return backend.tokenize(text)[:n_tokens]
+
+
+# ---------------------------------------------------------------------------- ceiling
+def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int) -> float:
+    """Decode tok/s of a bare loop: n_seq sequences, one batch per step, a fixed token fed."""
+    native = NativeModel(str(path), n_ctx_total=(n_tokens + 64) * n_seq, n_slots=n_seq,
+                         n_batch=max(512, n_seq), n_threads=threads)
+    batch = llama_cpp.llama_batch_init(max(512, n_seq), 0, 1)
+    try:
+        prompt = native.tokenize("Once upon a time")
+        for seq in range(n_seq):  # a short prompt each, in one batch per sequence
+            for i, token in enumerate(prompt):
+                _put(batch, i, token, i, seq, i == len(prompt) - 1)
+            batch.n_tokens = len(prompt)
+            llama_cpp.llama_decode(native.ctx, batch)
+        token = prompt[-1]
+        started = time.perf_counter()
+        for step in range(n_tokens):
+            for seq in range(n_seq):
+                _put(batch, seq, token, len(prompt) + step, seq, True)
+            batch.n_tokens = n_seq
+            llama_cpp.llama_decode(native.ctx, batch)
+        return n_seq * n_tokens / (time.perf_counter() - started)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        native.close()
+
+
+def _put(batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+    batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+    batch.seq_id[i][0], batch.logits[i] = seq, logits
+
+
+# ---------------------------------------------------------------------------- requests
+def _requests(backend: LlamaCppBackend, work: Workload, n: int, rng: random.Random
+              ) -> list[tuple[list[int], int]]:
+    out = []
+    for i in range(n):
+        length = int(math.exp(rng.uniform(math.log(work.min_prompt), math.log(work.max_prompt))))
+        out.append((_prompt(backend, length, rng.randrange(10**6)),
+                    rng.randint(work.min_output, work.max_output)))
+    return out
+
+
+def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
+    ttfts = [s.ttft for s in stats if s.ttft is not None]
+    tpots = [s.tpot for s in stats if s.tpot is not None]
+    itls = [x for s in stats for x in s.itls]
+    good = [s for s in stats if s.ttft is not None and s.ttft <= SLO_TTFT_S
+            and (s.tpot is None or s.tpot <= SLO_TPOT_S)]
+    tokens = sum(s.generated_tokens for s in stats)
+    return {
+        "requests": len(stats), "wall_s": wall, "output_tokens": tokens,
+        "output_tps": tokens / wall, "requests_per_s": len(stats) / wall,
+        "goodput_requests_per_s": len(good) / wall,
+        "ttft_p50_s": _pct(ttfts, 0.5), "ttft_p99_s": _pct(ttfts, 0.99),
+        "tpot_p50_s": _pct(tpots, 0.5), "tpot_p99_s": _pct(tpots, 0.99),
+        "itl_p50_s": _pct(itls, 0.5), "itl_p99_s": _pct(itls, 0.99),
+        "decode_tps_p50": _pct([s.decode_tps for s in stats if s.decode_tps], 0.5),
+    }
+
+
+def engine_level(path: Path, clients: int, work: Workload, threads: int) -> dict:
+    n_ctx = work.max_prompt + work.max_output + 16
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
+                                                n_gpu_layers=0))
+    try:
+        rng = random.Random(work.seed)
+        plans = [_requests(backend, work, work.requests_per_client, rng) for _ in range(clients)]
+        gaps = [[rng.expovariate(1 / work.mean_gap_s) for _ in p] for p in plans]
+        results: list[RequestStats] = []
+        lock = threading.Lock()
+
+        def client(i: int) -> None:
+            for (prompt, n_out), gap in zip(plans[i], gaps[i]):
+                time.sleep(gap)
+                generation = backend.generate(prompt, SamplingParams(temperature=0,
+                                                                     max_tokens=n_out))
+                generation.text()
+                with lock:
+                    results.append(generation.stats)
+
+        started = time.perf_counter()
+        workers = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        return {"clients": clients, **_summary(results, time.perf_counter() - started)}
+    finally:
+        backend.close()
+
+
+def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
+    """llama-cpp-python's Llama, one request after another (how its server runs them)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_ctx=work.max_prompt + work.max_output + 16, n_threads=threads,
+                n_gpu_layers=0, verbose=False)
+    helper = LlamaCppBackend(path, LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0))
+    try:
+        requests = _requests(helper, work, n_requests, random.Random(work.seed))
+    finally:
+        helper.close()
+    stats = []
+    started = time.perf_counter()
+    for prompt, n_out in requests:
+        s = RequestStats(submitted_at=time.perf_counter())
+        s.started_at = s.submitted_at
+        s.prompt_tokens = len(prompt)
+        llm.reset()
+        for _ in llm.create_completion(prompt, max_tokens=n_out, temperature=0, stream=True):
+            s.token_times.append(time.perf_counter())
+        stats.append(s)
+    return _summary(stats, time.perf_counter() - started)
+
+
+# ---------------------------------------------------------------------------- scenarios
+def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
+                     long_prompt: int = 2000) -> dict:
+    """Running streams' ITL while a long prompt is read, against their own median ITL."""
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
+                                                n_threads=threads, prefill_chunk=chunk,
+                                                n_gpu_layers=0))
+    try:
+        bias = {backend.native.eos(): -100}  # keep them running through the whole window
+        running = [backend.generate(_prompt(backend, 32, i), SamplingParams(
+            temperature=0, max_tokens=400, logit_bias=bias)) for i in range(n_running)]
+        time.sleep(1.0)  # all decoding
+        reader = backend.generate(_prompt(backend, long_prompt, 99),
+                                  SamplingParams(temperature=0, max_tokens=2))
+        reader.text()
+        window = (reader.stats.started_at, reader.stats.token_times[0])
+        for g in running:
+            g.cancel()
+            g.text()
+        during, before = [], []
+        for g in running:
+            t = g.stats.token_times
+            for a, b in zip(t, t[1:]):
+                if b < window[0]:
+                    before.append(b - a)  # the streams on their own: the reference
+                elif b <= window[1]:
+                    during.append(b - a)
+        median = statistics.median(before)
+        p99 = _pct(during, 0.99)
+        return {"prefill_chunk": chunk, "median_itl_s": median, "p99_itl_during_prefill_s": p99,
+                "ratio": p99 / median if p99 else None,
+                "long_prompt_ttft_s": reader.stats.ttft}
+    finally:
+        backend.close()
+
+
+def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500) -> dict:
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=system_tokens + 300, n_slots=1,
+                                                n_threads=threads, n_gpu_layers=0))
+    try:
+        system = backend.detokenize(_prompt(backend, system_tokens, 5))
+
+        def ask(question: str) -> RequestStats:
+            g = backend.chat([{"role": "system", "content": system},
+                              {"role": "user", "content": question}],
+                             SamplingParams(temperature=0, max_tokens=8))
+            g.text()
+            return g.stats
+
+        cold = ask("What did the keeper count?")
+        warm = ask("What did the keeper hear?")
+        return {"cold_ttft_s": cold.ttft, "warm_ttft_s": warm.ttft,
+                "warm_cached_tokens": warm.cached_tokens, "ratio": warm.ttft / cold.ttft}
+    finally:
+        backend.close()
+
+
+def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Workload = Workload(),
+              threads: int | None = None, scenarios: bool = True,
+              log: Callable[[str], None] = print) -> dict:
+    threads = threads or default_threads()
+    result: dict = {"model": str(path), "threads": threads, "workload": work.__dict__,
+                    "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
+                    "ceiling": {}, "levels": []}
+    for n in levels:
+        result["ceiling"][n] = ceiling(path, n, 64, threads)
+        log(f"ceiling N={n}: {result['ceiling'][n]:.1f} tok/s")
+    result["baseline"] = baseline(path, work, max(4, work.requests_per_client * 2), threads)
+    log(f"baseline (Llama, sequential): {result['baseline']['output_tps']:.1f} tok/s")
+    for n in levels:
+        level = engine_level(path, n, work, threads)
+        # output_vs_ceiling counts prefill time too; decode_vs_ceiling compares n streams'
+        # decode speed (median per request × n) with the bare loop of n sequences
+        level["ceiling_tps"] = result["ceiling"][n]
+        level["output_vs_ceiling"] = level["output_tps"] / result["ceiling"][n]
+        level["decode_vs_ceiling"] = (level["decode_tps_p50"] or 0) * n / result["ceiling"][n]
+        level["output_vs_baseline"] = level["output_tps"] / result["baseline"]["output_tps"]
+        result["levels"].append(level)
+        log(f"localinfer N={n}: {level['output_tps']:.1f} tok/s, TTFT p50 "
+            f"{level['ttft_p50_s']:.2f} s p99 {level['ttft_p99_s']:.2f} s, "
+            f"goodput {level['goodput_requests_per_s']:.2f} req/s")
+    if scenarios:
+        result["long_prefill"] = [long_prefill_itl(path, threads, chunk) for chunk in (512, 32)]
+        for r in result["long_prefill"]:
+            log(f"long prefill, chunk {r['prefill_chunk']}: running streams' P99 ITL "
+                f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median")
+        result["cached_system"] = cached_system_prompt(path, threads)
+        c = result["cached_system"]
+        log(f"cached 1500-token system prompt: TTFT {c['warm_ttft_s']:.3f} s vs cold "
+            f"{c['cold_ttft_s']:.3f} s ({c['ratio']:.1%})")
+    return result

@@ -1,0 +1,111 @@
+"""The engine under a mixed workload for both embedded models: `localinfer bench`, recorded.
+
+    python3 bench/engine_mixed.py [--levels 1,2,4,8,16] [--requests-per-client 2]
+
+Writes bench/results/engine_mixed.{json,png,md}. See localinfer/bench.py (app/bench.py) for
+what is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import tempfile
+from pathlib import Path
+
+from localinfer.bench import Workload, run_bench
+from localinfer.model_store.sources import resolve
+
+RESULTS = Path(__file__).parent / "results"
+MODELS = ("smollm2:135m", "gemma3:270m")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="1,2,4,8,16")
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    args = parser.parse_args()
+    logging.getLogger("localinfer.llama_cpp").setLevel(logging.ERROR)  # llama.cpp's chatter
+    levels = [int(x) for x in args.levels.split(",")]
+    store = Path(tempfile.gettempdir()) / "localinfer-bench"
+    work = Workload(requests_per_client=args.requests_per_client)
+    results = {}
+    for name in MODELS:
+        print(f"== {name}", flush=True)
+        results[name] = run_bench(resolve(name, store).path, levels, work,
+                                  log=lambda line: print(line, flush=True))
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"machine": platform.platform(), "levels": levels}
+    (RESULTS / "engine_mixed.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                          indent=2, default=str))
+    _markdown(results, work)
+    _plot(results, levels)
+
+
+def _f(v, fmt=".2f"):
+    return "—" if v is None else format(v, fmt)
+
+
+def _markdown(results: dict, work: Workload) -> None:
+    lines = ["# The engine under a mixed workload", "",
+             f"Prompts {work.min_prompt}–{work.max_prompt} tokens (log-uniform), replies "
+             f"{work.min_output}–{work.max_output} tokens, greedy; N slots and N clients with "
+             f"Poisson gaps (mean {work.mean_gap_s} s), {work.requests_per_client} requests each. "
+             "Ceiling: a bare loop decoding N sequences per step. Baseline: llama-cpp-python's "
+             "`Llama`, one request after another. Reproduce: `python3 bench/engine_mixed.py`.", ""]
+    for name, r in results.items():
+        lines += [f"## {name} ({r['threads']} threads)", "",
+                  f"Baseline: {r['baseline']['output_tps']:.1f} output tok/s, TTFT p50 "
+                  f"{_f(r['baseline']['ttft_p50_s'])} s / p99 {_f(r['baseline']['ttft_p99_s'])} s.", "",
+                  "| N | ceiling tok/s | output tok/s | × baseline | decode ÷ ceiling | TTFT p50 / p99 (s) "
+                  "| TPOT p50 / p99 (ms) | ITL p99 (ms) | goodput req/s |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for lv in r["levels"]:
+            lines.append(
+                f"| {lv['clients']} | {lv['ceiling_tps']:.1f} | {lv['output_tps']:.1f} | "
+                f"{lv['output_vs_baseline']:.2f} | {lv['decode_vs_ceiling']:.2f} | "
+                f"{_f(lv['ttft_p50_s'])} / {_f(lv['ttft_p99_s'])} | "
+                f"{_f(lv['tpot_p50_s'] and lv['tpot_p50_s'] * 1000, '.1f')} / "
+                f"{_f(lv['tpot_p99_s'] and lv['tpot_p99_s'] * 1000, '.1f')} | "
+                f"{_f(lv['itl_p99_s'] and lv['itl_p99_s'] * 1000, '.0f')} | "
+                f"{lv['goodput_requests_per_s']:.2f} |")
+        lines.append("")
+        for lp in r.get("long_prefill", []):
+            lines.append(f"- 2000-token prompt read in chunks of {lp['prefill_chunk']}: running "
+                         f"streams' P99 ITL {lp['p99_itl_during_prefill_s'] * 1000:.0f} ms = "
+                         f"{lp['ratio']:.1f}× their median before it "
+                         f"({lp['median_itl_s'] * 1000:.1f} ms); the long prompt's TTFT "
+                         f"{lp['long_prompt_ttft_s']:.1f} s.")
+        c = r.get("cached_system")
+        if c:
+            lines.append(f"- 1500-token system prompt cached: TTFT {c['warm_ttft_s'] * 1000:.0f} ms "
+                         f"vs {c['cold_ttft_s'] * 1000:.0f} ms cold ({c['ratio']:.1%}).")
+        lines.append("")
+    lines.append("![plot](engine_mixed.png)")
+    (RESULTS / "engine_mixed.md").write_text("\n".join(lines) + "\n")
+
+
+def _plot(results: dict, levels: list[int]) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+    for ax, (name, r) in zip(axes[0], results.items()):
+        ax.plot(levels, [r["ceiling"][n] for n in levels], marker="o", label="ceiling (decode only)")
+        ax.plot(levels, [lv["output_tps"] for lv in r["levels"]], marker="o",
+                label="localinfer, mixed workload")
+        ax.axhline(r["baseline"]["output_tps"], color="gray", linestyle="--",
+                   label="Llama, sequential")
+        ax.set(title=name, xlabel="concurrent requests (slots)", ylabel="output tok/s")
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "engine_mixed.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

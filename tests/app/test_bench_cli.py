@@ -1,0 +1,34 @@
+"""`localinfer bench` runs end to end on a tiny workload and writes its figures (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+@pytest.mark.slow
+def test_bench_writes_ceiling_baseline_and_levels(tmp_path):
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "localinfer", "bench", "--levels", "1,2", "--requests-per-client",
+         "1", "--max-prompt", "48", "--max-output", "8", "--no-scenarios", "--threads", "2",
+         "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    assert set(data["ceiling"]) == {"1", "2"} and all(v > 0 for v in data["ceiling"].values())
+    assert data["baseline"]["requests"] >= 2 and data["baseline"]["output_tokens"] > 0
+    assert [lv["clients"] for lv in data["levels"]] == [1, 2]
+    for level in data["levels"]:
+        assert level["requests"] == level["clients"]
+        assert 0 < level["output_tokens"] <= 8 * level["requests"]
+        assert level["ttft_p50_s"] <= level["ttft_p99_s"]
+    assert "localinfer N=2" in result.stdout
+
+
+def test_bench_rejects_bad_levels():
+    result = subprocess.run([sys.executable, "-m", "localinfer", "bench", "--levels", "1,x"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "--levels" in result.stderr
