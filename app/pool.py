@@ -95,6 +95,7 @@ class ModelPool:
         self._lock = asyncio.Lock()
         self._reaper: asyncio.Task[None] | None = None
         self._aliases: dict[str, str] = {}
+        self._names: dict[str, str] = {}  # what requests said → the name it loaded under
         self._hw: Hardware | None = None
 
     def _hardware(self) -> Hardware:
@@ -142,11 +143,16 @@ class ModelPool:
         return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
 
     async def get(self, ref: str | None) -> LoadedModel:
+        known = self._loaded.get(self._names.get(ref or "", ""))
+        if known is not None:  # the usual request: no resolving, no header parsing
+            known.last_used = time.monotonic()
+            return known
         alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
         resolved, info, options = await asyncio.to_thread(
             prepare, alias or ref, self.options, self.settings, lambda: 1 << 62, alias is not None,
             self._hardware)
         name = resolved.name
+        self._names[ref or ""] = name
         async with self._lock:
             if name in self._loaded:
                 self._loaded[name].last_used = time.monotonic()

@@ -102,3 +102,17 @@ def test_keep_alive_zero_unloads_after_the_request_and_expiry_unloads_idle(setti
         assert pool.loaded() == []
         await pool.close()
     asyncio.run(scenario())
+
+
+def test_a_loaded_model_is_found_without_resolving_again(settings, monkeypatch):
+    async def scenario():
+        pool, factory = _pool(settings)
+        first = await pool.get("smollm2")
+
+        def no_prepare(*args, **kwargs):
+            raise AssertionError("resolved and re-read the GGUF header for a loaded model")
+
+        monkeypatch.setattr("localinfer.pool.prepare", no_prepare)
+        assert await pool.get("smollm2") is first
+        await pool.close()
+    asyncio.run(scenario())
