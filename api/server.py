@@ -11,7 +11,7 @@ from localinfer.api.app import create_app
 from localinfer.api.security import is_loopback
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
-from localinfer.model_store.sources import _looks_like_path, resolve
+from localinfer.model_store.sources import resolve
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.settings import ServeSettings, Settings
 
@@ -42,8 +42,10 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     settings = Settings()
     pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
                      default_keep_alive=parse_keep_alive(serve_settings.keep_alive, 300.0))
-    if model and _looks_like_path(model):
-        pool.alias(resolve(model, settings.models_dir).name, model)
+    if model:  # a missing model is one clear line now, not a failed preload later
+        resolved = resolve(model, settings.models_dir)
+        if resolved.source == "path":
+            pool.alias(resolved.name, model)
     app = create_app(pool, serve_settings, settings, preload=model)
     sock = _bind(serve_settings.host, serve_settings.port)
     host, port = sock.getsockname()[:2]

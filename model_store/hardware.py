@@ -186,17 +186,16 @@ _FEATURES = ("avx", "avx2", "avx512f", "fma", "f16c")
 
 
 def _cpu_info(run: Runner, system: str, machine: str) -> CPU:
-    model, flags = platform.processor() or machine, set()
+    model, flags = "", set()
     try:
         if system == "Linux":
             with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    key, _, value = line.partition(":")
-                    key = key.strip()
-                    if key in ("model name", "Model") and model in ("", machine, platform.processor()):
-                        model = value.strip()
-                    elif key in ("flags", "Features") and not flags:
-                        flags = set(value.split())
+                text = f.read()
+            # x86 says "model name" and "flags"; ARM says "Model" and "Features"
+            found = re.search(r"^(?:model name|Model)\s*:\s*(.+)$", text, re.M)
+            model = found.group(1).strip() if found else ""
+            found = re.search(r"^(?:flags|Features)\s*:\s*(.+)$", text, re.M)
+            flags = set(found.group(1).split()) if found else set()
         elif system == "Darwin":
             model = run(["sysctl", "-n", "machdep.cpu.brand_string"], TIMEOUT_S).strip()
     except (OSError, subprocess.TimeoutExpired, RuntimeError):
@@ -204,7 +203,8 @@ def _cpu_info(run: Runner, system: str, machine: str) -> CPU:
     features = [f for f in _FEATURES if f in flags]
     if machine in ("arm64", "aarch64") and (system == "Darwin" or "asimd" in flags):
         features.append("neon")
-    return CPU(model or "unknown", psutil.cpu_count(logical=False) or os.cpu_count() or 1,
+    return CPU(model or platform.processor() or machine or "unknown",
+               psutil.cpu_count(logical=False) or os.cpu_count() or 1,
                psutil.cpu_count() or os.cpu_count() or 1, tuple(features))
 
 

