@@ -30,7 +30,8 @@ from localinfer.errors import InvalidModelFile, ModelError, ModelNotFound
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header
 from localinfer.model_store.planner import QUALITY
 
-__all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "pick_file", "quant_of", "remote_info"]
+__all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "file_sha256", "pick_file", "quant_of",
+           "remote_info"]
 
 _QUANT_IN_NAME = re.compile(r"[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|F16|BF16|F32)\.gguf$", re.IGNORECASE)
 _SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
@@ -146,7 +147,7 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main") ->
     got = Path(_hub_call(repo, lambda: hf_hub_download(repo, file.path, revision=revision,
                                                        local_dir=staging)))
     if file.sha256:
-        digest = _sha256(got)
+        digest = file_sha256(got)
         if digest != file.sha256:
             got.unlink(missing_ok=True)
             raise HubError(f"{file.path} failed its checksum (got {digest[:12]}…, the hub says "
@@ -155,7 +156,7 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main") ->
     return dest
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
         while chunk := f.read(8 * 1024 * 1024):

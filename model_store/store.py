@@ -90,7 +90,7 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser) -> Manifest:
     key = hashlib.sha1(f"{ref.repo}/{remote.path}".encode()).hexdigest()[:16]
     (models_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with FileLock(models_dir / ".locks" / f"{key}.lock"):
-        if not (dest.is_file() and remote.sha256 and hub._sha256(dest) == remote.sha256):
+        if not (dest.is_file() and remote.sha256 and hub.file_sha256(dest) == remote.sha256):
             hub.download(ref.repo, remote, dest)
         manifest = Manifest(
             name=ref.installed_name, repo=ref.repo, file=remote.path, quant=remote.quant,
