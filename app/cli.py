@@ -299,6 +299,38 @@ def bench(
 
 
 @app.command()
+def chat(
+    model: Annotated[Optional[str], typer.Argument(
+        help="Model to start with (default smollm2:135m); Ctrl+T picks another.")] = None,
+    url: Annotated[Optional[str], typer.Option(
+        help="Chat through a running `localinfer serve` at this URL instead of in-process.")
+    ] = None,
+    api_key: Annotated[Optional[str], typer.Option(
+        help="The server's API key, with --url [LOCALINFER_API_KEY].")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=16, help="Context size in tokens (a conversation's settings may change it).")] = None,
+    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
+                       ] = False,
+) -> None:
+    """A full-screen chat: streaming replies, live TTFT and tok/s, models, saved chats."""
+    from localinfer.settings import Settings
+    from localinfer.tui.app import ChatApp
+    from localinfer.tui.client import LocalClient, RemoteClient
+    from localinfer.tui.store import ConversationStore
+
+    _setup_logging(verbose)
+    with _user_errors():
+        settings = Settings()
+        if url:
+            client = RemoteClient(url, api_key or os.environ.get("LOCALINFER_API_KEY"))
+        else:
+            client = LocalClient(settings, LoadOptions(n_ctx=ctx, n_threads=threads))
+        store = ConversationStore(settings.home / "chats.db")
+        ChatApp(client, store, model).run()
+
+
+@app.command()
 def serve(
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="Load this model at startup (others load on first request).")] = None,

@@ -16,7 +16,7 @@ from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
-from localinfer.model_store.hub import RemoteFile, remote_info
+from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import KV_BYTES, ModelShape, WontFit, plan
 from localinfer.model_store.store import Manifest
 from localinfer.model_store.fit import check_context
@@ -109,7 +109,8 @@ def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
     return chosen.quant
 
 
-def pull_model(ref: str, settings: Settings | None = None) -> Manifest | ResolvedModel:
+def pull_model(ref: str, settings: Settings | None = None,
+               progress: Progress | None = None) -> Manifest | ResolvedModel:
     """Download a hub model; an embedded one is only located (assembled if need be)."""
     settings = settings or Settings()
     if is_embedded(ref):
@@ -118,4 +119,4 @@ def pull_model(ref: str, settings: Settings | None = None) -> Manifest | Resolve
     if hub_ref is None:
         resolve(ref, settings.models_dir)  # a path, or a clear "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
-    return store.pull(hub_ref, settings.models_dir, choose_quant)
+    return store.pull(hub_ref, settings.models_dir, choose_quant, progress)

@@ -11,7 +11,7 @@ import hashlib
 import re
 import shutil
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,6 +25,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.utils import build_hf_headers
+from tqdm.auto import tqdm
 
 from localinfer.errors import InvalidModelFile, ModelError, ModelNotFound
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header
@@ -132,11 +133,34 @@ def remote_info(repo: str, file: RemoteFile, revision: str = "main",
             end *= 4  # the vocabulary did not fit: ask for more
 
 
-def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main") -> Path:
+Progress = Callable[[int, "int | None"], None]  # (bytes so far, total bytes or None)
+
+
+def _silent_bar(progress: Progress) -> type[tqdm]:
+    """A progress-bar class for huggingface_hub that prints nothing and reports to `progress`."""
+
+    class _Bar(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = True  # the caller draws its own bar (the TUI)
+            super().__init__(*args, **kwargs)
+            self.done = kwargs.get("initial") or 0
+            progress(self.done, self.total)
+
+        def update(self, n: float | None = 1) -> bool | None:
+            self.done += int(n or 0)
+            progress(self.done, self.total)
+            return None
+
+    return _Bar
+
+
+def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main",
+             progress: Progress | None = None) -> Path:
     """Download into `dest` (a file path) through a staging folder; verify the sha256 first.
 
     huggingface_hub resumes an interrupted transfer from its `.incomplete` file and locks
     each download; the file appears at `dest` only after its hash matched the hub's.
+    With `progress`, the hub's own bar is replaced by calls to it.
     """
     staging = dest.parent / ".staging"
     staging.mkdir(parents=True, exist_ok=True)
@@ -144,8 +168,9 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main") ->
     if file.size and free < file.size:
         raise HubError(f"{file.path} needs {file.size / 2**30:.1f} GiB but the disk has "
                        f"{free / 2**30:.1f} GiB free")
+    bar = _silent_bar(progress) if progress else None
     got = Path(_hub_call(repo, lambda: hf_hub_download(repo, file.path, revision=revision,
-                                                       local_dir=staging)))
+                                                       local_dir=staging, tqdm_class=bar)))
     if file.sha256:
         digest = file_sha256(got)
         if digest != file.sha256:

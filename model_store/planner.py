@@ -14,12 +14,13 @@ size), the devices and the request, so tables of machines can test it. The rules
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from localinfer.model_store.hardware import GPU
 
-__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "plan"]
+__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "params_from_tag", "plan", "rough_device"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
            "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
@@ -136,3 +137,30 @@ def _split(shape: ModelShape, weights: int, kv: int, compute: int, gpu_budget: i
     if in_ram + _margin(int(in_ram)) > ram:
         return None
     return layers, int(weights + kv + compute + _margin(weights + kv + compute))
+
+
+# Average bits per weight of Q4_K_M files (mixed 4- and 6-bit blocks with scales).
+_Q4_K_M_BITS = 4.85
+_SIZE_TAG = re.compile(r"(?:^|[^a-z0-9.])(\d+(?:\.\d+)?)([bm])$", re.IGNORECASE)
+
+
+def params_from_tag(tag: str) -> int | None:
+    """Parameters from a size tag: "8b" → 8e9, "135m" → 1.35e8; None when it names none."""
+    match = _SIZE_TAG.search(tag)
+    if not match:
+        return None
+    return int(float(match.group(1)) * (1e9 if match.group(2).lower() == "b" else 1e6))
+
+
+def rough_device(n_params: int, gpus: Sequence[GPU], ram_available: int) -> str | None:
+    """Where a model of this size would likely run at Q4_K_M, before its file is known:
+    "gpu", "partial", "cpu" or None (won't fit). An estimate — 15% and 512 MiB on top of
+    the weights stand in for the KV cache and buffers; `plan` decides once the header is read.
+    """
+    need = n_params * _Q4_K_M_BITS / 8 * 1.15 + 512 * _MIB
+    budget = max((_budget(g) for g in gpus), default=0)
+    if budget and need <= budget:
+        return "gpu"
+    if budget and need <= budget + ram_available:
+        return "partial"
+    return "cpu" if need <= ram_available else None

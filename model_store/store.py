@@ -79,7 +79,8 @@ def _write(models_dir: Path, manifest: Manifest) -> None:
     os.replace(tmp, target)
 
 
-def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser) -> Manifest:
+def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
+         progress: hub.Progress | None = None) -> Manifest:
     files = hub.list_ggufs(ref.repo)
     if not files:
         raise hub.HubError(f"'{ref.repo}' holds no single-file GGUF model")
@@ -91,7 +92,7 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser) -> Manifest:
     (models_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with FileLock(models_dir / ".locks" / f"{key}.lock"):
         if not (dest.is_file() and remote.sha256 and hub.file_sha256(dest) == remote.sha256):
-            hub.download(ref.repo, remote, dest)
+            hub.download(ref.repo, remote, dest, progress=progress)
         manifest = Manifest(
             name=ref.installed_name, repo=ref.repo, file=remote.path, quant=remote.quant,
             sha256=remote.sha256, size=dest.stat().st_size,

@@ -1,0 +1,395 @@
+"""`localinfer chat`: a Textual chat app on the engine (in-process) or on a running server."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from textual import on, work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Markdown, Static
+from textual.worker import Worker, WorkerState
+
+from localinfer.backends.base import SamplingParams
+from localinfer.backends.metrics import RequestStats
+from localinfer.errors import LocalinferError
+from localinfer.tui.client import ChatClient
+from localinfer.tui.screens import (ConversationDeleted, ConversationList, ModelPicker,
+                                    SettingsScreen)
+from localinfer.tui.store import Conversation, ConversationStore, StoredMessage, to_markdown
+from localinfer.tui.widgets import MessageBox, PromptArea, StatusBar
+
+__all__ = ["ChatApp"]
+
+WELCOME = ("Type a message and press Enter (Ctrl+J for a new line). Esc stops a reply. "
+           "Ctrl+T models · Ctrl+O conversations · Ctrl+S settings · F1 keys · Ctrl+P commands")
+
+
+class ChatApp(App):
+    TITLE = "localinfer"
+    CSS = """
+    #messages { height: 1fr; padding: 0 1; }
+    #welcome { color: $text-muted; padding: 1 1; }
+    """
+    BINDINGS = [
+        Binding("escape", "stop", "Stop"),
+        Binding("ctrl+t", "models", "Models"),
+        Binding("ctrl+o", "conversations", "Chats"),
+        Binding("ctrl+n", "new_chat", "New"),
+        Binding("ctrl+s", "settings", "Settings"),
+        Binding("ctrl+r", "regenerate", "Regenerate"),
+        Binding("ctrl+l", "edit_last", "Edit last"),
+        Binding("ctrl+b", "copy_last", "Copy reply"),
+        Binding("f1", "toggle_help", "Keys"),
+        Binding("f9", "toggle_theme", "Light/dark", show=False),
+    ]
+
+    def __init__(self, client: ChatClient, store: ConversationStore, model: str | None = None,
+                 export_dir: Path | None = None, status_interval: float = 1.0):
+        super().__init__()
+        self.client = client
+        self.store = store
+        self.model_name = model
+        self.export_dir = export_dir or Path.cwd()
+        self.status_interval = status_interval
+        self.conversation: Conversation | None = None
+        self.history: list[StoredMessage] = []
+        self.pending_settings: dict[str, Any] = {"system": "", "params": {}}
+        self.model_ready = asyncio.Event()
+        self.replying = False
+
+    # ---------------------------------------------------------------- layout
+    def compose(self) -> ComposeResult:
+        yield Header(icon="◆")
+        with VerticalScroll(id="messages"):
+            yield Static(WELCOME, id="welcome", markup=False)
+        yield PromptArea(id="prompt", placeholder="Message (Enter sends)")
+        yield StatusBar()
+        yield Footer()
+
+    @property
+    def status_bar(self) -> StatusBar:
+        return self.query_one(StatusBar)
+
+    @property
+    def prompt(self) -> PromptArea:
+        return self.query_one(PromptArea)
+
+    def on_mount(self) -> None:
+        self.sub_title = self.client.where
+        if self.store.notice:
+            self.notify(self.store.notice, title="Conversations", severity="warning",
+                        timeout=20)
+        self.load_model(self.model_name or "")
+        self.set_interval(self.status_interval, self.refresh_status)
+        self.prompt.focus()
+
+    # ---------------------------------------------------------------- model
+    @work(exclusive=True, group="load", exit_on_error=False)
+    async def load_model(self, name: str, n_ctx: int | None = None) -> None:
+        self.model_ready.clear()
+        bar = self.status_bar
+        bar.activity = f"loading {name or 'the default model'} …"
+        try:
+            status = await self.client.load(name, n_ctx or self._params().get("n_ctx"))
+        except LocalinferError as exc:
+            bar.activity = f"no model: {exc}"
+            self.notify(str(exc), title="Model", severity="error", timeout=10)
+            return
+        bar.model, bar.activity = status, ""
+        self.model_name = status.name
+        self.model_ready.set()
+
+    async def refresh_status(self) -> None:
+        if not self.model_ready.is_set():
+            return
+        status = await self.client.status()
+        if status is not None:
+            self.status_bar.model = status
+
+    # ---------------------------------------------------------------- conversation
+    def _params(self) -> dict[str, Any]:
+        return (self.conversation.params if self.conversation
+                else self.pending_settings["params"])
+
+    def _system(self) -> str:
+        return self.conversation.system if self.conversation else self.pending_settings["system"]
+
+    def _sampling(self) -> SamplingParams:
+        p = self._params()
+        return SamplingParams(temperature=p.get("temperature", 0.8), top_p=p.get("top_p", 0.95),
+                              max_tokens=p.get("max_tokens"), seed=p.get("seed"))
+
+    def _messages_for_model(self) -> list[dict[str, str]]:
+        system = self._system()
+        turns = [{"role": m.role, "content": m.content} for m in self.history]
+        return ([{"role": "system", "content": system}] if system else []) + turns
+
+    async def _show(self, message: StoredMessage) -> MessageBox:
+        box = MessageBox(message.role, message.content, message.figures, message.id)
+        welcome = self.query("#welcome")
+        if welcome:
+            await welcome.remove()
+        await self.query_one("#messages").mount(box)
+        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+        return box
+
+    async def _clear_messages(self) -> None:
+        await self.query_one("#messages").remove_children()
+        await self.query_one("#messages").mount(Static(WELCOME, id="welcome", markup=False))
+
+    @on(PromptArea.Submitted)
+    async def _send(self, event: PromptArea.Submitted) -> None:
+        text = event.text.strip()
+        if not text:
+            return
+        if self.replying:
+            self.notify("A reply is still being written — Esc stops it.", timeout=3)
+            return
+        self.prompt.clear()
+        if self.conversation is None:
+            title = re.sub(r"\s+", " ", text)[:48]
+            self.conversation = self.store.create(self.model_name or "", title,
+                                                  **self.pending_settings)
+            self.title = title
+        message = self.store.add(self.conversation.id, StoredMessage("user", text))
+        self.history.append(message)
+        await self._show(message)
+        self.reply()
+
+    @work(exclusive=True, group="reply", exit_on_error=False)
+    async def reply(self) -> None:
+        self.replying = True
+        try:
+            await self._reply()
+        finally:
+            self.replying = False
+
+    async def _reply(self) -> None:
+        assert self.conversation is not None
+        await self.model_ready.wait()
+        box = await self._show(StoredMessage("assistant", ""))
+        stream = Markdown.get_stream(box.markdown)
+        live = RequestStats(submitted_at=time.monotonic())  # our clock, until the engine's arrives
+        pieces: list[str] = []
+        figures: dict[str, Any] | None = None
+        stopped = False
+        shown_at = 0.0
+        agen = self.client.stream(self._messages_for_model(), self._sampling())
+        try:
+            async for piece in agen:
+                if isinstance(piece, str):
+                    now = time.monotonic()
+                    live.token_times.append(now)
+                    pieces.append(piece)
+                    box.content = "".join(pieces)
+                    await stream.write(piece)
+                    if now - shown_at > 0.1:  # redrawing per token would slow the engine
+                        shown_at = now
+                        self.status_bar.figures = live.to_dict()
+                        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+                else:
+                    figures = piece
+        except LocalinferError as exc:
+            await agen.aclose()
+            await stream.stop()
+            await box.remove()
+            self._fail_turn(str(exc))
+            return
+        except asyncio.CancelledError:
+            stopped = True
+            live.finish_reason = "stopped"
+            figures = live.to_dict()
+            raise
+        finally:
+            await agen.aclose()
+            if stopped or figures is not None:
+                await stream.stop()
+                self._keep_reply(box, "".join(pieces), figures)
+
+    def _keep_reply(self, box: MessageBox, text: str, figures: dict[str, Any] | None) -> None:
+        assert self.conversation is not None
+        saved = self.store.add(self.conversation.id, StoredMessage("assistant", text, figures))
+        self.history.append(saved)
+        box.message_id, box.content = saved.id, text
+        box.set_figures(figures)
+        self.status_bar.figures = figures
+        if figures:
+            self.status_bar.context_used = ((figures.get("prompt_tokens") or 0)
+                                            + (figures.get("generated_tokens") or 0))
+            self.status_bar.refresh()
+        self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
+
+    def _fail_turn(self, error: str) -> None:
+        """The reply failed: drop the question from the chat and give its text back."""
+        assert self.conversation is not None
+        self.notify(error, title="Reply failed", severity="error", timeout=10)
+        if self.history and self.history[-1].role == "user":
+            question = self.history.pop()
+            self.store.delete_from(self.conversation.id, question.id or 0)
+            boxes = self.query(MessageBox)
+            if boxes:
+                boxes.last().remove()
+            self.prompt.load_text(question.content)
+
+    async def open_conversation(self, conversation_id: int) -> None:
+        conversation = self.store.get(conversation_id)
+        if conversation is None:
+            return
+        await self._stop_reply()
+        self.conversation = conversation
+        self.history = self.store.messages(conversation_id)
+        self.title = conversation.title
+        await self._clear_messages()
+        for message in self.history:
+            await self._show(message)
+        last = next((m.figures for m in reversed(self.history) if m.figures), None)
+        self.status_bar.figures = last
+        self.status_bar.context_used = (((last.get("prompt_tokens") or 0)
+                                         + (last.get("generated_tokens") or 0)) if last else None)
+        wanted_ctx = conversation.params.get("n_ctx")
+        if conversation.model and (conversation.model != self.model_name or wanted_ctx):
+            self.load_model(conversation.model, wanted_ctx)
+
+    async def _stop_reply(self) -> None:
+        for worker in self.workers:
+            if worker.group == "reply" and worker.state in (WorkerState.PENDING,
+                                                             WorkerState.RUNNING):
+                worker.cancel()
+        while self.replying:  # the reply saves what it wrote before it ends
+            await asyncio.sleep(0.02)
+
+    # ---------------------------------------------------------------- actions
+    def action_stop(self) -> None:
+        if self.replying:
+            self.workers.cancel_group(self, "reply")
+
+    async def action_new_chat(self) -> None:
+        await self._stop_reply()
+        self.conversation, self.history = None, []
+        self.pending_settings = {"system": "", "params": {}}
+        self.title = "localinfer"
+        self.status_bar.figures, self.status_bar.context_used = None, None
+        await self._clear_messages()
+        self.prompt.focus()
+
+    def action_models(self) -> None:
+        def chosen(name: str | None) -> None:
+            if not name:
+                return
+            if self.conversation is not None:
+                self.conversation.model = name
+                self.store.update(self.conversation)
+            self.load_model(name)
+
+        self.push_screen(ModelPicker(self.client, self.model_name), chosen)
+
+    def action_conversations(self) -> None:
+        async def chosen(conversation_id: int | None) -> None:
+            if conversation_id is not None:
+                await self.open_conversation(conversation_id)
+
+        self.push_screen(ConversationList(self.store), chosen)
+
+    @on(ConversationDeleted)
+    async def _deleted(self, event: ConversationDeleted) -> None:
+        if self.conversation and self.conversation.id == event.conversation_id:
+            await self.action_new_chat()
+
+    def action_settings(self) -> None:
+        def saved(result: dict[str, Any] | None) -> None:
+            if result is None:
+                return
+            old_ctx = self._params().get("n_ctx")
+            if self.conversation is None:
+                self.pending_settings = result
+            else:
+                self.conversation.system = result["system"]
+                self.conversation.params = result["params"]
+                self.store.update(self.conversation)
+            if result["params"].get("n_ctx") != old_ctx:
+                self.load_model(self.model_name or "", result["params"].get("n_ctx"))
+
+        self.push_screen(SettingsScreen(self._system(), dict(self._params())), saved)
+
+    async def action_regenerate(self) -> None:
+        if self.replying or self.conversation is None or not self.history:
+            return
+        if self.history[-1].role == "assistant":
+            last = self.history.pop()
+            self.store.delete_from(self.conversation.id, last.id or 0)
+            await self.query(MessageBox).last().remove()
+        self.reply()
+
+    async def action_edit_last(self) -> None:
+        if self.replying or self.conversation is None:
+            return
+        index = next((i for i in range(len(self.history) - 1, -1, -1)
+                      if self.history[i].role == "user"), None)
+        if index is None:
+            return
+        question = self.history[index]
+        self.store.delete_from(self.conversation.id, question.id or 0)
+        self.history = self.history[:index]
+        for box in list(self.query(MessageBox))[index:]:
+            await box.remove()
+        self.prompt.load_text(question.content)
+        self.prompt.focus()
+
+    def action_copy_last(self) -> None:
+        reply = next((m for m in reversed(self.history) if m.role == "assistant"), None)
+        if reply is not None:
+            self.copy_to_clipboard(reply.content)
+            self.notify("Copied the last reply.", timeout=2)
+
+    def action_toggle_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    def export_conversation(self, conversation_id: int | None = None) -> Path | None:
+        conversation_id = conversation_id or (self.conversation.id if self.conversation else None)
+        conversation = self.store.get(conversation_id) if conversation_id else None
+        if conversation is None:
+            self.notify("Nothing to export yet.", timeout=3)
+            return None
+        slug = re.sub(r"[^a-z0-9]+", "-", conversation.title.lower()).strip("-")[:40] or "chat"
+        path = self.export_dir / f"{slug}.md"
+        n = 2
+        while path.exists():  # never overwrite an earlier export
+            path, n = self.export_dir / f"{slug}-{n}.md", n + 1
+        path.write_text(to_markdown(conversation, self.store.messages(conversation.id)), "utf-8")
+        self.notify(f"Exported to {path}", timeout=6)
+        return path
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("New chat", "Start an empty conversation", self.action_new_chat)
+        yield SystemCommand("Conversations", "Open, rename, delete or export saved chats",
+                            self.action_conversations)
+        yield SystemCommand("Models", "Pick, pull or delete a model", self.action_models)
+        yield SystemCommand("Conversation settings", "System prompt, temperature, context",
+                            self.action_settings)
+        yield SystemCommand("Export conversation", "Write this chat as Markdown",
+                            self.export_conversation)
+        yield SystemCommand("Regenerate", "Write the last reply again", self.action_regenerate)
+        yield SystemCommand("Toggle light/dark", "Switch the theme", self.action_toggle_theme)
+
+    async def on_unmount(self) -> None:
+        await self.client.close()
+        self.store.close()
+
+    def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
+        if event.state == WorkerState.ERROR:  # a bug, not a user error: say so, keep running
+            self.notify(f"{event.worker.error}", title="Unexpected error", severity="error")

@@ -1,0 +1,374 @@
+"""Where the chat app's replies come from: the engine in this process, or a running
+`localinfer serve` (`--url`). Both speak the same small interface, so the screens never
+know which one they talk to.
+
+A reply streams as text pieces followed by one dict of figures — `RequestStats.to_dict()`
+in-process, the server's `timings` converted to the same keys remotely — so the status bar
+and the saved conversation read one shape, measured by the engine that produced the tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import httpx
+import psutil
+
+from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
+                                      TokenEvent)
+from localinfer.errors import LocalinferError
+from localinfer.model_store.hardware import Hardware
+from localinfer.settings import Settings
+
+__all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient"]
+
+Messages = Sequence[Mapping[str, str]]
+Piece = str | dict  # text, then the figures of the finished reply
+
+
+@dataclass(frozen=True)
+class ModelStatus:
+    """What the status bar shows about the loaded model; None where it is not known."""
+
+    name: str
+    quant: str
+    device: str  # "CPU", "CUDA 33/33 layers", "Metal", "server"
+    n_ctx: int
+    kv_bytes: int | None = None  # the whole KV cache allocated for the chat
+    kv_cells_used: int | None = None
+    kv_cells_total: int | None = None
+    memory_bytes: int | None = None  # resident memory of the process holding the model
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    """A line of the model picker."""
+
+    name: str
+    installed: bool
+    quant: str = ""
+    size_bytes: int | None = None
+    fit: str = "?"  # "GPU", "partial", "CPU", "won't fit" ("~" in front: an estimate)
+    detail: str = ""
+
+
+PullProgress = Callable[[int, "int | None"], None]
+
+
+class ChatClient(ABC):
+    where: str  # shown in the title: "in-process" or the server's URL
+
+    @abstractmethod
+    async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus: ...
+
+    @abstractmethod
+    def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]: ...
+
+    @abstractmethod
+    async def status(self) -> ModelStatus | None: ...
+
+    @abstractmethod
+    async def models(self) -> list[ModelRow]: ...
+
+    @abstractmethod
+    async def pull(self, name: str, progress: PullProgress) -> str: ...
+
+    @abstractmethod
+    async def delete(self, name: str) -> None: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------- in-process
+class LocalClient(ChatClient):
+    """The model loaded in this process, one at a time; switching models unloads the last."""
+
+    where = "in-process"
+
+    def __init__(self, settings: Settings | None = None, options: LoadOptions | None = None,
+                 hardware: Callable[[], Hardware] | None = None):
+        from localinfer.model_store.hardware import detect
+
+        self.settings = settings or Settings()
+        self.options = options or LoadOptions()
+        self._detect = hardware or detect
+        self._hw: Hardware | None = None
+        self.backend: Backend | None = None
+        self._static: ModelStatus | None = None
+        self._load_lock = asyncio.Lock()
+
+    def hardware(self) -> Hardware:
+        if self._hw is None:
+            self._hw = self._detect()
+        return self._hw
+
+    async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus:
+        async with self._load_lock:
+            return await asyncio.to_thread(self._load, model, n_ctx)
+
+    def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
+        from localinfer.model_store.planner import KV_BYTES
+        from localinfer.service import _llama_cpp_backend, prepare
+
+        options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
+        resolved, info, options = prepare(model, options, self.settings,
+                                          hardware=self.hardware)
+        current = self.backend
+        if (current is not None and current.info.name == resolved.name
+                and current.info.n_ctx == options.n_ctx):
+            return self._with_usage()
+        self.backend = None
+        if current is not None:
+            current.close()
+        self.backend = _llama_cpp_backend(resolved.path, options, resolved.name)
+        layers = options.n_gpu_layers or 0
+        gpu = next(iter(self.hardware().gpus), None)
+        device = "CPU" if not layers else (
+            f"{gpu.backend.upper() if gpu else 'GPU'} {min(layers, info.n_layer)}/{info.n_layer} "
+            f"layers")
+        kv = info.kv_bytes_per_token(KV_BYTES[options.kv_type]) * options.n_ctx * options.n_slots
+        self._static = ModelStatus(resolved.name, info.quant, device, options.n_ctx or 0,
+                                   kv_bytes=int(kv))
+        return self._with_usage()
+
+    def _with_usage(self) -> ModelStatus:
+        assert self._static is not None and self.backend is not None
+        stats = self.backend.stats()
+        return replace(self._static, kv_cells_used=stats.kv_cells_used,
+                       kv_cells_total=stats.kv_cells_total,
+                       memory_bytes=psutil.Process().memory_info().rss)
+
+    async def status(self) -> ModelStatus | None:
+        return self._with_usage() if self.backend is not None else None
+
+    async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
+        if self.backend is None:
+            raise LocalinferError("no model is loaded yet")
+        generation = await asyncio.to_thread(self.backend.chat, messages, params)
+        finished = False
+        try:
+            async for event in generation.events():
+                if isinstance(event, TokenEvent):
+                    yield event.text
+                elif isinstance(event, DoneEvent):
+                    finished = True
+                    yield event.stats.to_dict()
+                elif isinstance(event, ErrorEvent):
+                    finished = True
+                    raise event.error
+        finally:
+            if not finished:  # stopped by the user: free the slot within one step
+                generation.cancel()
+
+    async def models(self) -> list[ModelRow]:
+        return await asyncio.to_thread(local_rows, self.settings, self.hardware(),
+                                       self.options.n_ctx or self.settings.default_ctx)
+
+    async def pull(self, name: str, progress: PullProgress) -> str:
+        from localinfer.model_store.store import Manifest
+        from localinfer.service import pull_model
+
+        got = await asyncio.to_thread(pull_model, name, self.settings, progress)
+        return got.name
+
+    async def delete(self, name: str) -> None:
+        from localinfer.model_store import store
+        from localinfer.model_store.sources import EMBEDDED
+
+        if name in EMBEDDED:
+            raise LocalinferError(f"{name} ships with localinfer and cannot be deleted")
+        if self.backend is not None and self.backend.info.name == name:
+            raise LocalinferError(f"{name} is in use — switch to another model first")
+        await asyncio.to_thread(store.remove, self.settings.models_dir, name)
+
+    async def close(self) -> None:
+        if self.backend is not None:
+            backend, self.backend = self.backend, None
+            await asyncio.to_thread(backend.close)
+
+
+def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
+    """(badge, reason, quant, size) for a GGUF on disk, by the planner."""
+    from localinfer.model_store.gguf_info import read_gguf_info
+    from localinfer.model_store.planner import ModelShape, WontFit, plan
+
+    info = read_gguf_info(path)
+    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
+                       info.n_vocab, info.n_ctx_train)
+    gpus = list(hw.gpus) if hw.gpu_offload else []
+    try:
+        chosen = plan(shape, {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
+                      n_ctx=n_ctx)
+    except WontFit as exc:
+        return "won't fit", str(exc), info.quant, info.file_size
+    if chosen.device == "cpu":
+        badge = "CPU"
+    elif chosen.n_gpu_layers > info.n_layer:
+        badge = "GPU"
+    else:
+        badge = "partial"
+    return badge, chosen.reason, info.quant, info.file_size
+
+
+def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
+    """Installed models with the planner's badge, then catalog models with an estimate."""
+    from localinfer.model_store import store
+    from localinfer.model_store.catalog import catalog_names
+    from localinfer.model_store.planner import params_from_tag, rough_device
+    from localinfer.model_store.sources import EMBEDDED
+
+    rows = []
+    files = [(name, model.peek(settings.models_dir)) for name, model in EMBEDDED.items()
+             if model.available()]
+    files += [(m.name, m.path(settings.models_dir)) for m in store.installed(settings.models_dir)]
+    for name, path in files:
+        if path is None or not path.is_file():  # an embedded package not unpacked yet
+            rows.append(ModelRow(name, True, detail="unpacked on first use"))
+            continue
+        try:
+            badge, reason, quant, size = _fit_of_file(path, hw, n_ctx)
+        except LocalinferError as exc:
+            badge, reason, quant, size = "?", str(exc), "", path.stat().st_size
+        rows.append(ModelRow(name, True, quant, size, badge, reason))
+    gpus = list(hw.gpus) if hw.gpu_offload else []
+    labels = {"gpu": "~GPU", "partial": "~partial", "cpu": "~CPU", None: "~won't fit"}
+    taken = {r.name for r in rows}
+    for name in catalog_names():
+        if ":" not in name or name in taken:
+            continue
+        n_params = params_from_tag(name.split(":", 1)[1])
+        if n_params is None:
+            rows.append(ModelRow(name, False, detail="size unknown until pulled"))
+            continue
+        where = rough_device(n_params, gpus, hw.ram_available_bytes)
+        rows.append(ModelRow(name, False, "Q4_K_M?", None, labels[where],
+                             "an estimate from the size tag; the plan is made from the file "
+                             "when pulled"))
+    return rows
+
+
+# ---------------------------------------------------------------------------- remote
+class RemoteClient(ChatClient):
+    """A running `localinfer serve`, through its OpenAI and Ollama routes."""
+
+    def __init__(self, url: str, api_key: str | None = None):
+        self.where = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.AsyncClient(base_url=self.where, headers=headers,
+                                      timeout=httpx.Timeout(10.0, read=None))
+        self.model: str | None = None
+        self._static: ModelStatus | None = None
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self.http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise LocalinferError(f"no answer from {self.where} ({exc.__class__.__name__}) — "
+                                  f"start one with `localinfer serve`") from None
+        if response.status_code >= 400:
+            raise LocalinferError(_error_text(response))
+        return response
+
+    async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus:
+        await self._call("POST", "/api/generate", json={"model": model, "prompt": "",
+                                                        "stream": False})
+        ps = (await self._call("GET", "/api/ps")).json().get("models", [])
+        entry = next((m for m in ps if m["name"] == model), None) or next(
+            (m for m in ps if m["name"].startswith(model + ":")), ps[0] if ps else {})
+        self.model = entry.get("name", model)
+        self._static = ModelStatus(
+            self.model, entry.get("details", {}).get("quantization_level", "?"),
+            "GPU" if entry.get("size_vram") else "CPU", entry.get("context_length") or 0)
+        return await self.status() or self._static
+
+    async def status(self) -> ModelStatus | None:
+        if self._static is None:
+            return None
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            text = (await self._call("GET", "/metrics")).text
+        except LocalinferError:
+            return self._static
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.labels.get("model") == self.model:
+                    found[sample.name] = sample.value
+        used, total = found.get("localinfer_kv_cells_used"), found.get("localinfer_kv_cells")
+        return replace(self._static, kv_cells_used=None if used is None else int(used),
+                       kv_cells_total=None if total is None else int(total))
+
+    async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
+        body = {"model": self.model, "messages": list(messages), "stream": True,
+                "temperature": params.temperature, "top_p": params.top_p,
+                "max_tokens": params.max_tokens, "seed": params.seed}
+        try:
+            async with self.http.stream("POST", "/v1/chat/completions", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise LocalinferError(_error_text(response))
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    for choice in chunk.get("choices", []):
+                        if choice.get("delta", {}).get("content"):
+                            yield choice["delta"]["content"]
+                    if "timings" in chunk:
+                        finish = (chunk.get("choices") or [{}])[0].get("finish_reason")
+                        yield figures_from_timings(chunk["timings"], finish)
+        except httpx.HTTPError as exc:
+            raise LocalinferError(f"the server stopped answering ({exc.__class__.__name__})") \
+                from None
+
+    async def models(self) -> list[ModelRow]:
+        tags = (await self._call("GET", "/api/tags")).json().get("models", [])
+        return [ModelRow(m["name"], True, m.get("details", {}).get("quantization_level", ""),
+                         m.get("size"), "server", "runs on the server") for m in tags]
+
+    async def pull(self, name: str, progress: PullProgress) -> str:
+        async with self.http.stream("POST", "/api/pull", json={"model": name}) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise LocalinferError(_error_text(response))
+            async for line in response.aiter_lines():
+                status = json.loads(line) if line.strip() else {}
+                if "error" in status:
+                    raise LocalinferError(status["error"])
+                progress(status.get("completed", 0), status.get("total"))
+        return name
+
+    async def delete(self, name: str) -> None:
+        await self._call("DELETE", "/api/delete", json={"model": name})
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def figures_from_timings(timings: Mapping[str, Any], finish: str | None) -> dict[str, Any]:
+    """The server's `timings` (milliseconds) in `RequestStats.to_dict()`'s shape."""
+    seconds = lambda key: None if timings.get(key) is None else timings[key] / 1000  # noqa: E731
+    return {"prompt_tokens": timings.get("prompt_n"), "cached_tokens": timings.get("cached_n"),
+            "generated_tokens": timings.get("predicted_n"), "queue_time_s": seconds("queue_ms"),
+            "ttft_s": seconds("ttft_ms"), "tpot_s": seconds("tpot_ms"),
+            "e2el_s": seconds("e2el_ms"), "prefill_tps": timings.get("prefill_tps"),
+            "decode_tps": timings.get("decode_tps"), "finish_reason": finish}
+
+
+def _error_text(response: httpx.Response) -> str:
+    with contextlib.suppress(ValueError):
+        body = response.json()
+        error = body.get("error")
+        if isinstance(error, dict):
+            return str(error.get("message", error))
+        if error:
+            return str(error)
+    return f"the server answered {response.status_code}"

@@ -1,0 +1,145 @@
+"""The chat screen's parts: a message, the prompt box and the status bar."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import events
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.message import Message
+from textual.reactive import reactive
+from textual.widgets import Markdown, Static, TextArea
+
+from localinfer.tui.client import ModelStatus
+
+__all__ = ["MessageBox", "PromptArea", "StatusBar", "figures_line"]
+
+
+def _mib(n: int | None) -> str:
+    return "—" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def figures_line(figures: dict[str, Any] | None) -> str:
+    """The numbers under a reply, from `RequestStats.to_dict()`'s keys."""
+    if not figures:
+        return ""
+    parts = []
+    if figures.get("ttft_s") is not None:
+        parts.append(f"TTFT {figures['ttft_s'] * 1000:,.0f} ms")
+    if figures.get("decode_tps"):
+        parts.append(f"{figures['decode_tps']:.1f} tok/s")
+    if figures.get("prompt_tokens"):  # unknown for a reply stopped before the engine said
+        prompt = f"prompt {figures['prompt_tokens']}"
+        if figures.get("cached_tokens"):
+            prompt += f" ({figures['cached_tokens']} cached)"
+        parts.append(prompt)
+    parts.append(f"{figures.get('generated_tokens') or 0} generated")
+    if figures.get("finish_reason") not in (None, "stop"):
+        parts.append(str(figures["finish_reason"]))
+    return " · ".join(parts)
+
+
+class MessageBox(Vertical, can_focus=True):
+    """One message. Focus it (Tab / Shift+Tab) and press c to copy it."""
+
+    BINDINGS = [Binding("c", "copy", "Copy message")]
+    DEFAULT_CSS = """
+    MessageBox { height: auto; margin: 0 0 1 0; padding: 0 1; }
+    MessageBox.user { border-left: thick $primary; background: $boost; }
+    MessageBox.assistant { border-left: thick $success; }
+    MessageBox:focus { background: $surface-lighten-1; }
+    MessageBox Markdown { margin: 0; padding: 0; }
+    MessageBox Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
+    MessageBox .figures { color: $text-muted; height: auto; }
+    """
+
+    def __init__(self, role: str, content: str = "", figures: dict[str, Any] | None = None,
+                 message_id: int | None = None):
+        super().__init__(classes=role)
+        self.role = role
+        self.content = content
+        self.figures = figures
+        self.message_id = message_id
+        self.markdown = Markdown(content)
+        self.figures_label = Static(figures_line(figures), classes="figures", markup=False)
+        self.figures_label.display = bool(figures)
+
+    def compose(self):
+        yield self.markdown
+        yield self.figures_label
+
+    def set_figures(self, figures: dict[str, Any] | None) -> None:
+        self.figures = figures
+        line = figures_line(figures)
+        self.figures_label.update(line)
+        self.figures_label.display = bool(line)
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.content)
+        self.app.notify("Copied the message.", timeout=2)
+
+
+class PromptArea(TextArea):
+    """Enter sends; Ctrl+J or Shift+Enter starts a new line."""
+
+    class Submitted(Message):
+        def __init__(self, text: str):
+            super().__init__()
+            self.text = text
+
+    DEFAULT_CSS = """
+    PromptArea { height: auto; min-height: 3; max-height: 8; }
+    """
+
+    async def _on_key(self, event: events.Key) -> None:
+        if event.key == "enter":
+            event.prevent_default()
+            event.stop()
+            self.post_message(self.Submitted(self.text))
+        elif event.key in ("ctrl+j", "shift+enter"):
+            event.prevent_default()
+            event.stop()
+            self.insert("\n")
+
+
+class StatusBar(Static):
+    """Two lines: the model and its memory, then the live numbers of the current reply."""
+
+    DEFAULT_CSS = """
+    StatusBar { height: 2; background: $panel; color: $text; padding: 0 1; text-wrap: nowrap;
+                text-overflow: ellipsis; }
+    """
+    model: reactive[ModelStatus | None] = reactive(None)
+    figures: reactive[dict[str, Any] | None] = reactive(None)
+    activity: reactive[str] = reactive("")
+
+    def __init__(self) -> None:
+        super().__init__(markup=False)
+        self.context_used: int | None = None
+
+    def render(self) -> str:
+        return f"{self._model_line()}\n{self._reply_line()}"
+
+    def _model_line(self) -> str:
+        m = self.model
+        if m is None:
+            return self.activity or "no model loaded"
+        parts = [f"{m.name} {m.quant} {m.device}",
+                 f"ctx {self.context_used or 0}/{m.n_ctx}"]
+        kv = []
+        if m.kv_cells_used is not None and m.kv_cells_total:
+            kv.append(f"{m.kv_cells_used}/{m.kv_cells_total}")
+        if m.kv_bytes is not None:
+            kv.append(_mib(m.kv_bytes))
+        if kv:
+            parts.append("KV " + " ".join(kv))
+        if m.memory_bytes is not None:
+            parts.append(f"mem {_mib(m.memory_bytes)}")
+        return " · ".join(parts)
+
+    def _reply_line(self) -> str:
+        line = figures_line(self.figures)
+        if self.activity and self.model is not None:
+            return f"{self.activity} {line}".strip()
+        return line or "TTFT — · tok/s —"
