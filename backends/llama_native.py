@@ -88,6 +88,10 @@ class NativeModel:
     def n_ctx(self) -> int:
         return llama_cpp.llama_n_ctx(self.ctx)
 
+    def n_batch(self) -> int:
+        """The most tokens one llama_decode takes: llama.cpp lowers n_batch to a small context."""
+        return llama_cpp.llama_n_batch(self.ctx)
+
     def n_ctx_train(self) -> int:
         return llama_cpp.llama_model_n_ctx_train(self.model)
 

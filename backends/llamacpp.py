@@ -45,7 +45,8 @@ class LlamaCppBackend(Backend):
             bos_token=self.native.token_text(self.native.bos()),
             eos_token=self.native.token_text(self.native.eos()),
         )
-        self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=options.n_batch,
+        n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
+        self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk)
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=options.n_threads or default_threads())

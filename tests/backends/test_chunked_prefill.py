@@ -41,3 +41,13 @@ def test_chunking_does_not_change_greedy_output(chunked, smollm2):
     prompt = smollm2.tokenize("Write two sentences about the sea. " * 6)
     params = SamplingParams(temperature=0, max_tokens=16)
     assert chunked.generate(prompt, params).text() == smollm2.generate(prompt, params).text()
+
+
+def test_a_context_smaller_than_the_batch_reads_prompts_in_smaller_pieces(smollm2_path):
+    """llama.cpp lowers n_batch to a small context; a bigger decode would abort the process."""
+    with LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=64), name="smollm2:135m") as small:
+        assert small.engine.n_batch <= small.native.n_batch() < 512
+        prompt = small.tokenize("The history of the lighthouse. " * 20)
+        assert small.native.n_batch() < len(prompt) < small.info.n_ctx
+        text = small.generate(prompt, SamplingParams(temperature=0, max_tokens=4)).text()
+        assert text

@@ -1,0 +1,241 @@
+"""The chat app driven with Textual's Pilot, on the real smollm2 model in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.settings import Settings
+from localinfer.tui.app import ChatApp
+from localinfer.tui.client import LocalClient
+from localinfer.tui.screens import ConversationList, ModelPicker, SettingsScreen
+from localinfer.tui.store import ConversationStore
+from localinfer.tui.widgets import MessageBox, PromptArea
+
+GREEDY = {"system": "", "params": {"temperature": 0, "max_tokens": 12}}
+
+
+async def wait_until(pilot, predicate: Callable[[], object], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {predicate.__doc__ or predicate}")
+        await asyncio.sleep(0.02)  # not pilot.pause: it waits for a busy app to go idle
+
+
+def make_app(home: Path, model: str = "smollm2:135m", n_ctx: int = 512) -> ChatApp:
+    settings = Settings()
+    client = LocalClient(settings, LoadOptions(n_ctx=n_ctx))
+    return ChatApp(client, ConversationStore(home / "chats.db"), model, export_dir=home,
+                   status_interval=0.2)
+
+
+async def ask(app: ChatApp, pilot, text: str) -> None:
+    await wait_until(pilot, app.model_ready.is_set)
+    app.prompt.load_text(text)
+    app.prompt.focus()
+    before = len(app.history)
+    await pilot.press("enter")
+    await wait_until(pilot, lambda: len(app.history) == before + 2 and not app.replying)
+
+
+async def test_a_reply_streams_and_the_status_bar_fills(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = {"system": "", "params": {"temperature": 0, "max_tokens": 48}}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        assert "smollm2:135m" in app.status_bar.render() and "CPU" in app.status_bar.render()
+        app.prompt.load_text("Name three colours.")
+        # the Enter key's own path is covered by the other tests; pilot.press would wait
+        # for the app to go idle, which it is not while a reply streams
+        app.prompt.post_message(PromptArea.Submitted(app.prompt.text))
+        await wait_until(pilot, lambda: app.replying)
+        assert app.prompt.text == ""  # the prompt is cleared at once
+        seen: list[int] = []  # reply lengths observed while it was being written
+
+        def grew() -> bool:
+            boxes = app.query(MessageBox)
+            if app.replying and len(boxes) == 2 and boxes.last().content:
+                seen.append(len(boxes.last().content))
+            return not app.replying and len(app.history) == 2
+        await wait_until(pilot, grew)
+        assert len(set(seen)) > 1, "the reply should appear piece by piece"
+        reply = app.history[-1]
+        figures = reply.figures
+        assert reply.role == "assistant" and reply.content.strip()
+        assert figures["generated_tokens"] == 48 and figures["finish_reason"] == "length"
+        assert figures["ttft_s"] > 0 and figures["decode_tps"] > 0
+        status = app.status_bar.render()
+        assert f"TTFT {figures['ttft_s'] * 1000:,.0f} ms" in status
+        assert f"{figures['decode_tps']:.1f} tok/s" in status
+        used = figures["prompt_tokens"] + figures["generated_tokens"]
+        assert f"ctx {used}/512" in status
+        await wait_until(pilot, lambda: "KV " in app.status_bar.render()
+                         and "mem " in app.status_bar.render())
+        # saved with its numbers
+        stored = app.store.messages(app.conversation.id)
+        assert [m.content for m in stored] == ["Name three colours.", reply.content]
+        assert stored[1].figures == figures
+
+
+async def test_escape_stops_the_reply_and_keeps_what_was_written(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = {"system": "", "params": {"temperature": 0, "max_tokens": 400}}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        app.prompt.load_text("Write a long story about a lighthouse keeper.")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.replying and len(app.query(MessageBox)) == 2
+                         and len(app.query(MessageBox).last().content) > 20)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.replying, timeout=5)
+        partial = app.history[-1]
+        assert partial.role == "assistant" and len(partial.content) > 20
+        assert partial.figures["finish_reason"] == "stopped"
+        assert partial.figures["generated_tokens"] < 400
+        assert app.store.messages(app.conversation.id)[-1].content == partial.content
+        assert "stopped" in app.query(MessageBox).last().figures_label.render().plain
+        backend = app.client.backend
+        await wait_until(pilot, lambda: backend.stats().active == 0, timeout=5)  # slot freed
+
+
+async def test_regenerate_edit_and_copy(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "Say hello.")
+        first = app.history[-1].content
+        await pilot.press("ctrl+b")
+        assert app.clipboard == first
+
+        old = app.history[-1]
+        await pilot.press("ctrl+r")  # greedy: the same reply again, replacing the old one
+        await wait_until(pilot, lambda: app.history[-1] is not old and not app.replying)
+        assert [m.role for m in app.history] == ["user", "assistant"]
+        assert app.history[-1].content == first
+        assert len(app.store.messages(app.conversation.id)) == 2
+
+        await pilot.press("ctrl+l")  # edit: the question goes back into the prompt
+        assert app.prompt.text == "Say hello." and app.history == []
+        assert app.store.messages(app.conversation.id) == []
+        assert len(app.query(MessageBox)) == 0
+
+
+async def test_settings_screen_sets_the_system_prompt_and_parameters(_private_home):
+    app = make_app(_private_home)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        screen = app.screen
+        screen.query_one("#system").load_text("Answer in one word.")
+        screen.query_one("#temperature").value = "0"
+        screen.query_one("#max_tokens").value = "abc"
+        await pilot.press("ctrl+s")
+        assert isinstance(app.screen, SettingsScreen)  # a bad number is refused in place
+        assert "not a number" in str(screen.query_one("#error").render())
+        screen.query_one("#max_tokens").value = "5"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        await ask(app, pilot, "What colour is the sky?")
+        saved = app.store.get(app.conversation.id)
+        assert saved.system == "Answer in one word."
+        assert saved.params == {"temperature": 0.0, "max_tokens": 5}
+        assert app.history[-1].figures["generated_tokens"] <= 5
+
+
+async def test_conversations_survive_a_restart(_private_home):
+    first = make_app(_private_home)
+    first.pending_settings = GREEDY
+    async with first.run_test(size=(80, 24)) as pilot:
+        await ask(first, pilot, "What is 2 + 2?")
+        saved = [(m.role, m.content) for m in first.history]
+
+    second = make_app(_private_home)  # a new app on the same database
+    async with second.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, second.model_ready.is_set)
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(second.screen, ConversationList))
+        await pilot.pause(0.1)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: len(second.query(MessageBox)) == 2)
+        assert [(m.role, m.content) for m in second.history] == saved
+        assert [b.content for b in second.query(MessageBox)] == [c for _, c in saved]
+        assert "TTFT" in second.status_bar.render()  # the last reply's numbers come back
+        # and the conversation goes on from there
+        await ask(second, pilot, "And 3 + 3?")
+        assert len(second.store.messages(second.conversation.id)) == 4
+
+
+async def test_switching_models_with_the_picker(_private_home):
+    app = make_app(_private_home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker)
+                         and app.screen.rows)
+        rows = {r.name: r for r in app.screen.rows}
+        smollm2, gemma3 = rows["smollm2:135m"], rows["gemma3:270m"]
+        assert smollm2.installed and smollm2.fit == "CPU" and smollm2.quant == "Q4_1"
+        assert "runs on the CPU" in smollm2.detail
+        # gemma3 ships in pieces joined on first use: no file to plan from yet
+        assert gemma3.installed and gemma3.fit == "?" and "first use" in gemma3.detail
+        assert rows["llama3.1:70b"].fit in ("~won't fit", "~CPU", "~partial")
+        assert not rows["llama3.1:70b"].installed
+        table = app.screen.query_one("DataTable")
+        table.move_cursor(row=[r.name for r in app.screen.rows].index("gemma3:270m"))
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.model_name == "gemma3:270m"
+                         and app.model_ready.is_set())
+        assert app.status_bar.render().startswith("gemma3:270m")
+        await pilot.press("ctrl+t")  # now joined, it gets the planner's badge
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
+        gemma3 = next(r for r in app.screen.rows if r.name == "gemma3:270m")
+        assert gemma3.fit == "CPU" and gemma3.quant == "Q4_K_M"
+        await pilot.press("escape")
+        assert app.client.backend.info.name == "gemma3:270m"
+
+
+async def test_a_failed_reply_gives_the_question_back(_private_home):
+    app = make_app(_private_home, n_ctx=64)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        question = "Please summarise this: " + "many words here " * 40
+        app.prompt.load_text(question)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.prompt.text == question.strip())
+        assert app.history == [] and len(app.query(MessageBox)) == 0
+        assert app.store.messages(app.conversation.id) == []
+        assert not app.replying
+        assert any("context" in n.message for n in app._notifications)
+
+
+async def test_a_damaged_database_is_reported_and_moved_aside(_private_home):
+    _private_home.mkdir(parents=True, exist_ok=True)
+    (_private_home / "chats.db").write_bytes(b"\x00garbage" * 512)
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: any("moved to" in n.message
+                                            for n in app._notifications))
+        assert list(_private_home.glob("chats.damaged-*.db"))
+        await ask(app, pilot, "Hi")  # and the app works on the fresh database
+        assert len(app.store.messages(app.conversation.id)) == 2
+
+
+async def test_export_writes_markdown(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "Say hi.")
+        path = app.export_conversation()
+        again = app.export_conversation()
+        assert path != again and path.parent == _private_home  # never overwritten
+        text = path.read_text()
+        assert text.startswith("# Say hi.") and app.history[-1].content in text

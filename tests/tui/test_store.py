@@ -1,0 +1,99 @@
+"""Saved conversations: they persist, and a damaged file is moved aside, never lost."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from localinfer.tui.store import ConversationStore, StoredMessage, to_markdown
+
+
+def test_conversations_survive_reopening(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ConversationStore(path)
+    chat = store.create("smollm2:135m", "Capitals", system="Be brief.",
+                        params={"temperature": 0.2, "n_ctx": 2048})
+    store.add(chat.id, StoredMessage("user", "Capital of France?"))
+    store.add(chat.id, StoredMessage("assistant", "Paris.", {"ttft_s": 0.1, "decode_tps": 50.0}))
+    store.close()
+
+    again = ConversationStore(path)
+    assert again.notice is None
+    (listed,) = again.list()
+    assert (listed.title, listed.model, listed.system, listed.params) == (
+        "Capitals", "smollm2:135m", "Be brief.", {"temperature": 0.2, "n_ctx": 2048})
+    messages = again.messages(listed.id)
+    assert [(m.role, m.content) for m in messages] == [("user", "Capital of France?"),
+                                                       ("assistant", "Paris.")]
+    assert messages[1].figures == {"ttft_s": 0.1, "decode_tps": 50.0}
+
+
+def test_rename_delete_and_rewrite_the_tail(tmp_path: Path):
+    store = ConversationStore(tmp_path / "chats.db")
+    a, b = store.create("m", "first"), store.create("m", "second")
+    ids = [store.add(a.id, StoredMessage(role, text)).id
+           for role, text in (("user", "q1"), ("assistant", "a1"), ("user", "q2"),
+                              ("assistant", "a2"))]
+    store.delete_from(a.id, ids[2])  # editing q2 drops it and its answer
+    assert [m.content for m in store.messages(a.id)] == ["q1", "a1"]
+    a.title = "renamed"
+    store.update(a)
+    assert store.get(a.id).title == "renamed"
+    store.delete(b.id)
+    assert [c.id for c in store.list()] == [a.id]
+    store.delete(a.id)
+    assert store.messages(a.id) == []  # the messages went with it
+
+
+def test_a_file_that_is_not_a_database_is_moved_aside(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    path.write_bytes(b"this is not sqlite " * 100)
+    neighbour = tmp_path / "models" / "keep.txt"
+    neighbour.parent.mkdir()
+    neighbour.write_text("untouched")
+
+    store = ConversationStore(path)
+    assert store.notice and "moved to" in store.notice
+    (aside,) = tmp_path.glob("chats.damaged-*.db")
+    assert aside.read_bytes() == b"this is not sqlite " * 100  # kept byte for byte
+    assert neighbour.read_text() == "untouched"
+    chat = store.create("m", "fresh start")  # the new database works
+    assert store.list()[0].id == chat.id
+
+
+def test_a_truncated_database_is_moved_aside(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ConversationStore(path)
+    chat = store.create("m", "long")
+    for i in range(400):
+        store.add(chat.id, StoredMessage("user", f"message {i} " + "x" * 200))
+    store.close()
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 3])
+
+    damaged = ConversationStore(path)
+    assert damaged.notice is not None
+    assert damaged.list() == []
+    assert len(list(tmp_path.glob("chats.damaged-*.db"))) == 1
+
+
+def test_a_database_from_elsewhere_keeps_its_tables(tmp_path: Path):
+    """A valid SQLite file with other tables is not ours to move: we add ours beside them."""
+    path = tmp_path / "chats.db"
+    with sqlite3.connect(path) as db:
+        db.execute("CREATE TABLE notes (text TEXT)")
+        db.execute("INSERT INTO notes VALUES ('keep me')")
+    store = ConversationStore(path)
+    assert store.notice is None
+    assert store.db.execute("SELECT text FROM notes").fetchone()[0] == "keep me"
+
+
+def test_markdown_export():
+    from localinfer.tui.store import Conversation
+
+    text = to_markdown(Conversation(1, "Capitals", "smollm2:135m", "Be brief."),
+                       [StoredMessage("user", "Capital of France?"),
+                        StoredMessage("assistant", "**Paris**.")])
+    assert text.startswith("# Capitals\n")
+    assert "**System:**\n\nBe brief." in text
+    assert text.index("## You\n\nCapital of France?") < text.index("## Assistant\n\n**Paris**.")
