@@ -64,23 +64,17 @@ class ChatApp(App):
         self.pending_settings: dict[str, Any] = {"system": "", "params": {}}
         self.model_ready = asyncio.Event()
         self.replying = False
+        self.prompt = PromptArea(id="prompt", placeholder="Message (Enter sends)")
+        self.status_bar = StatusBar()
 
     # ---------------------------------------------------------------- layout
     def compose(self) -> ComposeResult:
         yield Header(icon="◆")
         with VerticalScroll(id="messages"):
             yield Static(WELCOME, id="welcome", markup=False)
-        yield PromptArea(id="prompt", placeholder="Message (Enter sends)")
-        yield StatusBar()
+        yield self.prompt
+        yield self.status_bar
         yield Footer()
-
-    @property
-    def status_bar(self) -> StatusBar:
-        return self.query_one(StatusBar)
-
-    @property
-    def prompt(self) -> PromptArea:
-        return self.query_one(PromptArea)
 
     def on_mount(self) -> None:
         self.sub_title = self.client.where

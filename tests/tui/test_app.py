@@ -206,7 +206,7 @@ async def test_a_failed_reply_gives_the_question_back(_private_home):
     app.pending_settings = GREEDY
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_until(pilot, app.model_ready.is_set)
-        question = "Please summarise this: " + "many words here " * 40
+        question = "Please summarise this: " + "many words here " * 150
         app.prompt.load_text(question)
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.prompt.text == question.strip())
