@@ -93,12 +93,14 @@ class LocalClient(ChatClient):
     where = "in-process"
 
     def __init__(self, settings: Settings | None = None, options: LoadOptions | None = None,
-                 hardware: Callable[[], Hardware] | None = None):
+                 hardware: Callable[[], Hardware] | None = None,
+                 process_memory: Callable[[], int] = lambda: psutil.Process().memory_info().rss):
         from localinfer.model_store.hardware import detect
 
         self.settings = settings or Settings()
         self.options = options or LoadOptions()
         self._detect = hardware or detect
+        self._memory = process_memory
         self._hw: Hardware | None = None
         self.backend: Backend | None = None
         self._static: ModelStatus | None = None
@@ -143,7 +145,7 @@ class LocalClient(ChatClient):
         stats = self.backend.stats()
         return replace(self._static, kv_cells_used=stats.kv_cells_used,
                        kv_cells_total=stats.kv_cells_total,
-                       memory_bytes=psutil.Process().memory_info().rss)
+                       memory_bytes=self._memory())
 
     async def status(self) -> ModelStatus | None:
         return self._with_usage() if self.backend is not None else None

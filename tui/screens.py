@@ -21,8 +21,8 @@ __all__ = ["ConfirmScreen", "ConversationDeleted", "ConversationList", "ModelPic
 _DIALOG_CSS = """
 {name} {{ align: center middle; }}
 {name} > Vertical {{ width: 90%; max-width: 110; height: auto; max-height: 90%;
-    border: thick $primary; background: $surface; padding: 0 1; }}
-{name} .title {{ text-style: bold; padding: 0 0 1 0; }}
+    border: round $primary; background: $surface; padding: 0 1; }}
+{name} .title {{ text-style: bold; }}
 {name} .hint {{ color: $text-muted; }}
 {name} DataTable {{ height: auto; max-height: 16; }}
 """
@@ -86,8 +86,9 @@ class ModelPicker(ModalScreen[str | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Models — Enter: use (pulls it first if needed) · p: pull by name · "
-                        "d: delete · Esc: close", classes="title")
+            yield Label("Models", classes="title")
+            yield Label("Enter: use or pull · p: pull by name · d: delete · Esc: close",
+                        classes="hint")
             yield DataTable(cursor_type="row", zebra_stripes=True)
             yield Static("", id="detail", classes="hint")
             yield ProgressBar(total=None, show_eta=False, id="progress")
@@ -204,8 +205,9 @@ class ConversationList(ModalScreen[int | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Conversations — Enter: open · r: rename · d: delete · x: export · "
-                        "Esc: close", classes="title")
+            yield Label("Conversations", classes="title")
+            yield Label("Enter: open · r: rename · d: delete · x: export Markdown · Esc: close",
+                        classes="hint")
             yield DataTable(cursor_type="row", zebra_stripes=True)
 
     def on_mount(self) -> None:
@@ -273,7 +275,8 @@ class SettingsScreen(ModalScreen[dict[str, Any] | None]):
     """The conversation's system prompt and sampling parameters."""
 
     DEFAULT_CSS = _DIALOG_CSS.format(name="SettingsScreen") + """
-    SettingsScreen TextArea { height: 5; }
+    SettingsScreen TextArea { height: 4; }
+    SettingsScreen Button { margin: 0; }
     SettingsScreen Horizontal { height: auto; }
     SettingsScreen Horizontal > Vertical { width: 1fr; height: auto; }
     SettingsScreen .error { color: $error; }
@@ -288,7 +291,9 @@ class SettingsScreen(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Conversation settings — Ctrl+S: save · Esc: cancel", classes="title")
+            yield Label("Conversation settings", classes="title")
+            yield Label("Ctrl+S: save · Esc: cancel · empty fields use the defaults",
+                        classes="hint")
             yield Label("System prompt")
             yield TextArea(self.system, id="system")
             with Horizontal():

@@ -239,3 +239,26 @@ async def test_export_writes_markdown(_private_home):
         assert path != again and path.parent == _private_home  # never overwritten
         text = path.read_text()
         assert text.startswith("# Say hi.") and app.history[-1].content in text
+
+
+async def test_keys_help_theme_and_command_palette(_private_home):
+    from textual.command import CommandPalette
+    from textual.widgets import HelpPanel
+
+    app = make_app(_private_home)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("f1")
+        assert app.screen.query(HelpPanel)
+        await pilot.press("f1")
+        await pilot.pause(0.1)
+        assert not app.screen.query(HelpPanel)
+        dark = app.current_theme.dark
+        await pilot.press("f9")
+        assert app.current_theme.dark is not dark
+        await pilot.press("ctrl+p")
+        await wait_until(pilot, lambda: isinstance(app.screen, CommandPalette))
+        await pilot.press(*"Models")
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))

@@ -1,0 +1,108 @@
+"""The chat app as a client of a real `localinfer serve`, and pulling from the picker."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from huggingface_hub import constants
+
+from localinfer.backends.base import LoadOptions
+from localinfer.settings import Settings
+from localinfer.tui.app import ChatApp
+from localinfer.tui.client import LocalClient, RemoteClient
+from localinfer.tui.screens import ModelPicker, TextPrompt
+from localinfer.tui.store import ConversationStore
+
+from ..api.conftest import start_server, stop_server
+from ..fake_hub import FakeHub
+from .test_app import GREEDY, ask, wait_until
+
+REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("tui-serve"), "--model", "smollm2:135m",
+                          "--parallel", "2", "--ctx", "512")
+    yield server
+    stop_server(server)
+
+
+@pytest.mark.slow
+async def test_chat_through_a_running_server(served, _private_home):
+    app = ChatApp(RemoteClient(served.url), ConversationStore(_private_home / "chats.db"),
+                  "smollm2", status_interval=0.2)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        assert app.sub_title == served.url
+        assert app.model_name == "smollm2:135m"  # the server's name for it
+        await ask(app, pilot, "Say hello.")
+        figures = app.history[-1].figures
+        assert app.history[-1].content.strip()
+        # the server's own measurements, carried in its `timings` field
+        assert figures["generated_tokens"] == 12 and figures["ttft_s"] > 0
+        assert figures["prompt_tokens"] > 0 and figures["finish_reason"] == "length"
+        await wait_until(pilot, lambda: "KV " in app.status_bar.render())
+        status = app.status_bar.model
+        assert status.n_ctx == 512 and status.kv_cells_total == 1024
+        assert status.kv_cells_used >= figures["prompt_tokens"]
+        reply = served.post("/v1/chat/completions", json={
+            "model": "smollm2:135m", "temperature": 0, "max_tokens": 12,
+            "messages": [{"role": "user", "content": "Say hello."}]}).json()
+        assert reply["choices"][0]["message"]["content"] == app.history[-1].content
+
+
+async def test_no_server_is_one_clear_notice(_private_home):
+    app = ChatApp(RemoteClient("http://127.0.0.1:9"), ConversationStore(_private_home / "c.db"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: app._notifications)
+        (note,) = list(app._notifications)
+        assert "localinfer serve" in note.message and note.severity == "error"
+        assert "no model" in app.status_bar.render()
+
+
+@pytest.fixture
+def hub(quant_files, monkeypatch):
+    fake = FakeHub()
+    fake.add(REPO, "SmolLM2-135M-Instruct-Q8_0.gguf", quant_files["Q8_0"])
+    fake.start()
+    # what HF_ENDPOINT sets when the hub library is imported (this process imported it already)
+    monkeypatch.setattr(constants, "ENDPOINT", fake.url)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                        fake.url + "/{repo_id}/resolve/{revision}/{filename}")
+    monkeypatch.setenv("HF_HOME", str(Path(Settings().home).parent / "hf"))
+    yield fake
+    fake.stop()
+
+
+async def test_pull_from_the_picker_with_progress(hub, _private_home):
+    client = LocalClient(Settings(), LoadOptions(n_ctx=512))
+    app = ChatApp(client, ConversationStore(_private_home / "chats.db"), "smollm2:135m")
+    reports: list[tuple[int, int | None]] = []
+    pull = client.pull
+
+    async def recorded(name, progress):
+        return await pull(name, lambda done, total: (reports.append((done, total)),
+                                                     progress(done, total)))
+    client.pull = recorded
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
+        picker = app.screen
+        await pilot.press("p")
+        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+        await pilot.press(*f"hf.co/{REPO}:Q8_0", "enter")
+        name = f"hf.co/{REPO}:Q8_0"
+        await wait_until(pilot, lambda: any(r.name == name for r in picker.rows))
+        size = hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].size
+        assert reports[-1] == (size, size)  # the bar saw every byte
+        assert [d for d, _ in reports] == sorted(d for d, _ in reports)
+        row = next(r for r in picker.rows if r.name == name)
+        assert row.installed and row.quant == "Q8_0" and row.fit == "CPU"
+        picker.query_one("DataTable").move_cursor(row=picker.rows.index(row))
+        await pilot.press("enter")  # and use it
+        await wait_until(pilot, lambda: app.model_name == name and app.model_ready.is_set())
+        assert "Q8_0" in app.status_bar.render()

@@ -1,0 +1,95 @@
+"""SVG snapshots of the main screens at 80×24 and 120×40 (update: pytest --snapshot-update).
+
+The machine-dependent figures are pinned so a snapshot shows layout, not this machine: a
+CPU-only machine with 16 GiB free for the fit badges, 300 MiB of process memory, and saved
+timestamps. The model is the real smollm2, loaded in-process.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.model_store.hardware import CPU, Hardware
+from localinfer.settings import Settings
+from localinfer.tui.app import ChatApp
+from localinfer.tui.client import LocalClient
+from localinfer.tui.store import ConversationStore, StoredMessage
+
+GIB = 2**30
+MACHINE = Hardware(cpu=CPU("Example CPU", 8, 16, ("avx", "avx2", "fma", "f16c")),
+                   ram_total_bytes=32 * GIB, ram_available_bytes=16 * GIB, gpus=(),
+                   gpu_offload=False, compute_backends=("CPU",))
+REPLY = """Here is a tiny Python function:
+
+```python
+def greet(name: str) -> str:
+    return f"Hello, {name}!"
+```
+
+It returns a **greeting**."""
+FIGURES = {"prompt_tokens": 41, "cached_tokens": 0, "generated_tokens": 38, "ttft_s": 0.084,
+           "tpot_s": 0.011, "e2el_s": 0.49, "prefill_tps": 520.0, "decode_tps": 91.3,
+           "queue_time_s": 0.0, "finish_reason": "stop"}
+
+
+def _app(home) -> ChatApp:
+    store = ConversationStore(home / "chats.db")
+    chat = store.create("smollm2:135m", "Python greeting", params={"temperature": 0})
+    store.add(chat.id, StoredMessage("user", "Write a Python function that greets someone."))
+    store.add(chat.id, StoredMessage("assistant", REPLY, FIGURES))
+    other = store.create("smollm2:135m", "Capital of France")
+    store.add(other.id, StoredMessage("user", "What is the capital of France?"))
+    with store.db:
+        store.db.execute("UPDATE conversations SET updated_at = '2026-11-20T09:30:00+00:00' "
+                         "WHERE id = ?", (chat.id,))
+        store.db.execute("UPDATE conversations SET updated_at = '2026-11-19T18:05:00+00:00' "
+                         "WHERE id = ?", (other.id,))
+    client = LocalClient(Settings(), LoadOptions(n_ctx=1024), hardware=lambda: MACHINE,
+                         process_memory=lambda: 300 * 2**20)
+    return ChatApp(client, store, "smollm2:135m", status_interval=3600)
+
+
+async def _opened(pilot) -> None:
+    app = pilot.app
+    while not app.model_ready.is_set():
+        await pilot.pause(0.05)
+    await app.open_conversation(1)
+    await app.refresh_status()
+    await pilot.pause(0.2)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (120, 40)])
+def test_chat_screen(snap_compare, _private_home, size):
+    assert snap_compare(_app(_private_home), terminal_size=size, run_before=_opened)
+
+
+def test_model_picker(snap_compare, _private_home):
+    async def picker(pilot) -> None:
+        await _opened(pilot)
+        await pilot.press("ctrl+t")
+        while not getattr(pilot.app.screen, "rows", None):
+            await pilot.pause(0.05)
+        await pilot.pause(0.2)
+
+    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=picker)
+
+
+def test_conversation_list(snap_compare, _private_home):
+    async def conversations(pilot) -> None:
+        await _opened(pilot)
+        await pilot.press("ctrl+o")
+        await pilot.pause(0.2)
+
+    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=conversations)
+
+
+def test_settings(snap_compare, _private_home):
+    async def settings(pilot) -> None:
+        await _opened(pilot)
+        await pilot.press("ctrl+s")
+        await pilot.pause(0.2)
+
+    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=settings)
