@@ -65,18 +65,24 @@ class Conversation:
 class ConversationStore:
     def __init__(self, path: Path):
         self.path = path
-        self.notice: str | None = None  # set when a damaged file was moved aside
-        path.parent.mkdir(parents=True, exist_ok=True)
+        self.notice: str | None = None  # what the app should tell the user about its file
         try:
-            self.db = self._open()
-        except sqlite3.DatabaseError as exc:
-            aside = self._move_aside()
-            self.notice = (f"The saved conversations could not be read ({exc}); the file was "
-                           f"moved to {aside} and a new one started.")
-            self.db = self._open()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.db = self._open(path)
+            except sqlite3.DatabaseError as exc:
+                aside = self._move_aside()
+                self.notice = (f"The saved conversations could not be read ({exc}); the file "
+                               f"was moved to {aside} and a new one started.")
+                self.db = self._open(path)
+        except (OSError, sqlite3.DatabaseError) as exc:  # no place to keep them at all
+            self.notice = (f"Conversations cannot be saved to {path} ({exc}); this session's "
+                           f"chats will be lost when the app closes.")
+            self.db = self._open(":memory:")
 
-    def _open(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False)
+    @staticmethod
+    def _open(path: Path | str) -> sqlite3.Connection:
+        db = sqlite3.connect(path, check_same_thread=False)
         try:
             db.row_factory = sqlite3.Row
             db.execute("PRAGMA foreign_keys = ON")

@@ -262,3 +262,69 @@ async def test_keys_help_theme_and_command_palette(_private_home):
         await pilot.pause(0.5)
         await pilot.press("enter")
         await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker))
+
+
+async def test_rename_export_and_delete_from_the_conversation_list(_private_home):
+    from localinfer.tui.screens import ConfirmScreen, TextPrompt
+
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "First question")
+        await pilot.press("ctrl+n")
+        await ask(app, pilot, "Second question")
+        await pilot.press("ctrl+o")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConversationList))
+        listing = app.screen
+        assert [c.title for c in listing.items] == ["Second question", "First question"]
+        await pilot.press("r")
+        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+        await pilot.press(*["backspace"] * 20, *"Renamed", "enter")
+        await wait_until(pilot, lambda: listing.items[0].title == "Renamed")
+        assert app.store.get(listing.items[0].id).title == "Renamed"
+        await pilot.press("x")
+        exported = list(_private_home.glob("renamed*.md"))
+        assert len(exported) == 1 and "Second question" in exported[0].read_text()
+        await pilot.press("d")  # the open conversation: deleting it starts a new one
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_until(pilot, lambda: len(listing.items) == 1)
+        assert [c.title for c in app.store.list()] == ["First question"]
+        await wait_until(pilot, lambda: app.conversation is None and not app.history)
+        await pilot.press("escape")
+        assert not app.query(MessageBox)
+
+
+async def test_delete_from_the_picker(_private_home, quant_files):
+    import json
+
+    from localinfer.tui.screens import ConfirmScreen
+
+    # an installed hub model, as a pull leaves it: the file and its manifest
+    models = _private_home / "models"
+    target = models / "hub" / "testorg" / "repo" / "m-Q8_0.gguf"
+    target.parent.mkdir(parents=True)
+    target.write_bytes(quant_files["Q8_0"].read_bytes())
+    (models / "manifests").mkdir()
+    (models / "manifests" / "testmodel.json").write_text(json.dumps({
+        "name": "testmodel", "repo": "testorg/repo", "file": "m-Q8_0.gguf", "quant": "Q8_0",
+        "sha256": "", "size": target.stat().st_size, "pulled_at": "2026-11-22T00:00:00+00:00",
+        "source": "hub"}))
+    app = make_app(_private_home)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
+        picker = app.screen
+        names = [r.name for r in picker.rows]
+        assert "testmodel" in names
+        picker.query_one("DataTable").move_cursor(row=names.index("smollm2:135m"))
+        await pilot.press("d", "y")  # in use and embedded: refused
+        await wait_until(pilot, lambda: any("cannot be deleted" in n.message
+                                            for n in app._notifications))
+        picker.query_one("DataTable").move_cursor(row=names.index("testmodel"))
+        await pilot.press("d")
+        await wait_until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await wait_until(pilot, lambda: "testmodel" not in [r.name for r in picker.rows])
+        assert not target.exists()

@@ -97,3 +97,14 @@ def test_markdown_export():
     assert text.startswith("# Capitals\n")
     assert "**System:**\n\nBe brief." in text
     assert text.index("## You\n\nCapital of France?") < text.index("## Assistant\n\n**Paris**.")
+
+
+def test_no_place_to_save_still_starts_and_says_so(tmp_path: Path):
+    blocker = tmp_path / "home"
+    blocker.write_text("a file where the data folder should be")
+    store = ConversationStore(blocker / "chats.db")
+    assert store.notice and "cannot be saved" in store.notice
+    chat = store.create("m", "kept in memory")  # the session still works
+    store.add(chat.id, StoredMessage("user", "hi"))
+    assert [m.content for m in store.messages(chat.id)] == ["hi"]
+    assert blocker.read_text() == "a file where the data folder should be"
