@@ -13,6 +13,7 @@ sizes), and the TTFT of a request whose long system prompt is cached against a c
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import statistics
@@ -29,7 +30,7 @@ from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import RequestStats
 
-__all__ = ["Workload", "run_bench"]
+__all__ = ["Workload", "prefill_label", "run_bench", "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
@@ -61,18 +62,28 @@ def _prompt(backend: LlamaCppBackend, n_tokens: int, salt: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- ceiling
-def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int) -> float:
-    """Decode tok/s of a bare loop: n_seq sequences, one batch per step, a fixed token fed."""
-    native = NativeModel(str(path), n_ctx_total=(n_tokens + 64) * n_seq, n_slots=n_seq,
+def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 0) -> float:
+    """Decode tok/s of a bare loop: n_seq sequences, one batch per step, a fixed token fed.
+
+    Each sequence starts `context` tokens in (one prefill, copied to the others, untimed):
+    attention over a longer context costs real time on a CPU, so the ceiling is measured at
+    the context lengths the workload decodes at.
+    """
+    n_ctx = context + n_tokens + 64
+    native = NativeModel(str(path), n_ctx_total=n_ctx * n_seq, n_slots=n_seq,
                          n_batch=max(512, n_seq), n_threads=threads)
     batch = llama_cpp.llama_batch_init(max(512, n_seq), 0, 1)
     try:
-        prompt = native.tokenize("Once upon a time")
-        for seq in range(n_seq):  # a short prompt each, in one batch per sequence
-            for i, token in enumerate(prompt):
-                _put(batch, i, token, i, seq, i == len(prompt) - 1)
-            batch.n_tokens = len(prompt)
+        text = _FILLER * (1 + context // 20)
+        prompt = native.tokenize(text)[:max(4, context)]
+        for start in range(0, len(prompt), 512):  # sequence 0 reads it, the rest copy it
+            chunk = prompt[start:start + 512]
+            for i, token in enumerate(chunk):
+                _put(batch, i, token, start + i, 0, start + i == len(prompt) - 1)
+            batch.n_tokens = len(chunk)
             llama_cpp.llama_decode(native.ctx, batch)
+        for seq in range(1, n_seq):
+            llama_cpp.llama_memory_seq_cp(native.memory, 0, seq, -1, -1)
         token = prompt[-1]
         started = time.perf_counter()
         for step in range(n_tokens):
@@ -84,6 +95,12 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int) -> float:
     finally:
         llama_cpp.llama_batch_free(batch)
         native.close()
+
+
+def typical_context(work: Workload) -> int:
+    """Where the workload's decoding happens: the median prompt plus half a mean reply."""
+    return int(math.sqrt(work.min_prompt * work.max_prompt)) + (work.min_output
+                                                                 + work.max_output) // 4
 
 
 def _put(batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
@@ -176,12 +193,17 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- scenarios
+def _budget(step_budget: float | None) -> dict:
+    """LoadOptions' arguments: None keeps the default budget, 0 turns it off."""
+    return {} if step_budget is None else {"step_budget": step_budget}
+
+
 def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
-                     long_prompt: int = 2000) -> dict:
+                     long_prompt: int = 2000, step_budget: float | None = None) -> dict:
     """Running streams' ITL while a long prompt is read, against their own median ITL."""
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
                                                 n_threads=threads, prefill_chunk=chunk,
-                                                n_gpu_layers=0))
+                                                n_gpu_layers=0, **_budget(step_budget)))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
         running = [backend.generate(_prompt(backend, 32, i), SamplingParams(
@@ -204,11 +226,18 @@ def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
                     during.append(b - a)
         median = statistics.median(before)
         p99 = _pct(during, 0.99)
-        return {"prefill_chunk": chunk, "median_itl_s": median, "p99_itl_during_prefill_s": p99,
+        return {"prefill_chunk": chunk, "step_budget": backend.engine.budget.factor,
+                "median_itl_s": median, "p99_itl_during_prefill_s": p99,
                 "ratio": p99 / median if p99 else None,
                 "long_prompt_ttft_s": reader.stats.ttft}
     finally:
         backend.close()
+
+
+def prefill_label(r: dict) -> str:
+    if r["step_budget"]:
+        return f"step budget {r['step_budget']:g}x a decode step"
+    return f"chunks of {r['prefill_chunk']}, no step budget"
 
 
 def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500) -> dict:
@@ -238,10 +267,11 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
     threads = threads or default_threads()
     result: dict = {"model": str(path), "threads": threads, "workload": work.__dict__,
                     "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
-                    "ceiling": {}, "levels": []}
+                    "ceiling": {}, "ceiling_context": typical_context(work), "levels": []}
     for n in levels:
-        result["ceiling"][n] = ceiling(path, n, 64, threads)
-        log(f"ceiling N={n}: {result['ceiling'][n]:.1f} tok/s")
+        result["ceiling"][n] = ceiling(path, n, 64, threads, result["ceiling_context"])
+        log(f"ceiling N={n} at {result['ceiling_context']} tokens of context: "
+            f"{result['ceiling'][n]:.1f} tok/s")
     result["baseline"] = baseline(path, work, max(4, work.requests_per_client * 2), threads)
     log(f"baseline (Llama, sequential): {result['baseline']['output_tps']:.1f} tok/s")
     for n in levels:
@@ -257,10 +287,16 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
             f"{level['ttft_p50_s']:.2f} s p99 {level['ttft_p99_s']:.2f} s, "
             f"goodput {level['goodput_requests_per_s']:.2f} req/s")
     if scenarios:
-        result["long_prefill"] = [long_prefill_itl(path, threads, chunk) for chunk in (512, 32)]
+        result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget)
+                                  for chunk, budget in ((512, 0), (32, 0), (512, None))]
         for r in result["long_prefill"]:
-            log(f"long prefill, chunk {r['prefill_chunk']}: running streams' P99 ITL "
-                f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median")
+            log(f"long prefill, {prefill_label(r)}: running streams' P99 ITL "
+                f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median, "
+                f"the long prompt's TTFT {r['long_prompt_ttft_s']:.1f} s")
+        short = dataclasses.replace(work, max_prompt=256)
+        result["short_prompts"] = engine_level(path, 8, short, threads)
+        log(f"8 clients, prompts 32-256 tokens: TTFT p99 "
+            f"{result['short_prompts']['ttft_p99_s']:.2f} s")
         result["cached_system"] = cached_system_prompt(path, threads)
         c = result["cached_system"]
         log(f"cached 1500-token system prompt: TTFT {c['warm_ttft_s']:.3f} s vs cold "

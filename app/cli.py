@@ -344,6 +344,9 @@ def serve(
     prefill_chunk: Annotated[Optional[int], typer.Option(
         min=1, help="Prompt tokens per request per step: smaller keeps other streams smoother "
                     "while a long prompt is read [512].")] = None,
+    step_budget: Annotated[Optional[float], typer.Option(
+        min=0.0, help="While streams generate, hold each step to this many decode steps' time "
+                      "by reading prompts in smaller pieces; 0 turns it off [2].")] = None,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(
@@ -371,7 +374,8 @@ def serve(
         settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
-                              kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk)
+                              kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
+                              **({} if step_budget is None else {"step_budget": step_budget}))
         run_server(settings, options, model, verbose)
 
 

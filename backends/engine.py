@@ -26,6 +26,7 @@ import llama_cpp
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
 from localinfer.errors import (
     EngineBusy,
@@ -91,12 +92,16 @@ class Engine:
         max_waiting: int = 64,
         clock: Callable[[], float] = time.perf_counter,
         prefill_chunk: int | None = None,
+        step_budget: float | None = None,
     ):
         self.native = native
         self.n_batch = max(n_batch, n_slots)
         # prompt tokens one slot may add to a step: smaller chunks keep running streams
         # moving while a long prompt is read, at some cost to that prompt's own prefill speed
         self.prefill_chunk = max(1, min(prefill_chunk or self.n_batch, self.n_batch))
+        # while streams generate, prompt tokens per step are held to what keeps a step within
+        # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
+        self.budget = StepBudget(step_budget)
         self.n_ctx_slot = native.n_ctx() // n_slots
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -109,6 +114,9 @@ class Engine:
         self._closed = False
         self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0}
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        # called on the engine thread after each step with (seconds, decode tokens, prompt
+        # tokens): for tracing and benchmarks
+        self.on_step: Callable[[float, int, int], None] | None = None
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -271,35 +279,43 @@ class Engine:
                   slot.id, task.id, len(task.prompt), n_keep)
 
     def _step(self) -> None:
-        n = self._fill_batch()
-        self._batch.n_tokens = n
+        started = time.perf_counter()
+        n_decode, n_prompt = self._fill_batch()
+        self._batch.n_tokens = n_decode + n_prompt
         rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
         self._counters["steps"] += 1
-        n_generating = sum(1 for s in self.slots if s.state is SlotState.GENERATING)
-        self._counters["evaluated"] += n - n_generating
+        self._counters["evaluated"] += n_prompt
         for slot in self.slots:
             if slot.task and slot.batch_index >= 0:
                 token = slot.sampler.sample(self.native, slot.batch_index)
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
+        seconds = time.perf_counter() - started
+        self.budget.observe(seconds, n_decode, n_prompt)
+        if self.on_step is not None:
+            self.on_step(seconds, n_decode, n_prompt)
 
-    def _fill_batch(self) -> int:
+    def _fill_batch(self) -> tuple[int, int]:
+        """Fill the batch: every generating slot's next token, then prompt chunks."""
         n = 0
         for slot in self.slots:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
                 n = self._add(n, slot, slot.next_token, logits=True)
+        n_decode = n
+        allowed = self.budget.allowance(n_decode > 0, self.n_batch - n_decode)
         for slot in self.slots:
-            if slot.state is not SlotState.PROCESSING_PROMPT or n >= self.n_batch:
+            room = min(self.prefill_chunk, allowed - (n - n_decode))
+            if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
             prompt = slot.task.prompt
-            end = min(len(prompt), slot.n_prompt_done + min(self.prefill_chunk, self.n_batch - n))
+            end = min(len(prompt), slot.n_prompt_done + room)
             for i in range(slot.n_prompt_done, end):
                 n = self._add(n, slot, prompt[i], logits=(i == len(prompt) - 1))
             slot.n_prompt_done = end
-        return n
+        return n_decode, n - n_decode
 
     def _add(self, n: int, slot: Slot, token: int, logits: bool) -> int:
         b = self._batch

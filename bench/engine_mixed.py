@@ -15,7 +15,7 @@ import platform
 import tempfile
 from pathlib import Path
 
-from localinfer.bench import Workload, run_bench
+from localinfer.bench import Workload, prefill_label, run_bench
 from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -53,7 +53,9 @@ def _markdown(results: dict, work: Workload) -> None:
              f"Prompts {work.min_prompt}–{work.max_prompt} tokens (log-uniform), replies "
              f"{work.min_output}–{work.max_output} tokens, greedy; N slots and N clients with "
              f"Poisson gaps (mean {work.mean_gap_s} s), {work.requests_per_client} requests each. "
-             "Ceiling: a bare loop decoding N sequences per step. Baseline: llama-cpp-python's "
+             "Ceiling: a bare loop decoding N sequences per step, each already holding the "
+             "workload's typical context (median prompt + half a mean reply). Baseline: "
+             "llama-cpp-python's "
              "`Llama`, one request after another. Reproduce: `python3 bench/engine_mixed.py`.", ""]
     for name, r in results.items():
         lines += [f"## {name} ({r['threads']} threads)", "",
@@ -73,11 +75,15 @@ def _markdown(results: dict, work: Workload) -> None:
                 f"{lv['goodput_requests_per_s']:.2f} |")
         lines.append("")
         for lp in r.get("long_prefill", []):
-            lines.append(f"- 2000-token prompt read in chunks of {lp['prefill_chunk']}: running "
+            lines.append(f"- 2000-token prompt read with {prefill_label(lp)}: running "
                          f"streams' P99 ITL {lp['p99_itl_during_prefill_s'] * 1000:.0f} ms = "
                          f"{lp['ratio']:.1f}× their median before it "
                          f"({lp['median_itl_s'] * 1000:.1f} ms); the long prompt's TTFT "
                          f"{lp['long_prompt_ttft_s']:.1f} s.")
+        short = r.get("short_prompts")
+        if short:
+            lines.append(f"- 8 clients, prompts 32–256 tokens: TTFT p50 {_f(short['ttft_p50_s'])} s, "
+                         f"p99 {_f(short['ttft_p99_s'])} s; {short['output_tps']:.1f} output tok/s.")
         c = r.get("cached_system")
         if c:
             lines.append(f"- 1500-token system prompt cached: TTFT {c['warm_ttft_s'] * 1000:.0f} ms "

@@ -1,0 +1,86 @@
+"""The prefill step budget: its arithmetic, and the engine holding steps to it."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.backends.step_budget import StepBudget
+from localinfer.errors import InvalidRequest
+
+
+def test_nothing_generating_means_whole_chunks():
+    budget = StepBudget(2.5)
+    budget.observe(0.020, n_decode=4, n_prompt=0)
+    budget.observe(0.520, n_decode=0, n_prompt=100)
+    assert budget.allowance(generating=False, limit=512) == 512
+
+
+def test_the_allowance_follows_the_measured_costs():
+    budget = StepBudget(2.5)
+    assert budget.allowance(True, 512) == 16  # learning: small until both costs are known
+    budget.observe(0.020, n_decode=4, n_prompt=0)  # a decode-only step: 20 ms
+    budget.observe(0.070, n_decode=4, n_prompt=10)  # 10 prompt tokens added 50 ms
+    # (2.5 − 1) × 20 ms / 5 ms per token = 6 tokens
+    assert budget.allowance(True, 512) == 6
+    for _ in range(30):  # the machine gets faster: the averages follow
+        budget.observe(0.010, n_decode=4, n_prompt=0)
+        budget.observe(0.015, n_decode=4, n_prompt=10)
+    assert 25 <= budget.allowance(True, 512) <= 35  # 1.5 × 10 ms / 0.5 ms ≈ 30
+    assert budget.allowance(True, 20) == 20  # never past the room in the batch
+
+
+def test_a_floor_keeps_long_prompts_moving_and_off_means_off():
+    budget = StepBudget(2.5, floor=4)  # a caller may ask for a bigger floor
+    budget.observe(0.001, n_decode=1, n_prompt=0)
+    budget.observe(1.001, n_decode=1, n_prompt=10)  # 100 ms a token: room for none
+    assert budget.allowance(True, 512) == 4
+    off = StepBudget(None)
+    off.observe(0.001, n_decode=1, n_prompt=0)
+    assert off.allowance(True, 512) == 512
+
+
+def test_a_budget_of_one_or_less_is_refused():
+    with pytest.raises(InvalidRequest, match="more than 1"):
+        LoadOptions(step_budget=0.5)
+    assert LoadOptions(step_budget=0).step_budget == 0
+
+
+def _steps_while_a_prompt_is_read(path, budget: float | None) -> tuple[list, list, int]:
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_budget=budget),
+                              name="smollm2:135m")
+    steps: list[tuple[float, int, int]] = []
+    try:
+        bias = {backend.native.eos(): -100}
+        running = backend.generate(backend.tokenize("Count from one to one hundred: one,"),
+                                   SamplingParams(temperature=0, max_tokens=900, logit_bias=bias))
+        events = iter(running)
+        assert isinstance(next(events), TokenEvent)
+        backend.engine.on_step = lambda s, d, p: steps.append((s, d, p))
+        for _ in range(20):  # decoding alone for a while: the budget learns the decode step
+            assert isinstance(next(events), TokenEvent)
+        alone = len(steps)
+        long_prompt = backend.tokenize("The history of the lighthouse. " * 100)
+        backend.generate(long_prompt, SamplingParams(temperature=0, max_tokens=1)).text()
+        backend.engine.on_step = None
+        running.cancel()
+        for _ in events:
+            pass
+        return steps[:alone], [s for s in steps[alone:] if s[2] > 0], len(long_prompt)
+    finally:
+        backend.close()
+
+
+def test_the_engine_keeps_steps_short_while_streams_run(smollm2_path):
+    decode_only, with_prompt, n_prompt = _steps_while_a_prompt_is_read(smollm2_path, 2.5)
+    assert sum(p for _, _, p in with_prompt) == n_prompt  # the whole prompt was read
+    assert all(d == 1 for _, d, _ in with_prompt)  # the running stream was in every step
+    assert len(with_prompt) > n_prompt / 64  # in small pieces, not 512-token chunks
+    # and those steps stay near the budget: the median within 2.5× a decode step, with room
+    # for a noisy machine
+    reference = statistics.median(s for s, _, _ in decode_only)
+    typical = statistics.median(s for s, _, _ in with_prompt)
+    assert typical <= 4 * reference, (typical, reference)
