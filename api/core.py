@@ -114,4 +114,5 @@ async def start(
 
 
 def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:
-    return params.max_tokens is not None and params.max_tokens > loaded.backend.info.n_ctx
+    return (params.max_tokens is not None and not params.context_shift
+            and params.max_tokens > loaded.backend.info.n_ctx)

@@ -53,6 +53,7 @@ class Options(_Lenient):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     seed: Optional[int] = Field(None, ge=0, lt=2**32)
     num_predict: Optional[int] = Field(None, ge=-2)
+    num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None
 
     def params(self, grammar: str | None) -> SamplingParams:
@@ -65,6 +66,9 @@ class Options(_Lenient):
             repeat_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, seed=self.seed, max_tokens=max_tokens,
             stop=tuple(self.stop or ()), grammar=grammar,
+            # as Ollama: a full context drops its older half and the reply goes on
+            # (num_predict -2 means "until the context is full", so no shifting then)
+            context_shift=self.num_predict != -2, n_keep=self.num_keep,
         )
 
 

@@ -137,10 +137,11 @@ def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
     }
 
 
-def engine_level(path: Path, clients: int, work: Workload, threads: int) -> dict:
+def engine_level(path: Path, clients: int, work: Workload, threads: int,
+                 step_budget: float | None = None) -> dict:
     n_ctx = work.max_prompt + work.max_output + 16
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
-                                                n_gpu_layers=0))
+                                                n_gpu_layers=0, **_budget(step_budget)))
     try:
         rng = random.Random(work.seed)
         plans = [_requests(backend, work, work.requests_per_client, rng) for _ in range(clients)]
@@ -288,15 +289,18 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
             f"goodput {level['goodput_requests_per_s']:.2f} req/s")
     if scenarios:
         result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget)
-                                  for chunk, budget in ((512, 0), (32, 0), (512, None))]
+                                  for chunk, budget in ((512, None), (32, None), (512, 2.0))]
         for r in result["long_prefill"]:
             log(f"long prefill, {prefill_label(r)}: running streams' P99 ITL "
                 f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median, "
                 f"the long prompt's TTFT {r['long_prompt_ttft_s']:.1f} s")
         short = dataclasses.replace(work, max_prompt=256)
-        result["short_prompts"] = engine_level(path, 8, short, threads)
-        log(f"8 clients, prompts 32-256 tokens: TTFT p99 "
-            f"{result['short_prompts']['ttft_p99_s']:.2f} s")
+        result["short_prompts"] = [engine_level(path, 8, short, threads, step_budget=b)
+                                   for b in (None, 2.0)]
+        for r, b in zip(result["short_prompts"], ("no step budget", "step budget 2x")):
+            r["label"] = b
+            log(f"8 clients, prompts 32-256 tokens, {b}: TTFT p50 {r['ttft_p50_s']:.2f} s "
+                f"p99 {r['ttft_p99_s']:.2f} s")
         result["cached_system"] = cached_system_prompt(path, threads)
         c = result["cached_system"]
         log(f"cached 1500-token system prompt: TTFT {c['warm_ttft_s']:.3f} s vs cold "

@@ -346,7 +346,8 @@ def serve(
                     "while a long prompt is read [512].")] = None,
     step_budget: Annotated[Optional[float], typer.Option(
         min=0.0, help="While streams generate, hold each step to this many decode steps' time "
-                      "by reading prompts in smaller pieces; 0 turns it off [2].")] = None,
+                      "by reading prompts in smaller pieces, e.g. 2 (smoother streams, slower "
+                      "prompts) [off].")] = None,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(

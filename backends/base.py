@@ -44,6 +44,10 @@ class SamplingParams:
     # token id → added to its logit; -100 or less bans it, as in OpenAI's logit_bias
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None  # GBNF; the reply must match it (see backends/grammar.py)
+    # when the context fills up: drop the older half (after the first n_keep prompt tokens)
+    # and go on, as Ollama does, instead of ending with "length"
+    context_shift: bool = False
+    n_keep: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -61,6 +65,7 @@ class SamplingParams:
              "logit_bias values must be in [-100, 100]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2^32)"),
+            (self.n_keep >= 0, "n_keep must be 0 or more"),
         ]
         for ok, message in checks:
             if not ok:
@@ -80,10 +85,11 @@ class LoadOptions:
     n_batch: int = 512
     prefill_chunk: int | None = None  # prompt tokens per slot per step; None: n_batch
     # while streams generate, a step may take this many decode-only steps' time (prompt
-    # tokens are held back to fit); None or 0: prompts go in whole chunks. 2: running
-    # streams' P99 ITL stayed within 2.6x their median while a 2000-token prompt was read
-    # (bench/results/engine_mixed.md)
-    step_budget: float | None = 2.0
+    # tokens are held back to fit); None or 0: prompts go in whole chunks. Off by default:
+    # it keeps running streams smooth while a long prompt is read (P99 ITL 3x their median
+    # at 2, against 79x) but slows that prompt and, under load, short prompts' TTFT
+    # (measured in the issue notes; bench/results/engine_mixed.md)
+    step_budget: float | None = None
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache

@@ -305,7 +305,7 @@ class Engine:
             if slot.state is SlotState.GENERATING:
                 n = self._add(n, slot, slot.next_token, logits=True)
         n_decode = n
-        allowed = self.budget.allowance(n_decode > 0, self.n_batch - n_decode)
+        allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
         for slot in self.slots:
             room = min(self.prefill_chunk, allowed - (n - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
@@ -344,8 +344,31 @@ class Engine:
         if max_tokens is not None and task.stats.generated_tokens >= max_tokens:
             return self._finish(slot, "length")
         if len(slot.cache) >= self.n_ctx_slot:  # no cell left to feed this token back
-            return self._finish(slot, "length")
+            if not (task.params.context_shift and self._shift_context(slot)):
+                return self._finish(slot, "length")
         slot.next_token = token
+
+    def _shift_context(self, slot: Slot) -> bool:
+        """Drop the older half of what follows the kept prefix, and slide the rest back.
+
+        The kept prefix is the request's n_keep prompt tokens (and the BOS token); the tokens
+        after the gap keep their KV, re-positioned, as llama.cpp's server does.
+        """
+        memory = self.native.memory
+        if not llama_cpp.llama_memory_can_shift(memory):
+            return False
+        n_past = len(slot.cache)
+        bos = 1 if slot.cache and slot.cache[0] == self.native.bos() else 0
+        n_keep = min(slot.task.params.n_keep + bos, n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        if n_discard <= 0:
+            return False
+        llama_cpp.llama_memory_seq_rm(memory, slot.id, n_keep, n_keep + n_discard)
+        llama_cpp.llama_memory_seq_add(memory, slot.id, n_keep + n_discard, n_past, -n_discard)
+        del slot.cache[n_keep:n_keep + n_discard]
+        slot.task.stats.context_shifts += 1
+        log.debug("slot %d: context shifted, kept %d, dropped %d", slot.id, n_keep, n_discard)
+        return True
 
     def _finish(self, slot: Slot, reason: str) -> None:
         task = slot.task

@@ -32,6 +32,7 @@ class RequestStats:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     finish_reason: str | None = None
+    context_shifts: int = 0  # times the older half of the context was dropped to go on
 
     @property
     def generated_tokens(self) -> int:
@@ -104,6 +105,8 @@ class RequestStats:
         if self.decode_tps is not None:
             gen += f" @ {self.decode_tps:.1f} tok/s"
         parts.append(gen)
+        if self.context_shifts:
+            parts.append(f"context shifted {self.context_shifts}×")
         if self.finish_reason:
             parts.append(f"finish: {self.finish_reason}")
         return " · ".join(parts)
@@ -120,6 +123,7 @@ class RequestStats:
             "prefill_tps": self.prefill_tps,
             "decode_tps": self.decode_tps,
             "finish_reason": self.finish_reason,
+            "context_shifts": self.context_shifts,
         }
 
 

@@ -6,10 +6,11 @@ being read ride along in the same batch. On a CPU, prefill costs milliseconds pe
 (measured: 110× their usual inter-token latency on smollm2). The budget keeps a step within
 `factor` times a decode-only step, by learning from the steps it has run:
 
-- decode_s:    duration of a step with no prompt tokens (moving average)
-- per_token_s: what each prompt token adds to a step (moving average)
+- decode_s[n]:  duration of a step that decodes n streams and reads no prompt (moving average
+                per n: a step for 16 streams costs more than one for 2)
+- per_token_s:  what each prompt token adds to a step (moving average)
 
-and allowing (factor − 1) × decode_s / per_token_s prompt tokens while anything is generating.
+and allowing (factor − 1) × decode_s[n] / per_token_s prompt tokens while n streams generate.
 With nothing generating, a prompt is read in full chunks: no one is waiting on the step.
 Small chunks read a long prompt more slowly (its own TTFT grows); that is the trade.
 """
@@ -20,6 +21,7 @@ __all__ = ["StepBudget"]
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 _LEARNING_CHUNK = 16  # prompt tokens per step until both costs have been measured
+_MIN_SAMPLE = 4  # fewer prompt tokens than this say more about noise than about their cost
 
 
 def _average(old: float | None, new: float) -> float:
@@ -31,25 +33,37 @@ class StepBudget:
         """factor: a step may take this many decode-only steps' time; None or 0 turns it off."""
         self.factor = factor or None
         self.floor = floor
-        self.decode_s: float | None = None
+        self.decode_s: dict[int, float] = {}  # streams decoded → seconds per step
         self.per_token_s: float | None = None
 
-    def allowance(self, generating: bool, limit: int) -> int:
-        """Prompt tokens this step may carry, at most `limit`."""
-        if not generating or self.factor is None:
+    def decode_estimate(self, n_decode: int) -> float | None:
+        """A decode-only step's time for n streams: measured, else scaled from the nearest."""
+        if n_decode in self.decode_s:
+            return self.decode_s[n_decode]
+        if not self.decode_s:
+            return None
+        nearest = min(self.decode_s, key=lambda n: abs(n - n_decode))
+        return self.decode_s[nearest] * n_decode / nearest
+
+    def allowance(self, n_decode: int, limit: int) -> int:
+        """Prompt tokens a step that decodes `n_decode` streams may carry, at most `limit`."""
+        if not n_decode or self.factor is None:
             return limit
-        if self.decode_s is None or self.per_token_s is None:
+        decode = self.decode_estimate(n_decode)
+        if decode is None or self.per_token_s is None:
             return min(limit, _LEARNING_CHUNK)
-        room = (self.factor - 1) * self.decode_s / self.per_token_s
+        room = (self.factor - 1) * decode / self.per_token_s
         return max(min(self.floor, limit), min(limit, int(room)))
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> None:
         """Learn from one finished step: its duration and what it carried."""
         if n_prompt == 0:
             if n_decode:
-                self.decode_s = _average(self.decode_s, seconds)
+                self.decode_s[n_decode] = _average(self.decode_s.get(n_decode), seconds)
             return
-        base = self.decode_s if (n_decode and self.decode_s is not None) else 0.0
-        if n_decode and self.decode_s is None:
+        if n_prompt < _MIN_SAMPLE:
+            return
+        base = self.decode_estimate(n_decode) if n_decode else 0.0
+        if base is None:
             return  # cannot tell the prompt's share from the decode's yet
         self.per_token_s = _average(self.per_token_s, max(seconds - base, 1e-6) / n_prompt)

@@ -80,10 +80,11 @@ def _markdown(results: dict, work: Workload) -> None:
                          f"{lp['ratio']:.1f}× their median before it "
                          f"({lp['median_itl_s'] * 1000:.1f} ms); the long prompt's TTFT "
                          f"{lp['long_prompt_ttft_s']:.1f} s.")
-        short = r.get("short_prompts")
-        if short:
-            lines.append(f"- 8 clients, prompts 32–256 tokens: TTFT p50 {_f(short['ttft_p50_s'])} s, "
-                         f"p99 {_f(short['ttft_p99_s'])} s; {short['output_tps']:.1f} output tok/s.")
+        for short in r.get("short_prompts", []):
+            lines.append(f"- 8 clients, prompts 32–256 tokens, {short['label']}: TTFT p50 "
+                         f"{_f(short['ttft_p50_s'])} s, p99 {_f(short['ttft_p99_s'])} s; TPOT p99 "
+                         f"{_f(short['tpot_p99_s'] and short['tpot_p99_s'] * 1000, '.0f')} ms; "
+                         f"{short['output_tps']:.1f} output tok/s.")
         c = r.get("cached_system")
         if c:
             lines.append(f"- 1500-token system prompt cached: TTFT {c['warm_ttft_s'] * 1000:.0f} ms "

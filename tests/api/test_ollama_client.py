@@ -101,3 +101,13 @@ def test_ps_command_asks_the_running_server(server):
     gone = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", "http://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and "localinfer serve" in gone.stderr
+
+
+def test_num_predict_beyond_the_context_shifts_instead_of_refusing(client, server):
+    """As Ollama: the context (512 here) is not a cap on the reply; the older half is dropped."""
+    counting = ", ".join(str(i) for i in range(1, 41)) + ","
+    reply = client.generate(model="smollm2:135m", raw=True, prompt=counting,
+                            options={"temperature": 0, "num_predict": 700, "num_keep": 8})
+    assert reply.done and reply.done_reason == "length"
+    assert reply.eval_count == 700 > 512  # past the whole context
+    assert "150, 151, 152" in reply.response  # and still counting after the shifts

@@ -44,3 +44,7 @@ def test_a_bad_keep_alive_is_refused(value):
 
 def test_an_unknown_startup_model_is_one_clear_line():
     _one_line_error(_serve("--model", "no-such-model"), "not found")
+
+
+def test_a_step_budget_of_one_or_less_is_refused():
+    _one_line_error(_serve("--step-budget", "0.5"), "step budget")

@@ -16,31 +16,44 @@ def test_nothing_generating_means_whole_chunks():
     budget = StepBudget(2.5)
     budget.observe(0.020, n_decode=4, n_prompt=0)
     budget.observe(0.520, n_decode=0, n_prompt=100)
-    assert budget.allowance(generating=False, limit=512) == 512
+    assert budget.allowance(0, limit=512) == 512
 
 
 def test_the_allowance_follows_the_measured_costs():
     budget = StepBudget(2.5)
-    assert budget.allowance(True, 512) == 16  # learning: small until both costs are known
+    assert budget.allowance(4, 512) == 16  # learning: small until both costs are known
     budget.observe(0.020, n_decode=4, n_prompt=0)  # a decode-only step: 20 ms
     budget.observe(0.070, n_decode=4, n_prompt=10)  # 10 prompt tokens added 50 ms
     # (2.5 − 1) × 20 ms / 5 ms per token = 6 tokens
-    assert budget.allowance(True, 512) == 6
+    assert budget.allowance(4, 512) == 6
     for _ in range(30):  # the machine gets faster: the averages follow
         budget.observe(0.010, n_decode=4, n_prompt=0)
         budget.observe(0.015, n_decode=4, n_prompt=10)
-    assert 25 <= budget.allowance(True, 512) <= 35  # 1.5 × 10 ms / 0.5 ms ≈ 30
-    assert budget.allowance(True, 20) == 20  # never past the room in the batch
+    assert 25 <= budget.allowance(4, 512) <= 35  # 1.5 × 10 ms / 0.5 ms ≈ 30
+    assert budget.allowance(4, 20) == 20  # never past the room in the batch
+
+
+def test_more_streams_cost_more_and_are_not_blamed_on_the_prompt():
+    budget = StepBudget(2.0)
+    budget.observe(0.010, n_decode=2, n_prompt=0)
+    budget.observe(0.040, n_decode=8, n_prompt=0)
+    budget.observe(0.090, n_decode=8, n_prompt=10)  # 50 ms over an 8-stream step: 5 ms a token
+    assert budget.per_token_s == pytest.approx(0.005)
+    budget.observe(0.500, n_decode=8, n_prompt=1)  # one token is too small a sample to trust
+    assert budget.per_token_s == pytest.approx(0.005)
+    assert budget.allowance(8, 512) == 8  # 40 ms of room / 5 ms
+    assert budget.allowance(2, 512) == 2  # 10 ms of room / 5 ms
+    assert budget.decode_estimate(4) == pytest.approx(0.020)  # unmeasured: scaled from 2
 
 
 def test_a_floor_keeps_long_prompts_moving_and_off_means_off():
     budget = StepBudget(2.5, floor=4)  # a caller may ask for a bigger floor
     budget.observe(0.001, n_decode=1, n_prompt=0)
     budget.observe(1.001, n_decode=1, n_prompt=10)  # 100 ms a token: room for none
-    assert budget.allowance(True, 512) == 4
+    assert budget.allowance(4, 512) == 4
     off = StepBudget(None)
     off.observe(0.001, n_decode=1, n_prompt=0)
-    assert off.allowance(True, 512) == 512
+    assert off.allowance(1, 512) == 512
 
 
 def test_a_budget_of_one_or_less_is_refused():
