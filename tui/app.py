@@ -66,6 +66,7 @@ class ChatApp(App):
         self.history: list[StoredMessage] = []
         self.pending_settings: dict[str, Any] = {"system": "", "params": {}}
         self.model_ready = asyncio.Event()
+        self.loading = False
         self.replying = False
         self.prompt = PromptArea(id="prompt", placeholder="Message (Enter sends)")
         self.status_bar = StatusBar()
@@ -89,17 +90,25 @@ class ChatApp(App):
         self.prompt.focus()
 
     # ---------------------------------------------------------------- model
-    @work(exclusive=True, group="load", exit_on_error=False)
-    async def load_model(self, name: str, n_ctx: int | None = None) -> None:
+    def load_model(self, name: str, n_ctx: int | None = None) -> None:
         self.model_ready.clear()
+        self.loading = True  # at once: a message sent before the worker starts must wait
+        self._load(name, n_ctx)
+
+    @work(exclusive=True, group="load", exit_on_error=False)
+    async def _load(self, name: str, n_ctx: int | None) -> None:
+        self.loading = True  # again: a load this one replaced may have just cleared it
         bar = self.status_bar
         bar.activity = f"loading {name or 'the default model'} …"
         try:
             status = await self.client.load(name, n_ctx or self._params().get("n_ctx"))
         except LocalinferError as exc:
-            bar.activity = f"no model: {exc}"
-            self.notify(str(exc), title="Model", severity="error", timeout=10)
+            bar.model, bar.activity = None, f"no model: {exc}"
+            self.notify(f"{exc} — pick another with Ctrl+T", title="Model", severity="error",
+                        timeout=10)
             return
+        finally:
+            self.loading = False
         bar.model, bar.activity = status, ""
         self.model_name = status.name
         self.model_ready.set()
@@ -150,6 +159,10 @@ class ChatApp(App):
         if self.replying:
             self.notify("A reply is still being written — Esc stops it.", timeout=3)
             return
+        if not self.model_ready.is_set() and not self.loading:
+            self.notify("No model is loaded — pick one with Ctrl+T.", severity="warning",
+                        timeout=5)
+            return  # the text stays in the prompt
         self.prompt.clear()
         if self.conversation is None:
             title = re.sub(r"\s+", " ", text)[:48]

@@ -174,7 +174,6 @@ class LocalClient(ChatClient):
                                        self.options.n_ctx or self.settings.default_ctx)
 
     async def pull(self, name: str, progress: PullProgress) -> str:
-        from localinfer.model_store.store import Manifest
         from localinfer.service import pull_model
 
         got = await asyncio.to_thread(pull_model, name, self.settings, progress)

@@ -328,3 +328,15 @@ async def test_delete_from_the_picker(_private_home, quant_files):
         await pilot.press("y")
         await wait_until(pilot, lambda: "testmodel" not in [r.name for r in picker.rows])
         assert not target.exists()
+
+
+async def test_a_model_that_fails_to_load_keeps_the_message(_private_home):
+    app = make_app(_private_home, model="no-such-model")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not app.loading and app._notifications)
+        assert "not found" in list(app._notifications)[0].message
+        assert "no model" in app.status_bar.render()
+        app.prompt.load_text("Hello?")
+        await pilot.press("enter")
+        assert app.prompt.text == "Hello?" and not app.replying and app.conversation is None
+        assert any("Ctrl+T" in n.message for n in app._notifications)
