@@ -54,6 +54,7 @@ def _app(home) -> ChatApp:
 
 async def _opened(pilot) -> None:
     app = pilot.app
+    app.prompt.cursor_blink = False  # a blinking cursor would make the snapshot a coin toss
     while not app.model_ready.is_set():
         await pilot.pause(0.05)
     await app.open_conversation(1)
