@@ -145,6 +145,7 @@ def timings(stats: RequestStats) -> dict[str, Any]:
         "e2el_ms": ms(stats.e2el), "prompt_n": stats.prompt_tokens,
         "cached_n": stats.cached_tokens, "predicted_n": stats.generated_tokens,
         "prefill_tps": stats.prefill_tps, "decode_tps": stats.decode_tps,
+        "draft_n": stats.draft_tokens, "draft_n_accepted": stats.accepted_tokens,
     }
 
 

@@ -96,6 +96,10 @@ def run(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(
         "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
+    draft: Annotated[int, typer.Option(
+        min=0, max=64, help="Speculative decoding: guess up to N tokens a step from the text so "
+                            "far (prompt lookup); same reply, faster when it repeats [0: off].")
+    ] = 0,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -113,7 +117,8 @@ def run(
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
-        options = LoadOptions(n_ctx=ctx, n_threads=threads, kv_type=kv_type, flash_attn=flash_attn)
+        options = LoadOptions(n_ctx=ctx, n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
+                              draft_tokens=draft)
         try:
             backend = load_model(model, options)
         except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
@@ -348,6 +353,9 @@ def serve(
         min=0.0, help="While streams generate, hold each step to this many decode steps' time "
                       "by reading prompts in smaller pieces, e.g. 2 (smoother streams, slower "
                       "prompts) [off].")] = None,
+    draft: Annotated[int, typer.Option(
+        min=0, max=64, help="Speculative decoding for a lone stream: up to N prompt-lookup "
+                            "guesses a step [0: off].")] = 0,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(
@@ -376,6 +384,7 @@ def serve(
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
                               kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
+                              draft_tokens=draft,
                               **({} if step_budget is None else {"step_budget": step_budget}))
         run_server(settings, options, model, verbose)
 

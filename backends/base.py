@@ -90,6 +90,9 @@ class LoadOptions:
     # at 2, against 79x) but slows that prompt and, under load, short prompts' TTFT
     # (measured in the issue notes; bench/results/engine_mixed.md)
     step_budget: float | None = None
+    # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
+    # with each token and keep those the sampler agrees with (same output); 0 turns it off
+    draft_tokens: int = 0
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache
@@ -101,6 +104,8 @@ class LoadOptions:
         if self.step_budget is not None and self.step_budget != 0 and self.step_budget <= 1:
             raise InvalidRequest("the step budget is a multiple of a decode step: more than 1 "
                                  "(or 0 to turn it off)")
+        if not 0 <= self.draft_tokens <= 64:
+            raise InvalidRequest("draft tokens must be between 0 (off) and 64")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise InvalidRequest("a quantised KV cache needs flash attention — drop --no-flash-attn")
 

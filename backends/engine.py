@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import llama_cpp
 
+from localinfer.backends.draft import ngram_draft
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
 from localinfer.backends.metrics import EngineStats, RequestStats
@@ -41,6 +42,7 @@ __all__ = ["Engine", "Slot", "SlotState", "Task"]
 
 log = logging.getLogger("localinfer.engine")
 
+_MIN_DRAFT_QUALITY = 0.25
 _WAKE = object()
 _CLOSE = object()
 
@@ -73,6 +75,8 @@ class Slot:
     sampler: SamplerChain | None = None
     decoder: codecs.IncrementalDecoder | None = None
     stop: StopMatcher | None = None
+    draft: list[int] = field(default_factory=list)  # guesses in this step's batch
+    draft_quality: float = 1.0  # moving share of guesses accepted for the current request
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         n = 0
@@ -93,6 +97,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         prefill_chunk: int | None = None,
         step_budget: float | None = None,
+        draft_tokens: int = 0,
     ):
         self.native = native
         self.n_batch = max(n_batch, n_slots)
@@ -102,6 +107,8 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
         self.budget = StepBudget(step_budget)
+        # a lone stream also decodes up to this many prompt-lookup guesses per step (draft.py)
+        self.draft_tokens = draft_tokens
         self.n_ctx_slot = native.n_ctx() // n_slots
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -272,6 +279,7 @@ class Engine:
         slot.sampler = SamplerChain(self.native, task.params, task.prompt)
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         slot.stop = StopMatcher(task.params.stop)
+        slot.draft_quality = 1.0
         task.stats.started_at = self._clock()
         task.stats.prompt_tokens = len(task.prompt)
         task.stats.cached_tokens = n_keep
@@ -288,7 +296,9 @@ class Engine:
         self._counters["steps"] += 1
         self._counters["evaluated"] += n_prompt
         for slot in self.slots:
-            if slot.task and slot.batch_index >= 0:
+            if slot.task and slot.draft:
+                self._verify(slot)
+            elif slot.task and slot.batch_index >= 0:
                 token = slot.sampler.sample(self.native, slot.batch_index)
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
@@ -304,6 +314,7 @@ class Engine:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
                 n = self._add(n, slot, slot.next_token, logits=True)
+        n = self._add_draft(n)
         n_decode = n
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
         for slot in self.slots:
@@ -316,6 +327,55 @@ class Engine:
                 n = self._add(n, slot, prompt[i], logits=(i == len(prompt) - 1))
             slot.n_prompt_done = end
         return n_decode, n - n_decode
+
+    def _add_draft(self, n: int) -> int:
+        """A lone generating stream gets prompt-lookup guesses after its next token."""
+        generating = [s for s in self.slots if s.state is SlotState.GENERATING]
+        if (not self.draft_tokens or len(generating) != 1
+                or any(s.state is SlotState.PROCESSING_PROMPT for s in self.slots)):
+            return n
+        slot = generating[0]
+        # guesses that keep failing cost a prompt token's compute each: stop guessing, and
+        # probe with two every 16 tokens in case the text turns repetitive
+        probing = slot.draft_quality < _MIN_DRAFT_QUALITY
+        if probing and slot.task.stats.generated_tokens % 16:
+            return n
+        room = min(2 if probing else self.draft_tokens, self.n_batch - n, self.n_ctx_slot - len(slot.cache) - 1)
+        max_tokens = slot.task.params.max_tokens
+        if max_tokens is not None:  # no guesses past the last token it may write
+            room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
+        if room <= 0:
+            return n
+        slot.draft = ngram_draft(slot.cache, max_draft=room)
+        index = slot.batch_index
+        for token in slot.draft:
+            n = self._add(n, slot, token, logits=True)
+        slot.batch_index = index  # the real next token's logits come first
+        return n
+
+    def _verify(self, slot: Slot) -> None:
+        """Sample the real next token, then each guess's successor while the guesses hold.
+
+        Every emitted token is sampled by the request's own sampler from logits computed
+        with exactly the tokens before it, so the output is what plain decoding would give.
+        """
+        draft, slot.draft = slot.draft, []
+        task = slot.task
+        del slot.cache[len(slot.cache) - len(draft):]
+        task.stats.draft_tokens += len(draft)
+        token = slot.sampler.sample(self.native, slot.batch_index)
+        slot.state = SlotState.GENERATING
+        self._on_token(slot, token)
+        accepted = 0
+        while slot.task is task and accepted < len(draft) and token == draft[accepted]:
+            slot.cache.append(draft[accepted])  # its KV, computed this step, is valid
+            accepted += 1
+            token = slot.sampler.sample(self.native, slot.batch_index + accepted)
+            self._on_token(slot, token)
+        task.stats.accepted_tokens += accepted
+        slot.draft_quality += 0.3 * (accepted / len(draft) - slot.draft_quality)
+        # the rejected guesses' KV goes
+        llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, len(slot.cache), -1)
 
     def _add(self, n: int, slot: Slot, token: int, logits: bool) -> int:
         b = self._batch

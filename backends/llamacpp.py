@@ -48,7 +48,8 @@ class LlamaCppBackend(Backend):
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk,
-                             step_budget=options.step_budget)
+                             step_budget=options.step_budget,
+                             draft_tokens=options.draft_tokens)
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=options.n_threads or default_threads())
         self.info = ModelInfo(

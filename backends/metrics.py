@@ -33,6 +33,12 @@ class RequestStats:
     cached_tokens: int = 0
     finish_reason: str | None = None
     context_shifts: int = 0  # times the older half of the context was dropped to go on
+    draft_tokens: int = 0  # prompt-lookup guesses decoded (speculative decoding)
+    accepted_tokens: int = 0  # guesses that were what the sampler chose anyway
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else None
 
     @property
     def generated_tokens(self) -> int:
@@ -107,6 +113,8 @@ class RequestStats:
         parts.append(gen)
         if self.context_shifts:
             parts.append(f"context shifted {self.context_shifts}×")
+        if self.draft_tokens:
+            parts.append(f"drafts accepted {self.accepted_tokens}/{self.draft_tokens}")
         if self.finish_reason:
             parts.append(f"finish: {self.finish_reason}")
         return " · ".join(parts)
@@ -124,6 +132,8 @@ class RequestStats:
             "decode_tps": self.decode_tps,
             "finish_reason": self.finish_reason,
             "context_shifts": self.context_shifts,
+            "draft_tokens": self.draft_tokens,
+            "accepted_tokens": self.accepted_tokens,
         }
 
 
