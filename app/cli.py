@@ -202,20 +202,17 @@ def show(
 
     from localinfer.model_store.gguf_info import read_gguf_info
     from localinfer.model_store.hardware import detect
-    from localinfer.model_store.planner import ModelShape, WontFit, plan
+    from localinfer.model_store.planner import WontFit
     from localinfer.model_store.sources import resolve
+    from localinfer.service import plan_for
     from localinfer.settings import Settings
 
     with _user_errors():
         settings = Settings()
         resolved = resolve(model or settings.default_model, settings.models_dir)
         info = read_gguf_info(resolved.path)
-        hw = detect()
-        shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
-                           info.n_vocab, info.n_ctx_train)
         try:
-            chosen = plan(shape, {info.quant: info.file_size}, list(hw.gpus) if hw.gpu_offload
-                          else [], hw.ram_available_bytes, n_ctx=ctx, n_slots=parallel)
+            chosen = plan_for(info, detect(), n_ctx=ctx, n_slots=parallel)
             plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                          "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                          "memory_bytes": chosen.memory_bytes, "reason": chosen.reason}

@@ -17,14 +17,14 @@ from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
-from localinfer.model_store.planner import KV_BYTES, ModelShape, WontFit, plan
+from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, plan
 from localinfer.model_store.store import Manifest
 from localinfer.model_store.fit import check_context
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.settings import Settings
 
-__all__ = ["choose_quant", "load_model", "prepare", "pull_model"]
+__all__ = ["choose_quant", "load_model", "plan_for", "prepare", "pull_model"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -63,16 +63,21 @@ def prepare(
     return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
 
 
+def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
+             kv_type: str = "f16") -> Plan:
+    """The planner's plan for this one file on this machine; raises WontFit."""
+    gpus = list(hw.gpus) if hw.gpu_offload else []  # a CPU build cannot use them
+    return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
+                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
+
+
 def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
                kv_type: str = "f16") -> int:
     """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
     if hw is None or not hw.gpu_offload or not hw.gpus:
         return 0
-    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
-                       info.n_vocab, info.n_ctx_train)
     try:
-        chosen = plan(shape, {info.quant: info.file_size}, list(hw.gpus),
-                      hw.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type)
     except WontFit:
         return 0  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)
@@ -94,15 +99,13 @@ def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
                  hardware: Hardware | None = None) -> str:
     """The planner's pick for this machine, from the header of one file read remotely."""
     info = remote_info(ref.repo, min(files, key=lambda f: f.size))
-    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
-                       info.n_vocab, info.n_ctx_train)
     hardware = hardware or detect()
     gpus = list(hardware.gpus) if hardware.gpu_offload else []  # a CPU build cannot use them
     sizes = {f.quant: f.size for f in files if f.quant}
     if not sizes:
         raise ModelNotFound(f"{ref.repo} (no file names a quant)")
     try:
-        chosen = plan(shape, sizes, gpus, hardware.ram_available_bytes, n_ctx=n_ctx)
+        chosen = plan(info.shape(), sizes, gpus, hardware.ram_available_bytes, n_ctx=n_ctx)
     except WontFit as exc:
         raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
     log.info("plan for %s: %s", ref.installed_name, chosen.reason)

@@ -13,6 +13,7 @@ from typing import Any
 import gguf
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
+from localinfer.model_store.planner import ModelShape
 
 __all__ = ["GGUFInfo", "quant_name", "read_gguf_header", "read_gguf_info"]
 
@@ -35,6 +36,11 @@ class GGUFInfo:
     sliding_window: int | None
     n_vocab: int
     chat_template: str | None
+
+    def shape(self) -> ModelShape:
+        """What the fit planner needs to know of the model."""
+        return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
+                          self.n_vocab, self.n_ctx_train)
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """K and V for one token across all layers (f16 by default), as llama.cpp stores them."""

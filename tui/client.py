@@ -198,15 +198,12 @@ class LocalClient(ChatClient):
 def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
     """(badge, reason, quant, size) for a GGUF on disk, by the planner."""
     from localinfer.model_store.gguf_info import read_gguf_info
-    from localinfer.model_store.planner import ModelShape, WontFit, plan
+    from localinfer.model_store.planner import WontFit
+    from localinfer.service import plan_for
 
     info = read_gguf_info(path)
-    shape = ModelShape(info.n_layer, info.n_head_kv, info.head_dim_k, info.head_dim_v,
-                       info.n_vocab, info.n_ctx_train)
-    gpus = list(hw.gpus) if hw.gpu_offload else []
     try:
-        chosen = plan(shape, {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
-                      n_ctx=n_ctx)
+        chosen = plan_for(info, hw, n_ctx)
     except WontFit as exc:
         return "won't fit", str(exc), info.quant, info.file_size
     if chosen.device == "cpu":
