@@ -141,7 +141,7 @@ def engine_level(path: Path, clients: int, work: Workload, threads: int,
                  step_budget: float | None = None) -> dict:
     n_ctx = work.max_prompt + work.max_output + 16
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
-                                                n_gpu_layers=0, **_budget(step_budget)))
+                                                n_gpu_layers=0, step_budget=step_budget))
     try:
         rng = random.Random(work.seed)
         plans = [_requests(backend, work, work.requests_per_client, rng) for _ in range(clients)]
@@ -194,17 +194,12 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- scenarios
-def _budget(step_budget: float | None) -> dict:
-    """LoadOptions' arguments: None keeps the default budget, 0 turns it off."""
-    return {} if step_budget is None else {"step_budget": step_budget}
-
-
 def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
                      long_prompt: int = 2000, step_budget: float | None = None) -> dict:
     """Running streams' ITL while a long prompt is read, against their own median ITL."""
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
                                                 n_threads=threads, prefill_chunk=chunk,
-                                                n_gpu_layers=0, **_budget(step_budget)))
+                                                n_gpu_layers=0, step_budget=step_budget))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
         running = [backend.generate(_prompt(backend, 32, i), SamplingParams(

@@ -381,8 +381,7 @@ def serve(
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
                               kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
-                              draft_tokens=draft,
-                              **({} if step_budget is None else {"step_budget": step_budget}))
+                              draft_tokens=draft, step_budget=step_budget)
         run_server(settings, options, model, verbose)
 
 

@@ -26,8 +26,10 @@ def ngram_draft(tokens: Sequence[int], max_draft: int = 8, max_ngram: int = 3,
         if n_tokens <= n:
             continue
         tail = list(tokens[n_tokens - n:])
+        last = tail[-1]
         for start in range(n_tokens - n - 1, -1, -1):
-            if list(tokens[start:start + n]) == tail:
+            # it runs every step: compare one token before slicing n of them
+            if tokens[start + n - 1] == last and list(tokens[start:start + n]) == tail:
                 follow = tokens[start + n:start + n + max_draft]
                 return list(follow)
     return []

@@ -330,9 +330,11 @@ class Engine:
 
     def _add_draft(self, n: int) -> int:
         """A lone generating stream gets prompt-lookup guesses after its next token."""
+        if not self.draft_tokens:
+            return n
         generating = [s for s in self.slots if s.state is SlotState.GENERATING]
-        if (not self.draft_tokens or len(generating) != 1
-                or any(s.state is SlotState.PROCESSING_PROMPT for s in self.slots)):
+        if len(generating) != 1 or any(s.state is SlotState.PROCESSING_PROMPT
+                                       for s in self.slots):
             return n
         slot = generating[0]
         # guesses that keep failing cost a prompt token's compute each: stop guessing, and

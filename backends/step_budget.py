@@ -57,6 +57,8 @@ class StepBudget:
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> None:
         """Learn from one finished step: its duration and what it carried."""
+        if self.factor is None:
+            return  # off: nothing will ask
         if n_prompt == 0:
             if n_decode:
                 self.decode_s[n_decode] = _average(self.decode_s.get(n_decode), seconds)
