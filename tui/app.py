@@ -241,11 +241,7 @@ class ChatApp(App):
         self.history.append(saved)
         box.message_id, box.content = saved.id, text
         box.set_figures(figures)
-        self.status_bar.figures = figures
-        if figures:
-            self.status_bar.context_used = ((figures.get("prompt_tokens") or 0)
-                                            + (figures.get("generated_tokens") or 0))
-            self.status_bar.refresh()
+        self.status_bar.show_reply(figures)
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 
     def _fail_turn(self, error: str) -> None:
@@ -271,19 +267,14 @@ class ChatApp(App):
         await self._clear_messages()
         for message in self.history:
             await self._show(message)
-        last = next((m.figures for m in reversed(self.history) if m.figures), None)
-        self.status_bar.figures = last
-        self.status_bar.context_used = (((last.get("prompt_tokens") or 0)
-                                         + (last.get("generated_tokens") or 0)) if last else None)
+        self.status_bar.show_reply(next((m.figures for m in reversed(self.history)
+                                         if m.figures), None))
         wanted_ctx = conversation.params.get("n_ctx")
         if conversation.model and (conversation.model != self.model_name or wanted_ctx):
             self.load_model(conversation.model, wanted_ctx)
 
     async def _stop_reply(self) -> None:
-        for worker in self.workers:
-            if worker.group == "reply" and worker.state in (WorkerState.PENDING,
-                                                             WorkerState.RUNNING):
-                worker.cancel()
+        self.workers.cancel_group(self, "reply")
         while self.replying:  # the reply saves what it wrote before it ends
             await asyncio.sleep(0.02)
 
@@ -297,7 +288,7 @@ class ChatApp(App):
         self.conversation, self.history = None, []
         self.pending_settings = {"system": "", "params": {}}
         self.title = "localinfer"
-        self.status_bar.figures, self.status_bar.context_used = None, None
+        self.status_bar.show_reply(None)
         await self._clear_messages()
         self.prompt.focus()
 

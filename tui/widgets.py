@@ -118,6 +118,13 @@ class StatusBar(Static):
         super().__init__(markup=False)
         self.context_used: int | None = None
 
+    def show_reply(self, figures: dict[str, Any] | None) -> None:
+        """A finished reply's numbers; the context it leaves is its prompt plus its reply."""
+        self.context_used = ((figures.get("prompt_tokens") or 0)
+                             + (figures.get("generated_tokens") or 0)) if figures else None
+        self.figures = figures
+        self.refresh()
+
     def render(self) -> str:
         return f"{self._model_line()}\n{self._reply_line()}"
 

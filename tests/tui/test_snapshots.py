@@ -78,19 +78,11 @@ def test_model_picker(snap_compare, _private_home):
     assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=picker)
 
 
-def test_conversation_list(snap_compare, _private_home):
-    async def conversations(pilot) -> None:
+@pytest.mark.parametrize("key", ["ctrl+o", "ctrl+s"], ids=["conversations", "settings"])
+def test_dialog(snap_compare, _private_home, key):
+    async def dialog(pilot) -> None:
         await _opened(pilot)
-        await pilot.press("ctrl+o")
+        await pilot.press(key)
         await pilot.pause(0.2)
 
-    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=conversations)
-
-
-def test_settings(snap_compare, _private_home):
-    async def settings(pilot) -> None:
-        await _opened(pilot)
-        await pilot.press("ctrl+s")
-        await pilot.pause(0.2)
-
-    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=settings)
+    assert snap_compare(_app(_private_home), terminal_size=(80, 24), run_before=dialog)
