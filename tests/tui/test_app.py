@@ -295,13 +295,11 @@ async def test_rename_export_and_delete_from_the_conversation_list(_private_home
         assert not app.query(MessageBox)
 
 
-async def test_delete_from_the_picker(_private_home, quant_files):
+def _installed_hub_model(home, quant_files):
+    """An installed hub model, as a pull leaves it: the file and its manifest."""
     import json
 
-    from localinfer.tui.screens import ConfirmScreen
-
-    # an installed hub model, as a pull leaves it: the file and its manifest
-    models = _private_home / "models"
+    models = home / "models"
     target = models / "hub" / "testorg" / "repo" / "m-Q8_0.gguf"
     target.parent.mkdir(parents=True)
     target.write_bytes(quant_files["Q8_0"].read_bytes())
@@ -310,6 +308,25 @@ async def test_delete_from_the_picker(_private_home, quant_files):
         "name": "testmodel", "repo": "testorg/repo", "file": "m-Q8_0.gguf", "quant": "Q8_0",
         "sha256": "", "size": target.stat().st_size, "pulled_at": "2026-11-22T00:00:00+00:00",
         "source": "hub"}))
+    return target
+
+
+async def test_the_model_in_use_is_not_deleted(_private_home, quant_files):
+    from localinfer.errors import LocalinferError
+
+    target = _installed_hub_model(_private_home, quant_files)
+    app = make_app(_private_home, model="testmodel")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        with pytest.raises(LocalinferError, match="in use"):
+            await app.client.delete("testmodel")
+        assert target.exists()
+
+
+async def test_delete_from_the_picker(_private_home, quant_files):
+    from localinfer.tui.screens import ConfirmScreen
+
+    target = _installed_hub_model(_private_home, quant_files)
     app = make_app(_private_home)
     async with app.run_test(size=(100, 30)) as pilot:
         await wait_until(pilot, app.model_ready.is_set)

@@ -106,3 +106,14 @@ async def test_pull_from_the_picker_with_progress(hub, _private_home):
         await pilot.press("enter")  # and use it
         await wait_until(pilot, lambda: app.model_name == name and app.model_ready.is_set())
         assert "Q8_0" in app.status_bar.render()
+
+
+@pytest.mark.slow
+async def test_the_servers_own_error_reaches_the_user(served, _private_home):
+    app = ChatApp(RemoteClient(served.url), ConversationStore(_private_home / "chats.db"),
+                  "no-such-model")
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, lambda: not app.loading and app._notifications)
+        (note,) = list(app._notifications)
+        assert "no-such-model" in note.message and "not found" in note.message
+        assert note.severity == "error" and not app.model_ready.is_set()
