@@ -66,9 +66,9 @@ class Options(_Lenient):
             repeat_penalty=self.repeat_penalty, presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty, seed=self.seed, max_tokens=max_tokens,
             stop=tuple(self.stop or ()), grammar=grammar,
-            # as Ollama: a full context drops its older half and the reply goes on
-            # (num_predict -2 means "until the context is full", so no shifting then)
-            context_shift=self.num_predict != -2, n_keep=self.num_keep,
+            # as Ollama: a full context drops its older half and a reply with num_predict
+            # goes on (without one, or with -2 "fill the context", it ends there)
+            context_shift=True, n_keep=self.num_keep,
         )
 
 

@@ -45,7 +45,8 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None  # GBNF; the reply must match it (see backends/grammar.py)
     # when the context fills up: drop the older half (after the first n_keep prompt tokens)
-    # and go on, as Ollama does, instead of ending with "length"
+    # and go on, as Ollama does, instead of ending with "length" — only for a request with
+    # max_tokens, so no reply can run for ever
     context_shift: bool = False
     n_keep: int = 0
 

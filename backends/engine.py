@@ -406,7 +406,10 @@ class Engine:
         if max_tokens is not None and task.stats.generated_tokens >= max_tokens:
             return self._finish(slot, "length")
         if len(slot.cache) >= self.n_ctx_slot:  # no cell left to feed this token back
-            if not (task.params.context_shift and self._shift_context(slot)):
+            # shifting only with a limit: without one, a model that never writes its end
+            # token would hold the slot for ever
+            shift = task.params.context_shift and task.params.max_tokens is not None
+            if not (shift and self._shift_context(slot)):
                 return self._finish(slot, "length")
         slot.next_token = token
 

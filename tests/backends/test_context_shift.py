@@ -59,3 +59,13 @@ def test_shifting_on_a_sliding_window_model(gemma3_path):
         _, stats, text = _long_reply(backend, shift=True, max_tokens=400)
         assert stats.finish_reason == "length" and text
         assert stats.context_shifts >= 1 and stats.generated_tokens == 400
+
+
+def test_without_a_token_limit_there_is_no_shifting(small):
+    """A reply with no max_tokens must end: a full context stops it even when shifting."""
+    prompt = small.tokenize("List the numbers from one to one thousand: one, two, three,")
+    generation = small.generate(prompt, SamplingParams(
+        temperature=0, logit_bias={small.native.eos(): -100}, context_shift=True))
+    generation.text()
+    assert generation.stats.finish_reason == "length"
+    assert generation.stats.context_shifts == 0
