@@ -355,6 +355,10 @@ def serve(
                             "guesses a step [0: off].")] = 0,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
+    kv_unified: Annotated[bool, typer.Option(
+        "--kv-unified", help="One KV pool for all requests: a long chat may use what idle "
+                             "slots leave; requests wait for free cells [off: a fixed share "
+                             "each].")] = False,
     flash_attn: Annotated[Optional[bool], typer.Option(
         "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
     api_key: Annotated[Optional[str], typer.Option(
@@ -381,7 +385,8 @@ def serve(
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
                               kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
-                              draft_tokens=draft, step_budget=step_budget)
+                              draft_tokens=draft, step_budget=step_budget,
+                              kv_unified=kv_unified)
         run_server(settings, options, model, verbose)
 
 

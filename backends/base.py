@@ -94,6 +94,12 @@ class LoadOptions:
     # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
     # with each token and keep those the sampler agrees with (same output); 0 turns it off
     draft_tokens: int = 0
+    # one pool of n_ctx × n_slots cells shared by every request instead of a fixed share
+    # each: one long chat may use what idle slots do not need (up to the trained context);
+    # requests are admitted by free cells, and when streams outgrow the pool the newest
+    # yields its cells and is rebuilt later. Decode is slower with many long contexts (each
+    # stream attends over the whole pool), so off by default (measured in the issue notes)
+    kv_unified: bool = False
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache

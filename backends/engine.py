@@ -54,12 +54,29 @@ class SlotState(enum.Enum):
 
 
 @dataclass
+class Resume:
+    """What a preempted request needs to go on where it stopped, once its KV is rebuilt."""
+
+    tokens: list[int]  # whose KV it held: the prompt and what it had generated (shifts applied)
+    next_token: int  # sampled, not yet fed to the model
+    sampler: SamplerChain
+    decoder: codecs.IncrementalDecoder
+    stop: StopMatcher
+
+
+@dataclass
 class Task:
     id: int
     prompt: list[int]
     params: SamplingParams
     generation: Generation
     stats: RequestStats
+    resume: Resume | None = None
+
+    def close(self) -> None:
+        if self.resume:
+            self.resume.sampler.close()
+            self.resume = None
 
 
 @dataclass
@@ -69,6 +86,7 @@ class Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
     last_used: float = 0.0
     task: Task | None = None
+    to_read: list[int] = field(default_factory=list)  # the prompt, or a preempted one's tokens
     n_prompt_done: int = 0
     next_token: int = -1  # sampled last step, fed to the model this step
     batch_index: int = -1  # where this slot's logits sit in the current batch, -1 if none
@@ -98,6 +116,7 @@ class Engine:
         prefill_chunk: int | None = None,
         step_budget: float | None = None,
         draft_tokens: int = 0,
+        unified: bool = False,
     ):
         self.native = native
         self.n_batch = max(n_batch, n_slots)
@@ -109,7 +128,14 @@ class Engine:
         self.budget = StepBudget(step_budget)
         # a lone stream also decodes up to this many prompt-lookup guesses per step (draft.py)
         self.draft_tokens = draft_tokens
-        self.n_ctx_slot = native.n_ctx() // n_slots
+        self.n_cells = native.n_ctx()
+        # split: each sequence owns n_cells / n_slots cells. unified: one pool of cells for
+        # all, any request may grow to the pool (up to the trained context), and requests
+        # are admitted, and if need be preempted, by free cells
+        self.unified = unified
+        self.n_ctx_slot = self.n_cells // n_slots
+        if unified:
+            self.n_ctx_slot = max(self.n_ctx_slot, min(self.n_cells, native.n_ctx_train()))
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
@@ -119,7 +145,8 @@ class Engine:
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
-        self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0}
+        self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0,
+                          "preempted": 0}
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
@@ -157,6 +184,7 @@ class Engine:
             tokens_evaluated=self._counters["evaluated"],
             tokens_generated=self._counters["generated"],
             requests_finished=self._counters["finished"],
+            preemptions=self._counters["preempted"],
         )
 
     def _check_params(self, params: SamplingParams) -> None:
@@ -197,6 +225,8 @@ class Engine:
             if not any(s.task for s in self.slots):
                 continue
             try:
+                if self.unified:
+                    self._make_room_for_decode()
                 self._step()
             except Exception as exc:  # never let one bad step kill the engine thread
                 log.exception("decode step failed")
@@ -221,6 +251,7 @@ class Engine:
         for task in [t for t in self._waiting if t.generation.cancelled]:
             self._waiting.remove(task)
             self._dequeued()
+            task.close()
             task.stats.finish_reason = "cancelled"
             task.generation.put(DoneEvent(task.stats))
         for slot in self.slots:
@@ -232,10 +263,14 @@ class Engine:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
             if not idle:
                 return
-            task = self._waiting.popleft()
-            self._dequeued()
+            task = self._waiting[0]
+            tokens = task.resume.tokens if task.resume else task.prompt
             # the longest cached prefix wins; among equals, the least recently used
-            slot = max(idle, key=lambda s: (s.common_prefix(task.prompt), -s.last_used))
+            slot = max(idle, key=lambda s: (s.common_prefix(tokens), -s.last_used))
+            if self.unified and not self._admit(slot, tokens):
+                return  # first come, first served: nobody overtakes the head of the queue
+            self._waiting.popleft()
+            self._dequeued()
             self._start(slot, task)
 
     def _dequeued(self) -> None:
@@ -266,25 +301,96 @@ class Engine:
         slot.cache = list(prompt[:shared])
 
     def _start(self, slot: Slot, task: Task) -> None:
-        self._borrow_prefix(slot, task.prompt)
-        # keep at least one prompt token to evaluate: its logits give the first token
-        n_keep = min(slot.common_prefix(task.prompt), len(task.prompt) - 1)
+        resume, task.resume = task.resume, None
+        tokens = resume.tokens if resume else task.prompt
+        self._borrow_prefix(slot, tokens)
+        # a new prompt keeps at least one token to evaluate: its logits give the first token
+        n_keep = min(slot.common_prefix(tokens), len(tokens) - (0 if resume else 1))
         if not llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, n_keep, -1):
             llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
             n_keep = 0
         del slot.cache[n_keep:]
         slot.task = task
-        slot.state = SlotState.PROCESSING_PROMPT
+        slot.to_read = tokens
         slot.n_prompt_done = n_keep
+        slot.draft_quality = 1.0
+        if resume:
+            slot.sampler, slot.decoder, slot.stop = resume.sampler, resume.decoder, resume.stop
+            slot.next_token = resume.next_token
+            slot.state = SlotState.PROCESSING_PROMPT if n_keep < len(tokens) else SlotState.GENERATING
+            log.debug("slot %d: task %d resumes, %d tokens, %d cached",
+                      slot.id, task.id, len(tokens), n_keep)
+            return
+        slot.state = SlotState.PROCESSING_PROMPT
         slot.sampler = SamplerChain(self.native, task.params, task.prompt)
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         slot.stop = StopMatcher(task.params.stop)
-        slot.draft_quality = 1.0
         task.stats.started_at = self._clock()
         task.stats.prompt_tokens = len(task.prompt)
         task.stats.cached_tokens = n_keep
         log.debug("slot %d: task %d, %d prompt tokens, %d cached",
                   slot.id, task.id, len(task.prompt), n_keep)
+
+    # ------------------------------------------------------------ unified cache: cells
+    # Cells are counted as the tokens each slot holds. A prefix one slot borrowed from
+    # another shares its cells in llama.cpp but is counted twice here: the count errs on the
+    # safe side, so a decode never finds the cache full.
+    _ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
+
+    def _free_cells(self) -> int:
+        return self.n_cells - sum(len(s.cache) for s in self.slots)
+
+    def _admit(self, slot: Slot, tokens: list[int]) -> bool:
+        """Whether the head of the queue may start: its tokens fit, with room to grow."""
+        need = len(tokens) - slot.common_prefix(tokens) + 1
+        active = sum(1 for s in self.slots if s.task)
+        if active:  # running streams keep some cells to grow into before anyone is preempted
+            need += self._ROOM_PER_STREAM * active
+        return self._make_room(need, keep=slot)
+
+    def _make_room(self, need: int, keep: Slot | None = None) -> bool:
+        """Free cells held by finished requests' prefixes, least recently used first."""
+        idle = sorted((s for s in self.slots if s.task is None and s.cache and s is not keep),
+                      key=lambda s: s.last_used)
+        while self._free_cells() < need and idle:
+            self._forget(idle.pop(0))
+        return self._free_cells() >= need
+
+    def _forget(self, slot: Slot) -> None:
+        llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+        slot.cache.clear()
+
+    def _make_room_for_decode(self) -> None:
+        """Every generating stream needs a cell this step: the newest requests yield theirs."""
+        need = sum(1 for s in self.slots if s.state is SlotState.GENERATING)
+        while not self._make_room(need):
+            active = [s for s in self.slots if s.task]
+            if len(active) < 2:
+                return  # a lone request never outgrows the pool (n_ctx_slot <= n_cells)
+            newest = max(active, key=lambda s: s.task.stats.submitted_at)
+            if newest.state is SlotState.GENERATING:
+                need -= 1
+            self._preempt(newest)
+
+    def _preempt(self, slot: Slot) -> None:
+        """Drop a request's KV and queue it first, to be rebuilt from its tokens later.
+
+        One still reading its prompt starts over; one generating keeps its sampler, text
+        decoder and stop matcher, so it goes on exactly where it was.
+        """
+        task = slot.task
+        task.stats.preemptions += 1
+        self._counters["preempted"] += 1
+        if slot.state is SlotState.GENERATING:
+            task.resume = Resume(list(slot.cache), slot.next_token, slot.sampler,
+                                 slot.decoder, slot.stop)
+            slot.sampler = None  # now the task's
+        log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
+        self._forget(slot)
+        self._release(slot)
+        self._waiting.appendleft(task)
+        with self._lock:
+            self._n_queued += 1
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -302,6 +408,9 @@ class Engine:
                 token = slot.sampler.sample(self.native, slot.batch_index)
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
+            elif (slot.state is SlotState.PROCESSING_PROMPT
+                  and slot.n_prompt_done == len(slot.to_read) and slot.to_read is not slot.task.prompt):
+                slot.state = SlotState.GENERATING  # a resumed request: its next token is known
         seconds = time.perf_counter() - started
         self.budget.observe(seconds, n_decode, n_prompt)
         if self.on_step is not None:
@@ -317,14 +426,17 @@ class Engine:
         n = self._add_draft(n)
         n_decode = n
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
+        if self.unified:  # (the decode tokens' cells are already counted in the caches)
+            allowed = min(allowed, self._free_cells())
         for slot in self.slots:
             room = min(self.prefill_chunk, allowed - (n - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
-            prompt = slot.task.prompt
+            prompt = slot.to_read
+            sample_last = prompt is slot.task.prompt  # a resumed request's next token is known
             end = min(len(prompt), slot.n_prompt_done + room)
             for i in range(slot.n_prompt_done, end):
-                n = self._add(n, slot, prompt[i], logits=(i == len(prompt) - 1))
+                n = self._add(n, slot, prompt[i], logits=sample_last and i == len(prompt) - 1)
             slot.n_prompt_done = end
         return n_decode, n - n_decode
 
@@ -343,6 +455,8 @@ class Engine:
         if probing and slot.task.stats.generated_tokens % 16:
             return n
         room = min(2 if probing else self.draft_tokens, self.n_batch - n, self.n_ctx_slot - len(slot.cache) - 1)
+        if self.unified:
+            room = min(room, self._free_cells())
         max_tokens = slot.task.params.max_tokens
         if max_tokens is not None:  # no guesses past the last token it may write
             room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
@@ -449,6 +563,7 @@ class Engine:
         if slot.sampler:
             slot.sampler.close()
         slot.sampler = slot.decoder = slot.stop = slot.task = None
+        slot.to_read = []
         slot.state = SlotState.IDLE
         slot.batch_index = -1
         slot.last_used = self._clock()
@@ -465,7 +580,9 @@ class Engine:
     def _fail_all(self, error: LocalinferError) -> None:
         self._fail_active(error)
         while self._waiting:
-            self._waiting.popleft().generation.put(ErrorEvent(error))
+            task = self._waiting.popleft()
+            task.close()
+            task.generation.put(ErrorEvent(error))
         while True:
             try:
                 item = self._inbox.get_nowait()

@@ -51,7 +51,7 @@ class NativeModel:
 
     def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
                  n_threads: int, n_gpu_layers: int = 0, kv_type: str = "f16",
-                 flash_attn: bool | None = None):
+                 flash_attn: bool | None = None, kv_unified: bool = False):
         route_llama_log()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
@@ -70,6 +70,9 @@ class NativeModel:
         cparams.no_perf = True
         # Keep every sliding-window layer's cells so a cached prefix can be reused at any length.
         cparams.swa_full = True
+        # unified: one pool of cells for every sequence (a prefix copied between sequences
+        # shares its cells); split: a fixed stream of n_ctx / n_slots cells per sequence
+        cparams.kv_unified = kv_unified
         cparams.type_k = cparams.type_v = _KV_TYPES[kv_type]
         cparams.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                                    True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,

@@ -38,6 +38,7 @@ class LlamaCppBackend(Backend):
             n_gpu_layers=options.n_gpu_layers or 0,
             kv_type=options.kv_type,
             flash_attn=options.flash_attn,
+            kv_unified=options.kv_unified,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
@@ -49,7 +50,8 @@ class LlamaCppBackend(Backend):
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk,
                              step_budget=options.step_budget,
-                             draft_tokens=options.draft_tokens)
+                             draft_tokens=options.draft_tokens,
+                             unified=options.kv_unified)
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=options.n_threads or default_threads())
         self.info = ModelInfo(

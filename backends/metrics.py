@@ -35,6 +35,9 @@ class RequestStats:
     context_shifts: int = 0  # times the older half of the context was dropped to go on
     draft_tokens: int = 0  # prompt-lookup guesses decoded (speculative decoding)
     accepted_tokens: int = 0  # guesses that were what the sampler chose anyway
+    # times its KV was dropped to make room for older requests in a shared (unified) cache,
+    # and rebuilt from its tokens when cells came free
+    preemptions: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -134,6 +137,7 @@ class RequestStats:
             "context_shifts": self.context_shifts,
             "draft_tokens": self.draft_tokens,
             "accepted_tokens": self.accepted_tokens,
+            "preemptions": self.preemptions,
         }
 
 
@@ -150,3 +154,4 @@ class EngineStats:
     tokens_evaluated: int  # prompt tokens decoded, cached ones excluded
     tokens_generated: int
     requests_finished: int
+    preemptions: int = 0  # requests whose KV was dropped to make room, and later rebuilt

@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from .conftest import start_server, stop_server
+
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Count to five.",
            "What is 2 + 2?", "Say hello in Spanish.", "What is the largest ocean?",
            "Name a fruit.", "What colour is the sky?"]
@@ -80,3 +82,20 @@ def test_a_bad_prompt_in_a_batch_leaves_nothing_running(server):
     assert server.post("/v1/completions", json=body).status_code == 400
     time.sleep(0.3)
     assert _metric(server, "localinfer_slots_active") == 0
+
+
+def test_serve_with_one_kv_pool_takes_a_prompt_longer_than_a_share(tmp_path):
+    """--kv-unified: 2 slots × 128 tokens make one pool of 256 cells, and one chat may use it."""
+    server = start_server(tmp_path, "--model", "smollm2:135m", "--parallel", "2", "--ctx", "128",
+                          "--kv-unified")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        story = "The sea was calm and the boat moved on. " * 16  # about 170 tokens
+        reply = client.chat.completions.create(
+            model="smollm2:135m", temperature=0, max_tokens=8,
+            messages=[{"role": "user", "content": story + "Where was the boat?"}])
+        assert reply.usage.prompt_tokens > 128 and reply.choices[0].message.content
+        assert _metric(server, "localinfer_kv_cells") == 256
+        assert "localinfer_preemptions" in server.get("/metrics").text
+    finally:
+        stop_server(server)
