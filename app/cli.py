@@ -100,6 +100,9 @@ def run(
         min=0, max=64, help="Speculative decoding: guess up to N tokens a step from the text so "
                             "far (prompt lookup); same reply, faster when it repeats [0: off].")
     ] = 0,
+    draft_model: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding with this small model of the same family guessing (8 "
+             "tokens a step unless --draft says); same reply.")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -118,7 +121,7 @@ def run(
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
         options = LoadOptions(n_ctx=ctx, n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
-                              draft_tokens=draft)
+                              draft_tokens=draft, draft_model=draft_model)
         try:
             backend = load_model(model, options)
         except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
@@ -353,6 +356,9 @@ def serve(
     draft: Annotated[int, typer.Option(
         min=0, max=64, help="Speculative decoding for a lone stream: up to N prompt-lookup "
                             "guesses a step [0: off].")] = 0,
+    draft_model: Annotated[Optional[str], typer.Option(
+        help="Speculative decoding for a lone stream with this small model of the same family "
+             "guessing (8 tokens a step unless --draft says).")] = None,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     kv_unified: Annotated[bool, typer.Option(
@@ -385,8 +391,8 @@ def serve(
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
                               kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
-                              draft_tokens=draft, step_budget=step_budget,
-                              kv_unified=kv_unified)
+                              draft_tokens=draft, draft_model=draft_model,
+                              step_budget=step_budget, kv_unified=kv_unified)
         run_server(settings, options, model, verbose)
 
 

@@ -60,7 +60,11 @@ def prepare(
     if not n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name,
                       KV_BYTES[options.kv_type])
-    return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers)
+    draft_model = options.draft_model
+    if draft_model:  # a name or a path: it comes from whoever starts us, never the network
+        draft_model = str(resolve(draft_model, settings.models_dir).path)
+    return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
+                                            draft_model=draft_model)
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,

@@ -94,6 +94,9 @@ class LoadOptions:
     # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
     # with each token and keep those the sampler agrees with (same output); 0 turns it off
     draft_tokens: int = 0
+    # guess with this small model of the same family (a GGUF path; names are resolved by the
+    # service) instead of prompt lookup; draft_tokens 0 then means 8
+    draft_model: str | None = None
     # one pool of n_ctx × n_slots cells shared by every request instead of a fixed share
     # each: one long chat may use what idle slots do not need (up to the trained context);
     # requests are admitted by free cells, and when streams outgrow the pool the newest

@@ -1,17 +1,26 @@
-"""Prompt-lookup drafting for speculative decoding: guess the next tokens from the text so far.
+"""Drafting for speculative decoding: guess the next tokens, from the text so far or a small model.
 
 When the last few tokens of a sequence appeared earlier in it (the prompt quoted back, code
 being edited, a list continuing), the tokens that followed them then are a good guess for
 what follows now. The engine decodes the guesses in the same step as the real next token and
 keeps the ones the sampler would have chosen anyway, so the output is exactly what plain
 decoding gives — only faster when guesses are right.
+
+A draft model (a small model of the same family: same vocabulary) guesses instead when one
+is configured; it costs its own decode steps, and pays when it is much smaller than the
+model and agrees with it often.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-__all__ = ["ngram_draft"]
+import llama_cpp
+
+from localinfer.backends.llama_native import NativeModel
+from localinfer.errors import ModelLoadFailed
+
+__all__ = ["DraftModel", "ngram_draft"]
 
 
 def ngram_draft(tokens: Sequence[int], max_draft: int = 8, max_ngram: int = 3,
@@ -33,3 +42,97 @@ def ngram_draft(tokens: Sequence[int], max_draft: int = 8, max_ngram: int = 3,
                 follow = tokens[start + n:start + n + max_draft]
                 return list(follow)
     return []
+
+
+class DraftModel:
+    """A small model with the same vocabulary that guesses the next tokens greedily.
+
+    It keeps the KV of the last sequence it was asked about, so from one step to the next it
+    reads only the tokens it has not seen (the target's accepted tokens) before guessing.
+    """
+
+    def __init__(self, path: str, target: NativeModel, n_ctx: int, n_batch: int,
+                 n_threads: int, n_gpu_layers: int = 0):
+        self.native = NativeModel(path, n_ctx_total=n_ctx, n_slots=1, n_batch=n_batch,
+                                  n_threads=n_threads, n_gpu_layers=n_gpu_layers)
+        try:
+            _check_same_vocabulary(self.native, target)
+        except ModelLoadFailed:
+            self.native.close()
+            raise
+        self.n_ctx = self.native.n_ctx()
+        self.n_batch = self.native.n_batch()
+        self.cache: list[int] = []
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        chain_params = llama_cpp.llama_sampler_chain_default_params()
+        self._greedy = llama_cpp.llama_sampler_chain_init(chain_params)
+        llama_cpp.llama_sampler_chain_add(self._greedy, llama_cpp.llama_sampler_init_greedy())
+
+    def propose(self, tokens: Sequence[int], max_draft: int) -> list[int]:
+        """Up to `max_draft` tokens the draft model would write after `tokens`."""
+        if max_draft <= 0 or len(tokens) + max_draft > self.n_ctx:
+            return []
+        # keep what it has seen, but read at least the last token again for its logits
+        keep = min(_common_prefix(self.cache, tokens), len(tokens) - 1)
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.native.ctx), 0, keep, -1)
+        del self.cache[keep:]
+        for start in range(keep, len(tokens), self.n_batch):
+            if not self._decode(tokens[start:start + self.n_batch], last_logits=True):
+                return []
+        draft: list[int] = []
+        while True:
+            token = llama_cpp.llama_sampler_sample(self._greedy, self.native.ctx, -1)
+            if self.native.is_eog(token):
+                return draft
+            draft.append(token)
+            # the last guess need not be read: the target checks it
+            if len(draft) == max_draft or not self._decode([token], last_logits=True):
+                return draft
+
+    def _decode(self, tokens: Sequence[int], last_logits: bool) -> bool:
+        b = self._batch
+        for i, token in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i] = token, len(self.cache) + i, 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = last_logits and i == len(tokens) - 1
+        b.n_tokens = len(tokens)
+        if llama_cpp.llama_decode(self.native.ctx, b) != 0:
+            self.cache.clear()  # unknown state: start over next time
+            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.native.ctx), True)
+            return False
+        self.cache.extend(tokens)
+        return True
+
+    def close(self) -> None:
+        if self._greedy:
+            llama_cpp.llama_sampler_free(self._greedy)
+            llama_cpp.llama_batch_free(self._batch)
+            self._greedy = None
+            self.native.close()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _check_same_vocabulary(draft: NativeModel, target: NativeModel) -> None:
+    """Guesses are token ids: both models must mean the same text by each id."""
+    why = None
+    if draft.n_vocab != target.n_vocab:
+        why = f"{draft.n_vocab} tokens against {target.n_vocab}"
+    elif (draft.bos(), draft.eos()) != (target.bos(), target.eos()):
+        why = "different start and end tokens"
+    else:
+        differing = next((t for t in range(target.n_vocab)
+                          if draft.token_text(t) != target.token_text(t)), None)
+        if differing is not None:
+            why = f"token {differing} is {draft.token_text(differing)!r} against " \
+                  f"{target.token_text(differing)!r}"
+    if why:
+        raise ModelLoadFailed(f"the draft model's vocabulary is not the model's ({why}) — "
+                              "pick a smaller model of the same family")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import llama_cpp
 
-from localinfer.backends.draft import ngram_draft
+from localinfer.backends.draft import DraftModel, ngram_draft
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
 from localinfer.backends.metrics import EngineStats, RequestStats
@@ -117,6 +117,7 @@ class Engine:
         step_budget: float | None = None,
         draft_tokens: int = 0,
         unified: bool = False,
+        drafter: DraftModel | None = None,
     ):
         self.native = native
         self.n_batch = max(n_batch, n_slots)
@@ -128,6 +129,7 @@ class Engine:
         self.budget = StepBudget(step_budget)
         # a lone stream also decodes up to this many prompt-lookup guesses per step (draft.py)
         self.draft_tokens = draft_tokens
+        self.drafter = drafter  # guesses from a small model instead of prompt lookup; owned
         self.n_cells = native.n_ctx()
         # split: each sequence owns n_cells / n_slots cells. unified: one pool of cells for
         # all, any request may grow to the pool (up to the trained context), and requests
@@ -215,6 +217,8 @@ class Engine:
         self._inbox.put(_CLOSE)
         self._thread.join()
         llama_cpp.llama_batch_free(self._batch)
+        if self.drafter is not None:
+            self.drafter.close()
         self.native.close()
 
     # ------------------------------------------------------------------ engine thread
@@ -441,7 +445,7 @@ class Engine:
         return n_decode, n - n_decode
 
     def _add_draft(self, n: int) -> int:
-        """A lone generating stream gets prompt-lookup guesses after its next token."""
+        """A lone generating stream gets guesses after its next token (draft model or lookup)."""
         if not self.draft_tokens:
             return n
         generating = [s for s in self.slots if s.state is SlotState.GENERATING]
@@ -462,7 +466,10 @@ class Engine:
             room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
         if room <= 0:
             return n
-        slot.draft = ngram_draft(slot.cache, max_draft=room)
+        if self.drafter is not None:
+            slot.draft = self.drafter.propose(slot.cache, room)
+        else:
+            slot.draft = ngram_draft(slot.cache, max_draft=room)
         index = slot.batch_index
         for token in slot.draft:
             n = self._add(n, slot, token, logits=True)

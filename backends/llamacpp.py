@@ -11,6 +11,7 @@ import psutil
 
 from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
+from localinfer.backends.draft import DraftModel
 from localinfer.backends.embeddings import Embedder
 from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
@@ -47,13 +48,25 @@ class LlamaCppBackend(Backend):
             eos_token=self.native.token_text(self.native.eos()),
         )
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
+        n_threads = options.n_threads or default_threads()
+        drafter = None
+        if options.draft_model:
+            try:
+                # small next to the model: all on the GPU whenever the model uses one
+                drafter = DraftModel(options.draft_model, self.native,
+                                     n_ctx=n_ctx * (options.n_slots if options.kv_unified else 1),
+                                     n_batch=n_batch, n_threads=n_threads,
+                                     n_gpu_layers=999 if options.n_gpu_layers else 0)
+            except Exception:
+                self.native.close()
+                raise
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk,
                              step_budget=options.step_budget,
-                             draft_tokens=options.draft_tokens,
-                             unified=options.kv_unified)
+                             draft_tokens=options.draft_tokens or (8 if drafter else 0),
+                             unified=options.kv_unified, drafter=drafter)
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
-                                 n_threads=options.n_threads or default_threads())
+                                 n_threads=n_threads)
         self.info = ModelInfo(
             name=name or Path(path).stem,
             path=path,

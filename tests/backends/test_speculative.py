@@ -7,7 +7,7 @@ import pytest
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.draft import ngram_draft
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.errors import InvalidRequest
+from localinfer.errors import InvalidRequest, ModelLoadFailed
 
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
         "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n")
@@ -66,3 +66,44 @@ def test_guessing_stops_when_guesses_keep_failing(smollm2_path):
     assert stats.acceptance_rate is None or stats.acceptance_rate < 0.5  # little to look up
     # 8 guesses a step at first, then probes of 2 every 16 tokens: far fewer than 8 a token
     assert stats.draft_tokens < 2 * stats.generated_tokens
+
+
+# ---------------------------------------------------------------- a draft model guessing
+OPEN = [{"role": "user", "content": "Why is the sky blue? Explain in detail."}]
+
+
+def _draft_run(path, draft_model, messages, max_tokens: int = 120, draft: int = 0):
+    options = LoadOptions(n_ctx=1024, draft_model=draft_model and str(draft_model),
+                          draft_tokens=draft)
+    with LlamaCppBackend(path, options, name="model") as backend:
+        generation = backend.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens))
+        text = generation.text()
+        return text, generation.stats, backend.stats().steps
+
+
+def test_a_draft_model_gives_the_plain_greedy_reply_in_fewer_steps(quant_files):
+    """The Q8_0 model, guessed for by its Q4_1 quantisation: the same vocabulary, mostly
+    the same choices, different numbers — so some guesses fail and are thrown away."""
+    target, draft = quant_files["Q8_0"], quant_files["Q4_1"]
+    rates = {}
+    for name, messages in (("open", OPEN), ("code", ASK)):
+        plain, plain_stats, plain_steps = _draft_run(target, None, messages)
+        fast, stats, steps = _draft_run(target, draft, messages)
+        assert fast == plain, name
+        assert stats.generated_tokens == plain_stats.generated_tokens
+        assert stats.draft_tokens > 0 and 0.5 < stats.acceptance_rate <= 1, name
+        assert steps < plain_steps
+        rates[name] = stats.acceptance_rate
+    # an open question is where a draft model beats prompt lookup: nothing there to look up
+    _, lookup, _ = _draft_run(target, None, OPEN, draft=8)
+    assert rates["open"] > (lookup.acceptance_rate or 0)
+
+
+def test_max_tokens_is_exact_with_a_draft_model(quant_files):
+    _, stats, _ = _draft_run(quant_files["Q8_0"], quant_files["Q4_1"], OPEN, max_tokens=5)
+    assert stats.generated_tokens == 5 and stats.finish_reason == "length"
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused(smollm2_path, gemma3_path):
+    with pytest.raises(ModelLoadFailed, match="vocabulary"):
+        _draft_run(smollm2_path, gemma3_path, OPEN)
