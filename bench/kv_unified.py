@@ -1,0 +1,194 @@
+"""One KV pool for all requests (`--kv-unified`) against a fixed share per slot, in one run.
+
+Two measurements, same model file and threads:
+
+1. What one pool costs a decode step: a bare loop decodes 8 sequences, each with its own
+   context of C tokens, one batch per step, with the cache split in 8 streams or unified.
+   With one pool each sequence's attention runs over every sequence's cells (masked), so
+   longer contexts cost more. Runs alternate; the median of --reps is kept.
+2. The same memory serving 16 clients: a pool of 8192 cells as 4 slots × 2048 (split),
+   16 slots × 512 (split: prompts over 512 tokens are refused), or 16 slots sharing 8192
+   (unified). Clients send prompts of 32–1500 tokens (log-uniform) and ask for 16–128
+   tokens, with exponential gaps; greedy.
+
+    python3 bench/kv_unified.py [--reps 3] [--models smollm2:135m gemma3:270m]
+
+Writes bench/results/kv_unified.{json,png,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import llama_cpp
+
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.bench import _FILLER, Workload, _put, _requests, _summary
+from localinfer.errors import PromptTooLong
+from localinfer.model_store.sources import resolve
+
+RESULTS = Path(__file__).parent / "results"
+THREADS = 2
+POOL = 8192
+CLIENTS = 16
+WORK = Workload(min_prompt=32, max_prompt=1500, min_output=16, max_output=128,
+                requests_per_client=2, mean_gap_s=0.5)
+LAYOUTS = {  # name: (n_ctx per slot, slots, unified)
+    "split 4 x 2048": (2048, 4, False),
+    "split 16 x 512": (512, 16, False),
+    "unified 16 / 8192": (512, 16, True),
+}
+
+
+def decode_tps(path: Path, unified: bool, n_seq: int, context: int, n_tokens: int = 48) -> float:
+    native = NativeModel(str(path), n_ctx_total=(context + n_tokens + 64) * n_seq, n_slots=n_seq,
+                         n_batch=512, n_threads=THREADS, kv_unified=unified)
+    batch = llama_cpp.llama_batch_init(512, 0, 1)
+    try:
+        prompt = native.tokenize(_FILLER * (1 + context // 20))[:context]
+        for seq in range(n_seq):  # each its own cells: nothing shared between sequences
+            for start in range(0, len(prompt), 512):
+                chunk = prompt[start:start + 512]
+                for i, token in enumerate(chunk):
+                    _put(batch, i, token, start + i, seq, False)
+                batch.n_tokens = len(chunk)
+                llama_cpp.llama_decode(native.ctx, batch)
+        started = time.perf_counter()
+        for step in range(n_tokens):
+            for seq in range(n_seq):
+                _put(batch, seq, prompt[-1], len(prompt) + step, seq, True)
+            batch.n_tokens = n_seq
+            llama_cpp.llama_decode(native.ctx, batch)
+        return n_seq * n_tokens / (time.perf_counter() - started)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        native.close()
+
+
+def serve_clients(path: Path, n_ctx: int, n_slots: int, unified: bool) -> dict:
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots, n_threads=THREADS,
+                                                n_gpu_layers=0, kv_unified=unified))
+    try:
+        rng = random.Random(WORK.seed)
+        plans = [_requests(backend, WORK, WORK.requests_per_client, rng) for _ in range(CLIENTS)]
+        gaps = [[rng.expovariate(1 / WORK.mean_gap_s) for _ in p] for p in plans]
+        done, refused, lock = [], [0], threading.Lock()
+
+        def client(i: int) -> None:
+            for (prompt, n_out), gap in zip(plans[i], gaps[i]):
+                time.sleep(gap)
+                try:
+                    generation = backend.generate(prompt, SamplingParams(temperature=0,
+                                                                         max_tokens=n_out))
+                except PromptTooLong:
+                    with lock:
+                        refused[0] += 1
+                    continue
+                generation.text()
+                with lock:
+                    done.append(generation.stats)
+
+        started = time.perf_counter()
+        workers = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        summary = _summary(done, time.perf_counter() - started)
+        return {**summary, "refused": refused[0],
+                "preemptions": backend.stats().preemptions}
+    finally:
+        backend.close()
+
+
+def bench_model(name: str, reps: int) -> dict:
+    path = resolve(name, Path(tempfile.gettempdir()) / "localinfer-bench").path
+    decode = {}
+    for context in (320, 1000):
+        runs = {"split": [], "unified": []}
+        for _ in range(reps):
+            for layout in ("split", "unified"):
+                runs[layout].append(decode_tps(path, layout == "unified", 8, context))
+        row = {k: statistics.median(v) for k, v in runs.items()}
+        row["ratio"] = row["unified"] / row["split"]
+        decode[context] = row
+        print(f"{name} decode 8 x {context}: split {row['split']:.0f} tok/s, unified "
+              f"{row['unified']:.0f} tok/s ({row['ratio']:.2f}x)", flush=True)
+    serving = {}
+    for label, (n_ctx, n_slots, unified) in LAYOUTS.items():
+        serving[label] = row = serve_clients(path, n_ctx, n_slots, unified)
+        print(f"{name} {label}: {row['requests']} served, {row['refused']} refused, "
+              f"{row['output_tps']:.1f} tok/s, TTFT p50 {row['ttft_p50_s']:.2f} s p99 "
+              f"{row['ttft_p99_s']:.2f} s, preemptions {row['preemptions']}", flush=True)
+    return {"model": name, "decode": decode, "serving": serving}
+
+
+def write(results: list[dict], reps: int) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    meta = {"machine": platform.platform(), "threads": THREADS, "reps": reps, "pool": POOL,
+            "clients": CLIENTS, "workload": WORK.__dict__}
+    (RESULTS / "kv_unified.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                        indent=2))
+    lines = ["# One KV pool (`--kv-unified`) against a fixed share per slot", "",
+             f"Reproduce: `python3 bench/kv_unified.py` ({THREADS} threads, median of {reps} "
+             "alternating runs for decode).", "",
+             "## Decode tok/s, 8 sequences each with its own context", "",
+             "| model | context | split | unified | unified ÷ split |", "|---|---|---|---|---|"]
+    for r in results:
+        for context, row in r["decode"].items():
+            lines.append(f"| {r['model']} | {context} | {row['split']:.0f} | "
+                         f"{row['unified']:.0f} | {row['ratio']:.2f}× |")
+    lines += ["", f"## The same {POOL} cells serving {CLIENTS} clients", "",
+              f"Prompts {WORK.min_prompt}–{WORK.max_prompt} tokens, replies "
+              f"{WORK.min_output}–{WORK.max_output}, {WORK.requests_per_client} requests per "
+              "client.", "",
+              "| model | layout | served | refused | output tok/s | TTFT p50 | TTFT p99 | "
+              "preemptions |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        for label, row in r["serving"].items():
+            lines.append(f"| {r['model']} | {label} | {row['requests']} | {row['refused']} | "
+                         f"{row['output_tps']:.1f} | {row['ttft_p50_s']:.2f} s | "
+                         f"{row['ttft_p99_s']:.2f} s | {row['preemptions']} |")
+    lines += ["", "![plot](kv_unified.png)"]
+    (RESULTS / "kv_unified.md").write_text("\n".join(lines) + "\n")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, r in enumerate(results):
+        labels = list(r["serving"])
+        axes[0].bar([x + 0.4 * i for x in range(len(labels))],
+                    [r["serving"][k]["output_tps"] for k in labels], width=0.4, label=r["model"])
+        axes[1].bar([x + 0.4 * i for x in range(len(labels))],
+                    [r["serving"][k]["ttft_p99_s"] for k in labels], width=0.4, label=r["model"])
+    for ax, title in zip(axes, ("output tok/s (served requests)", "TTFT p99 (s)")):
+        ax.set_xticks([x + 0.2 for x in range(len(LAYOUTS))], list(LAYOUTS), fontsize=8)
+        ax.set_title(title)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{CLIENTS} clients on {POOL} KV cells")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "kv_unified.png", dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["smollm2:135m", "gemma3:270m"])
+    args = parser.parse_args()
+    write([bench_model(m, args.reps) for m in args.models], args.reps)
+
+
+if __name__ == "__main__":
+    main()
