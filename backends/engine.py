@@ -286,9 +286,10 @@ class Engine:
     def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
         """Take another slot's KV when it shares a longer prefix (the same system prompt).
 
-        The KV cache keeps one stream per sequence, and llama.cpp copies between streams
+        A split cache keeps one stream per sequence, and llama.cpp copies between streams
         only whole: the donor's stream is copied (at the next decode, before compute) and
-        what lies past the shared prefix is dropped again.
+        what lies past the shared prefix is dropped again. In one pool the copy shares the
+        donor's cells instead.
         """
         own = slot.common_prefix(prompt)
         donor = max((s for s in self.slots if s is not slot),
@@ -346,7 +347,8 @@ class Engine:
 
     def _admit(self, slot: Slot, tokens: list[int]) -> bool:
         """Whether the head of the queue may start: its tokens fit, with room to grow."""
-        need = len(tokens) - slot.common_prefix(tokens) + 1
+        # the slot keeps the shared prefix and drops the rest of what it holds
+        need = len(tokens) + 1 - len(slot.cache)
         active = sum(1 for s in self.slots if s.task)
         if active:  # running streams keep some cells to grow into before anyone is preempted
             need += self._ROOM_PER_STREAM * active

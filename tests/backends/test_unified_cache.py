@@ -124,3 +124,17 @@ def test_a_prompt_waits_for_free_cells_though_slots_are_free(pooled, watch):
     assert sum(len(s.cache) for s in engine.slots) <= len(long_prompt) + 4
     assert watch["peak"] <= engine.n_cells
     assert not watch["mismatch"]
+
+
+@pytest.mark.timeout(60)
+def test_a_slot_full_of_another_prompt_makes_way_for_the_next(smollm2_path):
+    """The pool's only slot still holds the last request's 200 tokens when a different
+    200-token prompt comes: what it drops on starting counts as free."""
+    options = LoadOptions(n_ctx=256, n_slots=1, kv_unified=True, n_threads=2)
+    with LlamaCppBackend(smollm2_path, options) as backend:
+        sea = backend.tokenize("The history of the sea. " * 60)[:200]
+        land = backend.tokenize("A walk across the mountains. " * 60)[:200]
+        for prompt in (sea, land):
+            generation = backend.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
+            assert generation.text() and generation.stats.cached_tokens < 10
+        assert len(backend.engine.slots[0].cache) == 200 + 3
