@@ -97,6 +97,49 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
         native.close()
 
 
+def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048)
+                 ) -> tuple[float, float]:
+    """The bare loop's prefill time as a·L + b·L² seconds for L tokens (attention grows with L).
+
+    Fitted through two prompts read in 512-token batches, each timed twice (the faster kept).
+    """
+    times = []
+    for length in lengths:
+        native = NativeModel(str(path), n_ctx_total=length + 64, n_slots=1, n_batch=512,
+                             n_threads=threads)
+        batch = llama_cpp.llama_batch_init(512, 0, 1)
+        try:
+            prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
+            best = math.inf
+            for _ in range(2):
+                llama_cpp.llama_memory_clear(native.memory, True)
+                started = time.perf_counter()
+                for start in range(0, length, 512):
+                    chunk = prompt[start:start + 512]
+                    for i, token in enumerate(chunk):
+                        _put(batch, i, token, start + i, 0, start + i == length - 1)
+                    batch.n_tokens = len(chunk)
+                    llama_cpp.llama_decode(native.ctx, batch)
+                best = min(best, time.perf_counter() - started)
+            times.append(best)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            native.close()
+    (l1, l2), (t1, t2) = lengths, times
+    b = (t2 / l2 - t1 / l1) / (l2 - l1)
+    return t1 / l1 - b * l1, b
+
+
+def bare_time(level: dict, cost: tuple[float, float], ceiling_tps: float) -> float:
+    """Seconds the bare loop needs for a level's work: its prompts read (cached parts
+    excluded), then its output tokens decoded at the ceiling of its concurrency. A lower
+    bound: fewer streams than N decode slower than the ceiling of N."""
+    a, b = cost
+    t = lambda n: a * n + b * n * n  # noqa: E731
+    prefill = sum(t(p) - t(c) for p, c in level["prompts"])
+    return prefill + level["output_tokens"] / ceiling_tps
+
+
 def typical_context(work: Workload) -> int:
     """Where the workload's decoding happens: the median prompt plus half a mean reply."""
     return int(math.sqrt(work.min_prompt * work.max_prompt)) + (work.min_output
@@ -134,6 +177,7 @@ def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
         "tpot_p50_s": _pct(tpots, 0.5), "tpot_p99_s": _pct(tpots, 0.99),
         "itl_p50_s": _pct(itls, 0.5), "itl_p99_s": _pct(itls, 0.99),
         "decode_tps_p50": _pct([s.decode_tps for s in stats if s.decode_tps], 0.5),
+        "prompts": [(s.prompt_tokens, s.cached_tokens) for s in stats],
     }
 
 
@@ -268,6 +312,7 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
         result["ceiling"][n] = ceiling(path, n, 64, threads, result["ceiling_context"])
         log(f"ceiling N={n} at {result['ceiling_context']} tokens of context: "
             f"{result['ceiling'][n]:.1f} tok/s")
+    result["prefill_cost"] = prefill_cost(path, threads)
     result["baseline"] = baseline(path, work, max(4, work.requests_per_client * 2), threads)
     log(f"baseline (Llama, sequential): {result['baseline']['output_tps']:.1f} tok/s")
     for n in levels:
@@ -278,10 +323,15 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
         level["output_vs_ceiling"] = level["output_tps"] / result["ceiling"][n]
         level["decode_vs_ceiling"] = (level["decode_tps_p50"] or 0) * n / result["ceiling"][n]
         level["output_vs_baseline"] = level["output_tps"] / result["baseline"]["output_tps"]
+        # the same prompts and tokens through the bare loop, as a share of the wall time:
+        # 1.0 would mean no time lost to scheduling, sampling or idle cores
+        level["bare_vs_wall"] = bare_time(level, result["prefill_cost"],
+                                          result["ceiling"][n]) / level["wall_s"]
         result["levels"].append(level)
         log(f"localinfer N={n}: {level['output_tps']:.1f} tok/s, TTFT p50 "
             f"{level['ttft_p50_s']:.2f} s p99 {level['ttft_p99_s']:.2f} s, "
-            f"goodput {level['goodput_requests_per_s']:.2f} req/s")
+            f"goodput {level['goodput_requests_per_s']:.2f} req/s, the bare loop would need "
+            f"{level['bare_vs_wall']:.0%} of that time")
     if scenarios:
         result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget)
                                   for chunk, budget in ((512, None), (32, None), (512, 2.0))]

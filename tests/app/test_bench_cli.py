@@ -25,7 +25,10 @@ def test_bench_writes_ceiling_baseline_and_levels(tmp_path):
         assert level["requests"] == level["clients"]
         assert 0 < level["output_tokens"] <= 8 * level["requests"]
         assert level["ttft_p50_s"] <= level["ttft_p99_s"]
-    assert "localinfer N=2" in result.stdout
+        assert [p for p, _ in level["prompts"]] and level["bare_vs_wall"] > 0
+    assert "localinfer N=2" in result.stdout and "the bare loop would need" in result.stdout
+    a, b = data["prefill_cost"]
+    assert a * 512 + b * 512 ** 2 > 0  # reading a prompt takes time
 
 
 def test_bench_rejects_bad_levels():
