@@ -96,6 +96,11 @@ class Slot:
     draft: list[int] = field(default_factory=list)  # guesses in this step's batch
     draft_quality: float = 1.0  # moving share of guesses accepted for the current request
 
+    @property
+    def rebuilding(self) -> bool:
+        """Reading a preempted request's tokens back: its next token is already known."""
+        return self.task is not None and self.to_read is not self.task.prompt
+
     def common_prefix(self, tokens: Sequence[int]) -> int:
         n = 0
         for a, b in zip(self.cache, tokens):
@@ -414,9 +419,9 @@ class Engine:
                 token = slot.sampler.sample(self.native, slot.batch_index)
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
-            elif (slot.state is SlotState.PROCESSING_PROMPT
-                  and slot.n_prompt_done == len(slot.to_read) and slot.to_read is not slot.task.prompt):
-                slot.state = SlotState.GENERATING  # a resumed request: its next token is known
+            elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
+                  and slot.n_prompt_done == len(slot.to_read)):
+                slot.state = SlotState.GENERATING
         seconds = time.perf_counter() - started
         self.budget.observe(seconds, n_decode, n_prompt)
         if self.on_step is not None:
@@ -439,7 +444,7 @@ class Engine:
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
             prompt = slot.to_read
-            sample_last = prompt is slot.task.prompt  # a resumed request's next token is known
+            sample_last = not slot.rebuilding
             end = min(len(prompt), slot.n_prompt_done + room)
             for i in range(slot.n_prompt_done, end):
                 n = self._add(n, slot, prompt[i], logits=sample_last and i == len(prompt) - 1)
