@@ -20,7 +20,7 @@ import llama_cpp
 from localinfer.backends.llama_native import NativeModel
 from localinfer.errors import ModelLoadFailed
 
-__all__ = ["DraftModel", "ngram_draft"]
+__all__ = ["DraftModel", "common_prefix", "ngram_draft"]
 
 
 def ngram_draft(tokens: Sequence[int], max_draft: int = 8, max_ngram: int = 3,
@@ -73,8 +73,8 @@ class DraftModel:
         if max_draft <= 0 or len(tokens) + max_draft > self.n_ctx:
             return []
         # keep what it has seen, but read at least the last token again for its logits
-        keep = min(_common_prefix(self.cache, tokens), len(tokens) - 1)
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self.native.ctx), 0, keep, -1)
+        keep = min(common_prefix(self.cache, tokens), len(tokens) - 1)
+        llama_cpp.llama_memory_seq_rm(self.native.memory, 0, keep, -1)
         del self.cache[keep:]
         for start in range(keep, len(tokens), self.n_batch):
             if not self._decode(tokens[start:start + self.n_batch], last_logits=True):
@@ -98,7 +98,7 @@ class DraftModel:
         b.n_tokens = len(tokens)
         if llama_cpp.llama_decode(self.native.ctx, b) != 0:
             self.cache.clear()  # unknown state: start over next time
-            llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(self.native.ctx), True)
+            llama_cpp.llama_memory_clear(self.native.memory, True)
             return False
         self.cache.extend(tokens)
         return True
@@ -111,7 +111,8 @@ class DraftModel:
             self.native.close()
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens two sequences share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import llama_cpp
 
-from localinfer.backends.draft import DraftModel, ngram_draft
+from localinfer.backends.draft import DraftModel, common_prefix, ngram_draft
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
 from localinfer.backends.metrics import EngineStats, RequestStats
@@ -102,12 +102,7 @@ class Slot:
         return self.task is not None and self.to_read is not self.task.prompt
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
-        n = 0
-        for a, b in zip(self.cache, tokens):
-            if a != b:
-                break
-            n += 1
-        return n
+        return common_prefix(self.cache, tokens)
 
 
 class Engine:
