@@ -29,8 +29,10 @@ from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import RequestStats
+from localinfer.errors import PromptTooLong
 
-__all__ = ["Workload", "prefill_label", "run_bench", "typical_context"]
+__all__ = ["Workload", "closed_loop", "prefill_label", "read_prompt", "run_bench",
+           "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
@@ -76,12 +78,7 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
     try:
         text = _FILLER * (1 + context // 20)
         prompt = native.tokenize(text)[:max(4, context)]
-        for start in range(0, len(prompt), 512):  # sequence 0 reads it, the rest copy it
-            chunk = prompt[start:start + 512]
-            for i, token in enumerate(chunk):
-                _put(batch, i, token, start + i, 0, start + i == len(prompt) - 1)
-            batch.n_tokens = len(chunk)
-            llama_cpp.llama_decode(native.ctx, batch)
+        read_prompt(native, batch, prompt, seq=0)  # sequence 0 reads it, the rest copy it
         for seq in range(1, n_seq):
             llama_cpp.llama_memory_seq_cp(native.memory, 0, seq, -1, -1)
         token = prompt[-1]
@@ -114,12 +111,7 @@ def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048
             for _ in range(2):
                 llama_cpp.llama_memory_clear(native.memory, True)
                 started = time.perf_counter()
-                for start in range(0, length, 512):
-                    chunk = prompt[start:start + 512]
-                    for i, token in enumerate(chunk):
-                        _put(batch, i, token, start + i, 0, start + i == length - 1)
-                    batch.n_tokens = len(chunk)
-                    llama_cpp.llama_decode(native.ctx, batch)
+                read_prompt(native, batch, prompt, seq=0)
                 best = min(best, time.perf_counter() - started)
             times.append(best)
         finally:
@@ -144,6 +136,16 @@ def typical_context(work: Workload) -> int:
     """Where the workload's decoding happens: the median prompt plus half a mean reply."""
     return int(math.sqrt(work.min_prompt * work.max_prompt)) + (work.min_output
                                                                  + work.max_output) // 4
+
+
+def read_prompt(native: NativeModel, batch, prompt: Sequence[int], seq: int) -> None:
+    """The bare loop reads a prompt into one sequence, 512 tokens a batch, logits for the last."""
+    for start in range(0, len(prompt), 512):
+        chunk = prompt[start:start + 512]
+        for i, token in enumerate(chunk):
+            _put(batch, i, token, start + i, seq, start + i == len(prompt) - 1)
+        batch.n_tokens = len(chunk)
+        llama_cpp.llama_decode(native.ctx, batch)
 
 
 def _put(batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
@@ -187,30 +189,42 @@ def engine_level(path: Path, clients: int, work: Workload, threads: int,
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
                                                 n_gpu_layers=0, step_budget=step_budget))
     try:
-        rng = random.Random(work.seed)
-        plans = [_requests(backend, work, work.requests_per_client, rng) for _ in range(clients)]
-        gaps = [[rng.expovariate(1 / work.mean_gap_s) for _ in p] for p in plans]
-        results: list[RequestStats] = []
-        lock = threading.Lock()
-
-        def client(i: int) -> None:
-            for (prompt, n_out), gap in zip(plans[i], gaps[i]):
-                time.sleep(gap)
-                generation = backend.generate(prompt, SamplingParams(temperature=0,
-                                                                     max_tokens=n_out))
-                generation.text()
-                with lock:
-                    results.append(generation.stats)
-
-        started = time.perf_counter()
-        workers = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        return {"clients": clients, **_summary(results, time.perf_counter() - started)}
+        return {"clients": clients, **closed_loop(backend, clients, work)}
     finally:
         backend.close()
+
+
+def closed_loop(backend: LlamaCppBackend, clients: int, work: Workload) -> dict:
+    """`clients` threads, each sending its requests one after another with exponential gaps
+    (greedy); the summary of those served, and how many were refused as too long."""
+    rng = random.Random(work.seed)
+    plans = [_requests(backend, work, work.requests_per_client, rng) for _ in range(clients)]
+    gaps = [[rng.expovariate(1 / work.mean_gap_s) for _ in p] for p in plans]
+    results: list[RequestStats] = []
+    refused = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        for (prompt, n_out), gap in zip(plans[i], gaps[i]):
+            time.sleep(gap)
+            try:
+                generation = backend.generate(prompt, SamplingParams(temperature=0,
+                                                                     max_tokens=n_out))
+            except PromptTooLong:
+                with lock:
+                    refused.append(len(prompt))
+                continue
+            generation.text()
+            with lock:
+                results.append(generation.stats)
+
+    started = time.perf_counter()
+    workers = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return {**_summary(results, time.perf_counter() - started), "refused": len(refused)}
 
 
 def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:

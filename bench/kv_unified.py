@@ -21,20 +21,17 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import llama_cpp
 
-from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.base import LoadOptions
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.bench import _FILLER, Workload, _put, _requests, _summary
-from localinfer.errors import PromptTooLong
+from localinfer.bench import _FILLER, Workload, _put, closed_loop, read_prompt
 from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -57,12 +54,7 @@ def decode_tps(path: Path, unified: bool, n_seq: int, context: int, n_tokens: in
     try:
         prompt = native.tokenize(_FILLER * (1 + context // 20))[:context]
         for seq in range(n_seq):  # each its own cells: nothing shared between sequences
-            for start in range(0, len(prompt), 512):
-                chunk = prompt[start:start + 512]
-                for i, token in enumerate(chunk):
-                    _put(batch, i, token, start + i, seq, False)
-                batch.n_tokens = len(chunk)
-                llama_cpp.llama_decode(native.ctx, batch)
+            read_prompt(native, batch, prompt, seq)
         started = time.perf_counter()
         for step in range(n_tokens):
             for seq in range(n_seq):
@@ -79,34 +71,7 @@ def serve_clients(path: Path, n_ctx: int, n_slots: int, unified: bool) -> dict:
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots, n_threads=THREADS,
                                                 n_gpu_layers=0, kv_unified=unified))
     try:
-        rng = random.Random(WORK.seed)
-        plans = [_requests(backend, WORK, WORK.requests_per_client, rng) for _ in range(CLIENTS)]
-        gaps = [[rng.expovariate(1 / WORK.mean_gap_s) for _ in p] for p in plans]
-        done, refused, lock = [], [0], threading.Lock()
-
-        def client(i: int) -> None:
-            for (prompt, n_out), gap in zip(plans[i], gaps[i]):
-                time.sleep(gap)
-                try:
-                    generation = backend.generate(prompt, SamplingParams(temperature=0,
-                                                                         max_tokens=n_out))
-                except PromptTooLong:
-                    with lock:
-                        refused[0] += 1
-                    continue
-                generation.text()
-                with lock:
-                    done.append(generation.stats)
-
-        started = time.perf_counter()
-        workers = [threading.Thread(target=client, args=(i,)) for i in range(CLIENTS)]
-        for w in workers:
-            w.start()
-        for w in workers:
-            w.join()
-        summary = _summary(done, time.perf_counter() - started)
-        return {**summary, "refused": refused[0],
-                "preemptions": backend.stats().preemptions}
+        return {**closed_loop(backend, CLIENTS, WORK), "preemptions": backend.stats().preemptions}
     finally:
         backend.close()
 
