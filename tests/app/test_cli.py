@@ -52,6 +52,8 @@ def test_verbose_shows_llama_cpp_log():
     (["lama3"], "model 'lama3' not found — did you mean 'llama3'"),  # catalog names count
     (["./missing/model.gguf"], "no model file at './missing/model.gguf'"),
     (["--ctx", "100000"], "more than the 8192 'smollm2:135m' was trained for"),
+    (["--draft-model", "nope"], "model 'nope' not found"),
+    (["--draft-model", "gemma3:270m"], "the draft model's vocabulary is not the model's"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, message):
     result = _run(*args, "-p", "hi")
