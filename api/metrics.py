@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from localinfer.backends.metrics import RequestStats
@@ -57,7 +57,7 @@ class _PoolCollector(Collector):
     def __init__(self, pool: ModelPool):
         self.pool = pool
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         models = self.pool.loaded()
         yield GaugeMetricFamily("localinfer_models_loaded", "models in memory", value=len(models))
         yield GaugeMetricFamily("localinfer_models_loading", "models being loaded",
@@ -78,11 +78,20 @@ class _PoolCollector(Collector):
                 "localinfer_preemptions", "requests whose KV was dropped to make room so far "
                 "(--kv-unified)", labels=["model"]),
         }
+        # time spent, so rate() tells how busy the engine is and what it adds to llama.cpp
+        seconds = {
+            "step_seconds": CounterMetricFamily(
+                "localinfer_engine_step_seconds", "seconds in engine steps (batch, decode, "
+                "sampling)", labels=["model"]),
+            "decode_seconds": CounterMetricFamily(
+                "localinfer_llama_decode_seconds", "seconds inside llama_decode", labels=["model"]),
+        }
         for model in models:
             stats = model.backend.stats()
-            for key, gauge in gauges.items():
-                gauge.add_metric([model.name], getattr(stats, key))
+            for key, family in {**gauges, **seconds}.items():
+                family.add_metric([model.name], getattr(stats, key))
         yield from gauges.values()
+        yield from seconds.values()
 
 
 _tracked: dict[int, _PoolCollector] = {}

@@ -149,6 +149,9 @@ class Engine:
         self._closed = False
         self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0,
                           "preempted": 0}
+        # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
+        # their difference is what the engine itself costs on top of llama.cpp
+        self._seconds = {"decode": 0.0, "step": 0.0}
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
@@ -187,6 +190,8 @@ class Engine:
             tokens_generated=self._counters["generated"],
             requests_finished=self._counters["finished"],
             preemptions=self._counters["preempted"],
+            decode_seconds=self._seconds["decode"],
+            step_seconds=self._seconds["step"],
         )
 
     def _check_params(self, params: SamplingParams) -> None:
@@ -402,7 +407,9 @@ class Engine:
         started = time.perf_counter()
         n_decode, n_prompt = self._fill_batch()
         self._batch.n_tokens = n_decode + n_prompt
+        decode_started = time.perf_counter()
         rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
+        self._seconds["decode"] += time.perf_counter() - decode_started
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
         self._counters["steps"] += 1
@@ -418,6 +425,7 @@ class Engine:
                   and slot.n_prompt_done == len(slot.to_read)):
                 slot.state = SlotState.GENERATING
         seconds = time.perf_counter() - started
+        self._seconds["step"] += seconds
         self.budget.observe(seconds, n_decode, n_prompt)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)

@@ -155,3 +155,12 @@ class EngineStats:
     tokens_generated: int
     requests_finished: int
     preemptions: int = 0  # requests whose KV was dropped to make room, and later rebuilt
+    decode_seconds: float = 0.0  # spent inside llama_decode
+    step_seconds: float = 0.0  # spent in steps: filling the batch, llama_decode, sampling
+
+    @property
+    def engine_overhead(self) -> float | None:
+        """The share of step time the engine spends outside llama.cpp's decode."""
+        if not self.step_seconds:
+            return None
+        return 1 - self.decode_seconds / self.step_seconds

@@ -74,6 +74,8 @@ def test_metrics_count_requests_by_route_and_status(server):
                      r'route="/v1/chat/completions",status="200"\} [1-9]', text)
     assert re.search(r'route="/v1/chat/completions",status="400"\} [1-9]', text)
     assert re.search(r'^localinfer_ttft_seconds_count\{model="smollm2:135m"\} [1-9]', text, re.M)
+    decode = _metric(server, "localinfer_llama_decode_seconds_total")
+    assert 0 < decode < _metric(server, "localinfer_engine_step_seconds_total")
 
 
 def test_a_bad_prompt_in_a_batch_leaves_nothing_running(server):

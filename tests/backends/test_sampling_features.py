@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 import pytest
 
@@ -86,8 +87,10 @@ def test_embeddings_are_normalised_and_meaningful(smollm2):
 
 def test_engine_stats_count_steps_and_tokens(smollm2):
     before = smollm2.stats()
+    started = time.perf_counter()
     generation = smollm2.chat(QUESTION, SamplingParams(temperature=0, max_tokens=6))
     generation.text()
+    elapsed = time.perf_counter() - started
     after = smollm2.stats()
     assert after.n_slots == 2 and after.active == 0 and after.waiting == 0
     assert after.tokens_generated - before.tokens_generated == generation.stats.generated_tokens
@@ -95,6 +98,11 @@ def test_engine_stats_count_steps_and_tokens(smollm2):
     assert after.steps - before.steps >= generation.stats.generated_tokens
     assert after.requests_finished == before.requests_finished + 1
     assert 0 < after.kv_cells_used <= after.kv_cells_total == 2048
+    # the time inside llama_decode is part of the steps' time, which is part of the wall's
+    decode = after.decode_seconds - before.decode_seconds
+    step = after.step_seconds - before.step_seconds
+    assert 0 < decode < step < elapsed
+    assert 0 < after.engine_overhead < 1
 
 
 def test_async_events_match_the_threaded_stream(smollm2):
