@@ -28,11 +28,11 @@ import llama_cpp
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
-from localinfer.backends.metrics import RequestStats
+from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import PromptTooLong
 
 __all__ = ["Workload", "closed_loop", "prefill_label", "read_prompt", "run_bench",
-           "typical_context"]
+           "time_split", "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
@@ -189,9 +189,18 @@ def engine_level(path: Path, clients: int, work: Workload, threads: int,
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
                                                 n_gpu_layers=0, step_budget=step_budget))
     try:
-        return {"clients": clients, **closed_loop(backend, clients, work)}
+        level = {"clients": clients, **closed_loop(backend, clients, work)}
+        return {**level, **time_split(backend.stats(), level["wall_s"])}
     finally:
         backend.close()
+
+
+def time_split(stats: EngineStats, wall: float) -> dict:
+    """Where a level's wall time went: inside llama_decode, in the engine's own work around
+    it (filling batches, sampling, streaming text), and idle (no request to serve)."""
+    return {"llama_decode_share": stats.decode_seconds / wall,
+            "engine_share": (stats.step_seconds - stats.decode_seconds) / wall,
+            "idle_share": max(0.0, wall - stats.step_seconds) / wall}
 
 
 def closed_loop(backend: LlamaCppBackend, clients: int, work: Workload) -> dict:
@@ -345,7 +354,8 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
         log(f"localinfer N={n}: {level['output_tps']:.1f} tok/s, TTFT p50 "
             f"{level['ttft_p50_s']:.2f} s p99 {level['ttft_p99_s']:.2f} s, "
             f"goodput {level['goodput_requests_per_s']:.2f} req/s, the bare loop would need "
-            f"{level['bare_vs_wall']:.0%} of that time")
+            f"{level['bare_vs_wall']:.0%} of that time; {level['llama_decode_share']:.0%} "
+            f"inside llama_decode, {level['engine_share']:.1%} in the engine around it")
     if scenarios:
         result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget)
                                   for chunk, budget in ((512, None), (32, None), (512, 2.0))]

@@ -1,8 +1,12 @@
-"""Decode speed of localinfer's engine against llama-cpp-python's `Llama`, in one process run.
+"""Single-stream decode speed of localinfer's engine against llama-cpp-python's `Llama` and
+against the ceiling, in one process run.
 
-Same model file, same prompt text, same threads, greedy, runs interleaved so machine noise hits
-both alike. Both are timed by an outside stopwatch on the streamed pieces (arrival of the first
-and last piece); localinfer's own RequestStats figure is reported beside it as a cross-check.
+Same model file, same prompt length, same threads, greedy, runs interleaved so machine noise hits
+all alike. The engine and `Llama` are timed by an outside stopwatch on the streamed pieces
+(arrival of the first and last piece); localinfer's own RequestStats figure is reported beside
+it as a cross-check. The ceiling is the bare low-level loop of `localinfer bench` at N=1 (one
+sequence, a fixed token fed each step, no sampling), started at the prompt's length so it
+decodes at the same context as the other two.
 
     python3 bench/decode_vs_llama.py [--tokens 128] [--reps 3]
 
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.bench import ceiling
 from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -62,10 +67,12 @@ def bench_model(name: str, path: Path, n_tokens: int, reps: int, threads: int) -
     llm = Llama(str(path), n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
                 n_batch=512, verbose=False)
     run_localinfer(backend, 8), run_llama(llm, 8)  # warm up both
-    ours, theirs = [], []
+    context = len(backend.tokenize(PROMPT))
+    ours, theirs, bare = [], [], []
     for _ in range(reps):
         ours.append(run_localinfer(backend, n_tokens))
         theirs.append(run_llama(llm, n_tokens))
+        bare.append(ceiling(path, 1, n_tokens, threads, context))
     backend.close()
     del llm
     med = lambda rows, key: statistics.median(r[key] for r in rows)  # noqa: E731
@@ -73,10 +80,14 @@ def bench_model(name: str, path: Path, n_tokens: int, reps: int, threads: int) -
         "localinfer_decode_tps": med(ours, "decode_tps"),
         "localinfer_decode_tps_internal": med(ours, "decode_tps_internal"),
         "llama_cpp_python_decode_tps": med(theirs, "decode_tps"),
+        "ceiling_tps": statistics.median(bare),
         "tokens": {"localinfer": ours[0]["tokens"], "llama_cpp_python": theirs[0]["tokens"]},
-        "runs": {"localinfer": ours, "llama_cpp_python": theirs},
+        "runs": {"localinfer": ours, "llama_cpp_python": theirs, "ceiling": bare},
     }
-    result["ratio"] = result["localinfer_decode_tps"] / result["llama_cpp_python_decode_tps"]
+    # ratios within each round, then their median: the machine's speed drifts between rounds
+    result["ratio"] = statistics.median(o["decode_tps"] / t["decode_tps"]
+                                        for o, t in zip(ours, theirs))
+    result["vs_ceiling"] = statistics.median(o["decode_tps"] / c for o, c in zip(ours, bare))
     return result
 
 
@@ -87,12 +98,14 @@ def _plot(results: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     names = list(results)
-    ours = [results[n]["localinfer_decode_tps"] for n in names]
-    theirs = [results[n]["llama_cpp_python_decode_tps"] for n in names]
+    bars = {"localinfer engine": "localinfer_decode_tps",
+            "llama-cpp-python Llama": "llama_cpp_python_decode_tps",
+            "ceiling (bare loop, N=1)": "ceiling_tps"}
     x = range(len(names))
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="localinfer engine")
-    ax.bar([i + 0.2 for i in x], theirs, width=0.4, label="llama-cpp-python Llama")
+    for k, (label, key) in enumerate(bars.items()):
+        ax.bar([i + (k - 1) * 0.27 for i in x], [results[n][key] for n in names], width=0.27,
+               label=label)
     ax.set_xticks(list(x), names)
     ax.set_ylabel("decode tokens/s (single stream)")
     ax.set_title("Greedy decode, same prompt and threads, one run")
@@ -103,19 +116,22 @@ def _plot(results: dict, path: Path) -> None:
 
 def _markdown(meta: dict, results: dict) -> str:
     lines = [
-        "# Decode speed: localinfer vs llama-cpp-python `Llama`",
+        "# Single-stream decode speed: localinfer vs llama-cpp-python `Llama` and the ceiling",
         "",
         f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
-        f"{meta['tokens']} greedy tokens, median of {meta['reps']} interleaved runs. "
+        f"{meta['tokens']} greedy tokens, median of {meta['reps']} interleaved runs (ratios: "
+        "the median of each round's ratio). "
         "Reproduce: `python3 bench/decode_vs_llama.py`.",
         "",
-        "| model | localinfer tok/s | (engine's own stats) | Llama tok/s | ratio |",
-        "|---|---|---|---|---|",
+        "| model | localinfer tok/s | (engine's own stats) | Llama tok/s | ÷ Llama | "
+        "ceiling tok/s | ÷ ceiling |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name, r in results.items():
         lines.append(f"| {name} | {r['localinfer_decode_tps']:.1f} | "
                      f"{r['localinfer_decode_tps_internal']:.1f} | "
-                     f"{r['llama_cpp_python_decode_tps']:.1f} | {r['ratio']:.2f} |")
+                     f"{r['llama_cpp_python_decode_tps']:.1f} | {r['ratio']:.2f} | "
+                     f"{r['ceiling_tps']:.1f} | {r['vs_ceiling']:.2f} |")
     lines += ["", "![plot](decode_vs_llama.png)", ""]
     return "\n".join(lines)
 
@@ -141,7 +157,8 @@ def main() -> None:
     (RESULTS / "decode_vs_llama.md").write_text(_markdown(meta, results))
     for name, r in results.items():
         print(f"{name}: localinfer {r['localinfer_decode_tps']:.1f} tok/s, "
-              f"Llama {r['llama_cpp_python_decode_tps']:.1f} tok/s, ratio {r['ratio']:.2f}")
+              f"Llama {r['llama_cpp_python_decode_tps']:.1f} tok/s, ratio {r['ratio']:.2f}, "
+              f"ceiling {r['ceiling_tps']:.1f} tok/s, ÷ ceiling {r['vs_ceiling']:.2f}")
 
 
 if __name__ == "__main__":

@@ -60,19 +60,26 @@ def _markdown(results: dict, work: Workload) -> None:
              "for the same work (each request's uncached prompt tokens read in 512-token "
              "batches, from a fitted a·L + b·L² cost, plus the output tokens at the ceiling of "
              "N) over the level's wall time; 1.0 would mean nothing lost to scheduling, "
-             "sampling or idle time. Reproduce: `python3 bench/engine_mixed.py`.", ""]
+             "sampling or idle time. It is a lower bound on the bare loop's time: steps with "
+             "fewer streams than N, or at longer contexts, decode slower than the ceiling. "
+             "Wall time split: inside `llama_decode` / in the engine around it (filling "
+             "batches, sampling, streaming text) / idle (no request in the engine), as the "
+             "engine counts it (`EngineStats.decode_seconds`, `step_seconds`). "
+             "Reproduce: `python3 bench/engine_mixed.py`.", ""]
     for name, r in results.items():
         lines += [f"## {name} ({r['threads']} threads)", "",
                   f"Baseline: {r['baseline']['output_tps']:.1f} output tok/s, TTFT p50 "
                   f"{_f(r['baseline']['ttft_p50_s'])} s / p99 {_f(r['baseline']['ttft_p99_s'])} s.", "",
                   "| N | ceiling tok/s | output tok/s | × baseline | decode ÷ ceiling | bare loop ÷ "
-                  "wall | TTFT p50 / p99 (s) | TPOT p50 / p99 (ms) | ITL p99 (ms) | goodput req/s |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "wall | wall: llama_decode / engine / idle | TTFT p50 / p99 (s) | "
+                  "TPOT p50 / p99 (ms) | ITL p99 (ms) | goodput req/s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for lv in r["levels"]:
             lines.append(
                 f"| {lv['clients']} | {lv['ceiling_tps']:.1f} | {lv['output_tps']:.1f} | "
                 f"{lv['output_vs_baseline']:.2f} | {lv['decode_vs_ceiling']:.2f} | "
-                f"{lv['bare_vs_wall']:.2f} | "
+                f"{lv['bare_vs_wall']:.2f} | {lv['llama_decode_share']:.1%} / "
+                f"{lv['engine_share']:.1%} / {lv['idle_share']:.1%} | "
                 f"{_f(lv['ttft_p50_s'])} / {_f(lv['ttft_p99_s'])} | "
                 f"{_f(lv['tpot_p50_s'] and lv['tpot_p50_s'] * 1000, '.1f')} / "
                 f"{_f(lv['tpot_p99_s'] and lv['tpot_p99_s'] * 1000, '.1f')} | "

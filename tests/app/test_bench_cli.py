@@ -26,7 +26,10 @@ def test_bench_writes_ceiling_baseline_and_levels(tmp_path):
         assert 0 < level["output_tokens"] <= 8 * level["requests"]
         assert level["ttft_p50_s"] <= level["ttft_p99_s"]
         assert [p for p, _ in level["prompts"]] and level["bare_vs_wall"] > 0
+        shares = level["llama_decode_share"], level["engine_share"], level["idle_share"]
+        assert all(0 < x < 1 for x in shares) and sum(shares) == pytest.approx(1, abs=0.01)
     assert "localinfer N=2" in result.stdout and "the bare loop would need" in result.stdout
+    assert "inside llama_decode" in result.stdout
     a, b = data["prefill_cost"]
     assert a * 512 + b * 512 ** 2 > 0  # reading a prompt takes time
 
