@@ -143,7 +143,8 @@ class Engine:
         self._clock = clock
         self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._waiting: deque[Task] = deque()
-        self._n_queued = 0
+        self._n_queued = 0  # waiting for a slot, preempted requests included
+        self._n_requeued = 0  # of those, preempted ones: they do not count against max_waiting
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
@@ -167,7 +168,7 @@ class Engine:
         self._check_prompt(prompt)
         self._check_params(params)
         with self._lock:
-            if self._n_queued >= self.max_waiting:
+            if self._n_queued - self._n_requeued >= self.max_waiting:
                 raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
             self._n_queued += 1
         task_id = next(self._ids)
@@ -259,7 +260,7 @@ class Engine:
     def _drop_cancelled(self) -> None:
         for task in [t for t in self._waiting if t.generation.cancelled]:
             self._waiting.remove(task)
-            self._dequeued()
+            self._dequeued(task)
             task.close()
             task.stats.finish_reason = "cancelled"
             task.generation.put(DoneEvent(task.stats))
@@ -279,12 +280,14 @@ class Engine:
             if self.unified and not self._admit(slot, tokens):
                 return  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
-            self._dequeued()
+            self._dequeued(task)
             self._start(slot, task)
 
-    def _dequeued(self) -> None:
+    def _dequeued(self, task: Task) -> None:
         with self._lock:
             self._n_queued -= 1
+            if task.stats.preemptions:  # it was queued again by _preempt, not by submit
+                self._n_requeued -= 1
 
     _MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
 
@@ -402,6 +405,7 @@ class Engine:
         self._waiting.appendleft(task)
         with self._lock:
             self._n_queued += 1
+            self._n_requeued += 1
 
     def _step(self) -> None:
         started = time.perf_counter()

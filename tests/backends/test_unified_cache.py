@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import llama_cpp
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.engine import SlotState
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.errors import PromptTooLong
+from localinfer.errors import EngineBusy, PromptTooLong
 
 N_CTX, N_SLOTS = 128, 4  # a pool of 512 cells
 
@@ -95,6 +96,32 @@ def test_the_newest_streams_yield_their_cells_and_go_on_where_they_stopped(poole
     assert any(state is SlotState.GENERATING and n > 0 for _, state, n in preempted)
     assert watch["peak"] <= engine.n_cells
     assert not watch["mismatch"]
+
+
+def test_preempted_requests_do_not_fill_the_wait_queue(pooled, monkeypatch):
+    """A request queued again by preemption is not a new arrival: the wait-queue limit
+    ("busy") counts only requests that came in and have not started yet."""
+    engine = pooled.engine
+    late: dict = {}
+
+    def submit_while_one_is_requeued(*_):
+        stats = engine.stats()
+        if "generation" in late or "refused" in late or not (stats.preemptions and stats.waiting):
+            return
+        try:  # on the engine thread, between steps: the preempted one is surely waiting
+            late["generation"] = engine.submit(pooled.tokenize("Name a colour."),
+                                               SamplingParams(temperature=0, max_tokens=4))
+        except EngineBusy as exc:
+            late["refused"] = exc
+
+    streams = [_count(pooled, start, max_tokens=150) for start in (1, 101, 201, 301)]
+    while engine.stats().waiting:  # all four started (their cells run out much later)
+        time.sleep(0.01)
+    monkeypatch.setattr(engine, "max_waiting", 1)
+    monkeypatch.setattr(engine, "on_step", submit_while_one_is_requeued)
+    texts = [g.text() for g in streams]
+    assert "refused" not in late, late.get("refused")
+    assert late["generation"].text() and all(texts)
 
 
 def test_a_prompt_waits_for_free_cells_though_slots_are_free(pooled, watch):
