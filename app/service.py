@@ -19,12 +19,12 @@ from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, plan
 from localinfer.model_store.store import Manifest
-from localinfer.model_store.fit import check_context
+from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.settings import Settings
 
-__all__ = ["choose_quant", "load_model", "plan_for", "prepare", "pull_model"]
+__all__ = ["choose_quant", "draft_memory", "load_model", "plan_for", "prepare", "pull_model"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -54,17 +54,37 @@ def prepare(
     model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
     n_ctx = options.n_ctx or min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
+    draft_model, draft_bytes = None, 0
+    if options.draft_model:  # a name or a path: it comes from whoever starts us, never the network
+        draft = resolve(options.draft_model, settings.models_dir)
+        draft_model = str(draft.path)
+        draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).total
     n_gpu_layers = options.n_gpu_layers
-    if n_gpu_layers is None:
-        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots, hardware(), options.kv_type)
+    if n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
+        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots,
+                                  _less_gpu_memory(hardware(), draft_bytes), options.kv_type)
     if not n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name,
-                      KV_BYTES[options.kv_type])
-    draft_model = options.draft_model
-    if draft_model:  # a name or a path: it comes from whoever starts us, never the network
-        draft_model = str(resolve(draft_model, settings.models_dir).path)
+                      KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"))
     return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                             draft_model=draft_model)
+
+
+def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
+    """A draft model's memory: its weights, an f16 KV cache for one stream (for the whole pool
+    with --kv-unified) and its compute buffer, as the backend creates it."""
+    n_streams = options.n_slots if options.kv_unified else 1
+    return estimate_memory(info, n_ctx, n_streams, options.n_batch)
+
+
+def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
+    """The machine as the model's plan sees it once `taken` bytes of each GPU are in use."""
+    if hw is None or not taken:
+        return hw
+    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, (g.free_bytes if g.free_bytes is not None
+                                                           else g.total_bytes) - taken))
+                 for g in hw.gpus)
+    return dataclasses.replace(hw, gpus=gpus)
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,

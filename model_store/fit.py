@@ -63,22 +63,29 @@ def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int 
 
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
-                  kv_bytes_per_element: float = 2.0) -> MemoryEstimate:
-    """Raise ContextTooLarge, with the numbers and what to do, unless the context fits."""
+                  kv_bytes_per_element: float = 2.0,
+                  beside: tuple[int, str] = (0, "")) -> MemoryEstimate:
+    """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
+
+    beside: bytes taken by something loaded with the model (a draft model), and its name.
+    """
     name = name or info.name
+    taken, what = beside
+    free = available - taken
     if info.n_ctx_train and n_ctx > info.n_ctx_train:
         raise ContextTooLarge(
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_bytes_per_element)
-    if estimate.total > available:
-        fits = max_context(info, available, n_slots, n_ubatch, kv_bytes_per_element)
+    if estimate.total > free:
+        fits = max_context(info, free, n_slots, n_ubatch, kv_bytes_per_element)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
+        after = f" after {taken / _GIB:.2f} GiB for {what}" if taken else ""
         raise ContextTooLarge(
             f"a context of {n_ctx} tokens needs about {estimate.total / _GIB:.2f} GiB "
             f"(weights {estimate.weights / _GIB:.2f} + KV cache {estimate.kv_cache / _GIB:.2f} "
-            f"+ buffers {estimate.compute / _GIB:.2f}) but {available / _GIB:.2f} GiB is "
-            f"available — {hint}"
+            f"+ buffers {estimate.compute / _GIB:.2f}) but {max(free, 0) / _GIB:.2f} GiB is "
+            f"available{after} — {hint}"
         )
     return estimate

@@ -1,9 +1,16 @@
-"""The planner's GPU layers reach the load options (hardware injected: no GPU here)."""
+"""The planner's GPU layers and the RAM check reach the load options (hardware injected: no
+GPU here), a draft model's memory counted."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from localinfer.backends.base import LoadOptions
+from localinfer.errors import ContextTooLarge
 from localinfer.model_store.hardware import CPU, GPU, Hardware
+from localinfer.model_store.fit import estimate_memory
 from localinfer.service import prepare
 from localinfer.settings import Settings
 
@@ -36,3 +43,21 @@ def test_no_gpu_or_a_cpu_build_or_an_explicit_choice():
     assert _layers(None)[0] == 0
     assert _layers(machine(23000, offload=False))[0] == 0
     assert _layers(machine(23000), n_gpu_layers=5)[0] == 5
+
+
+def test_a_draft_model_takes_its_share_of_the_gpu_first():
+    alone, n_layer = _layers(machine(700))
+    with_draft, _ = _layers(machine(700), draft_model="smollm2:135m")
+    assert alone == n_layer + 1
+    assert 0 < with_draft < n_layer  # the draft goes whole onto the GPU: fewer layers are left
+
+
+def test_a_draft_model_counts_in_the_ram_check():
+    _, info, _ = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings())
+    model = estimate_memory(info, 2048).total
+    room = lambda: int(model * 1.9)  # noqa: E731  the model fits; with its draft, a smaller context
+    options = LoadOptions(n_ctx=2048, n_gpu_layers=0)
+    prepare("smollm2:135m", options, Settings(), available_memory=room)
+    with pytest.raises(ContextTooLarge, match="GiB for the draft model — use --ctx"):
+        prepare("smollm2:135m", dataclasses.replace(options, draft_model="smollm2:135m"),
+                Settings(), available_memory=room)
