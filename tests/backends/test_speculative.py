@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams
@@ -107,3 +109,21 @@ def test_max_tokens_is_exact_with_a_draft_model(quant_files):
 def test_a_draft_model_with_another_vocabulary_is_refused(smollm2_path, gemma3_path):
     with pytest.raises(ModelLoadFailed, match="vocabulary"):
         _draft_run(smollm2_path, gemma3_path, OPEN)
+
+
+def test_a_draft_model_follows_a_request_across_the_whole_pool(quant_files):
+    """With one KV pool a request may outgrow a slot's share: the draft model's own context
+    covers the pool, so it keeps guessing there, and the count stays unbroken."""
+    options = LoadOptions(n_ctx=128, n_slots=4, kv_unified=True, n_threads=2,
+                          draft_model=str(quant_files["Q4_1"]))
+    with LlamaCppBackend(quant_files["Q8_0"], options) as backend:
+        prompt = backend.tokenize("Count up by one, separated by commas: 1, 2, 3, 4, 5, 6,")
+        generation = backend.generate(prompt, SamplingParams(
+            temperature=0, max_tokens=400, logit_bias={backend.native.eos(): -100}))
+        numbers = [int(n) for n in re.findall(r"\d+", generation.text())]
+        steps = backend.stats().steps
+    stats = generation.stats
+    assert len(prompt) + stats.generated_tokens > 3 * 128  # well past one slot's share
+    assert numbers == list(range(7, 7 + len(numbers))) and len(numbers) > 90
+    # guessing to the end: a draft context of one share would stop it halfway through
+    assert stats.acceptance_rate > 0.5 and steps < stats.generated_tokens / 4
