@@ -15,13 +15,21 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from localinfer.api.errors import ApiError
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, Event, Generation, SamplingParams
 from localinfer.backends.metrics import RequestStats
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "check_model_name", "start"]
+__all__ = ["Job", "Lenient", "check_model_name", "start"]
+
+class Lenient(BaseModel):
+    """A request body of either dialect: clients send fields we do not use, and that is fine."""
+
+    model_config = ConfigDict(extra="allow")
+
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")
 

@@ -16,7 +16,7 @@ from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from localinfer import __version__
 from localinfer.api import core
@@ -39,11 +39,7 @@ router = APIRouter(prefix="/api", tags=["ollama"])
 NDJSON = "application/x-ndjson"
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class Options(_Lenient):
+class Options(core.Lenient):
     temperature: float = Field(0.8, ge=0, le=2)
     top_k: int = Field(40, ge=0)
     top_p: float = Field(0.9, gt=0, le=1)
@@ -72,14 +68,14 @@ class Options(_Lenient):
         )
 
 
-class ChatMessage(_Lenient):
+class ChatMessage(core.Lenient):
     role: str
     content: str = ""
     images: Optional[list[str]] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
 
 
-class _Base(_Lenient):
+class _Base(core.Lenient):
     model: str = Field(min_length=1, max_length=200)
     stream: bool = True
     format: Union[str, dict[str, Any], None] = None
@@ -108,7 +104,7 @@ class GenerateRequest(_Base):
     images: Optional[list[str]] = None
 
 
-class NameRequest(_Lenient):
+class NameRequest(core.Lenient):
     model: Optional[str] = Field(None, max_length=200)
     name: Optional[str] = Field(None, max_length=200)  # the older spelling
 
@@ -120,7 +116,7 @@ class NameRequest(_Lenient):
         return value
 
 
-class EmbedRequest(_Lenient):
+class EmbedRequest(core.Lenient):
     model: str = Field(min_length=1, max_length=200)
     input: Union[str, list[str], None] = None
     prompt: Optional[str] = None  # /api/embeddings, the older route

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from localinfer.api import core
 from localinfer.api.errors import ApiError
@@ -28,16 +28,12 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
-class _Lenient(BaseModel):
-    model_config = ConfigDict(extra="allow")  # clients send fields we do not use
-
-
-class ContentPart(_Lenient):
+class ContentPart(core.Lenient):
     type: str
     text: Optional[str] = None
 
 
-class Message(_Lenient):
+class Message(core.Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[ContentPart], None] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
@@ -45,16 +41,16 @@ class Message(_Lenient):
     name: Optional[str] = None
 
 
-class StreamOptions(_Lenient):
+class StreamOptions(core.Lenient):
     include_usage: bool = False
 
 
-class ResponseFormat(_Lenient):
+class ResponseFormat(core.Lenient):
     type: Literal["text", "json_object", "json_schema"] = "text"
     json_schema: Optional[dict[str, Any]] = None
 
 
-class _Sampling(_Lenient):
+class _Sampling(core.Lenient):
     model: str = Field("", max_length=200)
     max_tokens: Optional[int] = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0, le=2)
@@ -96,7 +92,7 @@ class CompletionRequest(_Sampling):
     echo: bool = False
 
 
-class EmbeddingRequest(_Lenient):
+class EmbeddingRequest(core.Lenient):
     model: str = Field("", max_length=200)
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"

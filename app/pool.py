@@ -22,7 +22,7 @@ from localinfer.model_store.fit import check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import BackendFactory, _available_memory, _llama_cpp_backend, prepare
+from localinfer.service import BackendFactory, ram_available, llama_cpp_backend, prepare
 from localinfer.settings import Settings
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -81,8 +81,8 @@ class ModelPool:
         *,
         max_loaded: int = 3,
         default_keep_alive: float | None = 300.0,
-        backend_factory: BackendFactory = _llama_cpp_backend,
-        available_memory: Callable[[], int] = _available_memory,
+        backend_factory: BackendFactory = llama_cpp_backend,
+        available_memory: Callable[[], int] = ram_available,
     ):
         self.settings = settings
         self.options = options

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import psutil
-
-from collections.abc import Sequence
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
@@ -18,24 +16,25 @@ from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, plan
-from localinfer.model_store.store import Manifest
 from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
+from localinfer.model_store.store import Manifest
 from localinfer.settings import Settings
 
-__all__ = ["choose_quant", "draft_memory", "load_model", "plan_for", "prepare", "pull_model"]
+__all__ = ["choose_quant", "draft_memory", "llama_cpp_backend", "load_model", "plan_for",
+           "prepare", "pull_model", "ram_available"]
 
 log = logging.getLogger("localinfer.service")
 
 BackendFactory = Callable[[Path, LoadOptions, str], Backend]
 
 
-def _available_memory() -> int:
+def ram_available() -> int:
     return psutil.virtual_memory().available
 
 
-def _llama_cpp_backend(path: Path, options: LoadOptions, name: str) -> Backend:
+def llama_cpp_backend(path: Path, options: LoadOptions, name: str) -> Backend:
     from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
 
     return LlamaCppBackend(path, options, name=name)
@@ -45,7 +44,7 @@ def prepare(
     ref: str | None,
     options: LoadOptions,
     settings: Settings | None = None,
-    available_memory: Callable[[], int] = _available_memory,
+    available_memory: Callable[[], int] = ram_available,
     allow_paths: bool = True,
     hardware: Callable[[], Hardware | None] = lambda: detect(),
 ) -> tuple[ResolvedModel, GGUFInfo, LoadOptions]:
@@ -112,8 +111,8 @@ def load_model(
     ref: str | None,
     options: LoadOptions,
     settings: Settings | None = None,
-    available_memory: Callable[[], int] = _available_memory,
-    backend_factory: BackendFactory = _llama_cpp_backend,
+    available_memory: Callable[[], int] = ram_available,
+    backend_factory: BackendFactory = llama_cpp_backend,
 ) -> Backend:
     model, _info, options = prepare(ref, options, settings, available_memory)
     return backend_factory(model.path, options, model.name)

@@ -117,7 +117,7 @@ class LocalClient(ChatClient):
 
     def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
         from localinfer.model_store.planner import KV_BYTES
-        from localinfer.service import _llama_cpp_backend, prepare
+        from localinfer.service import llama_cpp_backend, prepare
 
         options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
         resolved, info, options = prepare(model, options, self.settings,
@@ -129,7 +129,7 @@ class LocalClient(ChatClient):
         self.backend = None
         if current is not None:
             current.close()
-        self.backend = _llama_cpp_backend(resolved.path, options, resolved.name)
+        self.backend = llama_cpp_backend(resolved.path, options, resolved.name)
         layers = options.n_gpu_layers or 0
         gpu = next(iter(self.hardware().gpus), None)
         device = "CPU" if not layers else (

@@ -10,7 +10,7 @@ import pytest
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest
 from localinfer.pool import ModelPool, parse_keep_alive
-from localinfer.service import _llama_cpp_backend
+from localinfer.service import llama_cpp_backend
 from localinfer.settings import Settings
 
 
@@ -42,7 +42,7 @@ class CountingFactory:
 
     def __call__(self, path, options, name):
         self.loads.append(name)
-        return _llama_cpp_backend(path, options, name)
+        return llama_cpp_backend(path, options, name)
 
 
 def _pool(settings, **kw) -> tuple[ModelPool, CountingFactory]:

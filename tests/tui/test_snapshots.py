@@ -7,7 +7,6 @@ timestamps. The model is the real smollm2, loaded in-process.
 
 from __future__ import annotations
 
-import sqlite3
 
 import pytest
 
