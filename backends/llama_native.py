@@ -12,6 +12,7 @@ import threading
 from collections.abc import Sequence
 
 import llama_cpp
+import numpy
 
 from localinfer.backends.base import SamplingParams
 from localinfer.errors import InvalidRequest, ModelLoadFailed
@@ -167,14 +168,28 @@ class SamplerChain:
 
     Logit bias and grammar see the full vocabulary first, so a banned or ungrammatical
     token can never be picked; penalties follow, then the truncations and the draw.
+
+    Two shortcuts pick the same tokens for less work, which counts on a large vocabulary
+    (gemma3's 262k: llama.cpp's greedy chain takes 0.46 ms a token, its chain with penalties
+    1.2 ms, against a 16 ms decode step):
+    - plain greedy (no bias, grammar or penalties) is an argmax over the logits in place;
+    - penalties that can only lower logits (repeat ≥ 1, frequency and presence ≥ 0) run
+      after a cut to the best top_k + 64 candidates: a token outside those has at least
+      top_k tokens above it that no penalty touches (at most 64 tokens are penalised), so it
+      could not have reached the top_k anyway.
     """
 
     _PENALTY_LAST_N = 64
+    shortcuts = True  # off: llama.cpp's plain chain (what the shortcuts are tested against)
 
     def __init__(self, native: NativeModel, params: SamplingParams, prompt: Sequence[int] = ()):
         chain_params = llama_cpp.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self.chain = llama_cpp.llama_sampler_chain_init(chain_params)
+        penalised = (params.repeat_penalty, params.frequency_penalty,
+                     params.presence_penalty) != (1, 0, 0)
+        self._argmax = (self.shortcuts and params.greedy and not penalised
+                        and not params.logit_bias and not params.grammar)
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if params.logit_bias:
             add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
@@ -184,7 +199,12 @@ class SamplerChain:
                 self.close()
                 raise InvalidRequest("the grammar does not parse — check its GBNF syntax")
             add(grammar)
-        if (params.repeat_penalty, params.frequency_penalty, params.presence_penalty) != (1, 0, 0):
+        if penalised:
+            keep = 1 if params.greedy else params.top_k
+            only_lower = (params.repeat_penalty >= 1 and params.frequency_penalty >= 0
+                          and params.presence_penalty >= 0)
+            if self.shortcuts and keep and only_lower:
+                add(llama_cpp.llama_sampler_init_top_k(keep + self._PENALTY_LAST_N))
             penalties = llama_cpp.llama_sampler_init_penalties(
                 native.n_vocab, self._PENALTY_LAST_N, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty)
@@ -206,6 +226,9 @@ class SamplerChain:
 
     def sample(self, native: NativeModel, batch_index: int) -> int:
         """Sample from the logits at `batch_index` of the last decode (and accept the token)."""
+        if self._argmax:  # the first of the highest, as llama.cpp's greedy sampler picks
+            logits = llama_cpp.llama_get_logits_ith(native.ctx, batch_index)
+            return int(numpy.ctypeslib.as_array(logits, shape=(native.n_vocab,)).argmax())
         return llama_cpp.llama_sampler_sample(self.chain, native.ctx, batch_index)
 
     def close(self) -> None:

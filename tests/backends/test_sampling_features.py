@@ -10,6 +10,7 @@ import time
 import pytest
 
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
+from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.errors import InvalidRequest
 
@@ -42,6 +43,35 @@ def _distinct_tokens(backend, text, **penalties):
                                           ("the the the the the the", "presence_penalty")])
 def test_penalties_reduce_repetition(smollm2, text, penalty):
     assert _distinct_tokens(smollm2, text, **{penalty: 2.0}) > _distinct_tokens(smollm2, text)
+
+
+SHORTCUT_CASES = {
+    "greedy": SamplingParams(temperature=0, max_tokens=40),
+    "greedy, repeat penalty": SamplingParams(temperature=0, repeat_penalty=1.5, max_tokens=40),
+    "Ollama's defaults": SamplingParams(temperature=0.8, top_k=40, top_p=0.9,
+                                        repeat_penalty=1.1, seed=7, max_tokens=40),
+    "frequency and presence": SamplingParams(temperature=1.0, top_k=20, frequency_penalty=1.0,
+                                             presence_penalty=0.5, seed=3, max_tokens=40),
+    "negative presence (no cut)": SamplingParams(temperature=1.0, top_k=20, seed=5,
+                                                 presence_penalty=-2.0, max_tokens=40),
+}
+
+
+@pytest.mark.parametrize("case", SHORTCUT_CASES)
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, model, case):
+    """Greedy as an argmax, penalties after a cut to the best candidates: same tokens as
+    llama.cpp's plain chain, on a 49k and a 262k vocabulary."""
+    backend = request.getfixturevalue(model)
+    ask = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
+
+    def tokens() -> list[int]:
+        generation = backend.chat(ask, SHORTCUT_CASES[case])
+        return [e.token for e in generation if isinstance(e, TokenEvent)]
+
+    fast = tokens()
+    monkeypatch.setattr(SamplerChain, "shortcuts", False)
+    assert fast == tokens() and len(fast) > 20
 
 
 def test_json_schema_grammar_with_penalties(smollm2):

@@ -1,0 +1,128 @@
+"""What choosing each token costs the engine, with the sampler shortcuts on and off.
+
+    python3 bench/sampling_cost.py [--tokens 96] [--reps 3]
+
+N streams (1 and 8) decode together from short prompts; greedy and Ollama's default
+sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). With the shortcuts off,
+every token goes through llama.cpp's plain sampler chain (see SamplerChain in
+backends/llama_native.py); the tokens are the same either way (tests check it). Reported:
+output tok/s of each, and their ratio within each round (median over rounds, alternating
+order). Writes bench/results/sampling_cost.{json,png,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.llama_native import SamplerChain
+from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
+from localinfer.model_store.sources import resolve
+
+RESULTS = Path(__file__).parent / "results"
+MODELS = ("smollm2:135m", "gemma3:270m")
+CASES = {"greedy": dict(temperature=0),
+         "Ollama defaults": dict(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1)}
+
+
+def _run(backend: LlamaCppBackend, n: int, case: dict, tokens: int, shortcuts: bool) -> float:
+    SamplerChain.shortcuts = shortcuts
+    bias = {backend.native.eos(): -100}  # every stream writes all its tokens
+    prompts = [backend.tokenize(f"Story {i}: the keeper of the lighthouse") for i in range(n)]
+    started = time.perf_counter()
+    gens = [backend.generate(p, SamplingParams(**case, seed=i, max_tokens=tokens, logit_bias=bias))
+            for i, p in enumerate(prompts)]
+    for g in gens:
+        g.text()
+    return sum(g.stats.generated_tokens for g in gens) / (time.perf_counter() - started)
+
+
+def bench_model(path: Path, tokens: int, reps: int, threads: int) -> list[dict]:
+    rows = []
+    for n in (1, 8):
+        backend = LlamaCppBackend(path, LoadOptions(n_ctx=256, n_slots=n, n_threads=threads))
+        try:
+            for name, case in CASES.items():
+                _run(backend, n, case, 8, True)  # warm up
+                on, off = [], []
+                for rep in range(reps):
+                    order = (True, False) if rep % 2 == 0 else (False, True)
+                    for shortcuts in order:
+                        (on if shortcuts else off).append(_run(backend, n, case, tokens, shortcuts))
+                rows.append({"streams": n, "sampling": name,
+                             "with_shortcuts_tps": statistics.median(on),
+                             "plain_chain_tps": statistics.median(off),
+                             "ratio": statistics.median(a / b for a, b in zip(on, off)),
+                             "runs": {"with_shortcuts": on, "plain_chain": off}})
+                r = rows[-1]
+                print(f"  N={n} {name}: {r['with_shortcuts_tps']:.1f} vs "
+                      f"{r['plain_chain_tps']:.1f} tok/s ({r['ratio']:.2f}x)", flush=True)
+        finally:
+            SamplerChain.shortcuts = True
+            backend.close()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=96)
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    logging.getLogger("localinfer.llama_cpp").setLevel(logging.ERROR)
+    threads = default_threads()
+    store = Path(tempfile.gettempdir()) / "localinfer-bench"
+    results = {}
+    for name in MODELS:
+        print(f"== {name}", flush=True)
+        results[name] = bench_model(resolve(name, store).path, args.tokens, args.reps, threads)
+    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "threads": threads,
+            "tokens": args.tokens, "reps": args.reps}
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "sampling_cost.json").write_text(json.dumps({"meta": meta, "results": results},
+                                                           indent=2))
+    lines = ["# Choosing tokens: the sampler shortcuts against llama.cpp's plain chain", "",
+             f"Measured {meta['date']} ({threads} threads), {args.tokens} tokens per stream, "
+             f"median of {args.reps} alternating rounds; the ratio is the median of each "
+             "round's. Same tokens either way. Reproduce: `python3 bench/sampling_cost.py`.", "",
+             "| model | streams | sampling | with shortcuts tok/s | plain chain tok/s | ratio |",
+             "|---|---|---|---|---|---|"]
+    for name, rows in results.items():
+        for r in rows:
+            lines.append(f"| {name} | {r['streams']} | {r['sampling']} | "
+                         f"{r['with_shortcuts_tps']:.1f} | {r['plain_chain_tps']:.1f} | "
+                         f"{r['ratio']:.2f} |")
+    lines += ["", "![plot](sampling_cost.png)", ""]
+    (RESULTS / "sampling_cost.md").write_text("\n".join(lines))
+    _plot(results)
+
+
+def _plot(results: dict) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    labels, ratios = [], []
+    for name, rows in results.items():
+        for r in rows:
+            labels.append(f"{name.split(':')[0]}\nN={r['streams']}\n{r['sampling']}")
+            ratios.append(r["ratio"])
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.bar(range(len(ratios)), ratios)
+    ax.axhline(1.0, color="gray", linestyle="--")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel("tok/s with shortcuts ÷ plain chain")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "sampling_cost.png", dpi=110)
+
+
+if __name__ == "__main__":
+    main()
