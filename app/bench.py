@@ -31,8 +31,8 @@ from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import PromptTooLong
 
-__all__ = ["Workload", "closed_loop", "prefill_label", "read_prompt", "run_bench",
-           "time_split", "typical_context"]
+__all__ = ["Workload", "closed_loop", "decode_bare", "prefill_label", "read_prompt",
+           "run_bench", "time_split", "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
@@ -81,17 +81,23 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
         read_prompt(native, batch, prompt, seq=0)  # sequence 0 reads it, the rest copy it
         for seq in range(1, n_seq):
             llama_cpp.llama_memory_seq_cp(native.memory, 0, seq, -1, -1)
-        token = prompt[-1]
-        started = time.perf_counter()
-        for step in range(n_tokens):
-            for seq in range(n_seq):
-                _put(batch, seq, token, len(prompt) + step, seq, True)
-            batch.n_tokens = n_seq
-            llama_cpp.llama_decode(native.ctx, batch)
-        return n_seq * n_tokens / (time.perf_counter() - started)
+        return decode_bare(native, batch, n_seq, prompt[-1], len(prompt), n_tokens)
     finally:
         llama_cpp.llama_batch_free(batch)
         native.close()
+
+
+def decode_bare(native: NativeModel, batch, n_seq: int, token: int, start: int,
+                n_tokens: int) -> float:
+    """Tok/s of the bare loop: `n_tokens` steps, each decoding `token` for sequences
+    0..n_seq-1 at positions from `start` on (no sampling, no scheduling)."""
+    started = time.perf_counter()
+    for step in range(n_tokens):
+        for seq in range(n_seq):
+            _put(batch, seq, token, start + step, seq, True)
+        batch.n_tokens = n_seq
+        llama_cpp.llama_decode(native.ctx, batch)
+    return n_seq * n_tokens / (time.perf_counter() - started)
 
 
 def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048)

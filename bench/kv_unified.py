@@ -23,7 +23,6 @@ import json
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import llama_cpp
@@ -31,7 +30,7 @@ import llama_cpp
 from localinfer.backends.base import LoadOptions
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.bench import _FILLER, Workload, _put, closed_loop, read_prompt
+from localinfer.bench import _FILLER, Workload, closed_loop, decode_bare, read_prompt
 from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -55,13 +54,7 @@ def decode_tps(path: Path, unified: bool, n_seq: int, context: int, n_tokens: in
         prompt = native.tokenize(_FILLER * (1 + context // 20))[:context]
         for seq in range(n_seq):  # each its own cells: nothing shared between sequences
             read_prompt(native, batch, prompt, seq)
-        started = time.perf_counter()
-        for step in range(n_tokens):
-            for seq in range(n_seq):
-                _put(batch, seq, prompt[-1], len(prompt) + step, seq, True)
-            batch.n_tokens = n_seq
-            llama_cpp.llama_decode(native.ctx, batch)
-        return n_seq * n_tokens / (time.perf_counter() - started)
+        return decode_bare(native, batch, n_seq, prompt[-1], len(prompt), n_tokens)
     finally:
         llama_cpp.llama_batch_free(batch)
         native.close()
