@@ -15,7 +15,7 @@ from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
-from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, plan
+from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, free_memory, plan
 from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
@@ -80,8 +80,7 @@ def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
     """The machine as the model's plan sees it once `taken` bytes of each GPU are in use."""
     if hw is None or not taken:
         return hw
-    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, (g.free_bytes if g.free_bytes is not None
-                                                           else g.total_bytes) - taken))
+    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - taken))
                  for g in hw.gpus)
     return dataclasses.replace(hw, gpus=gpus)
 

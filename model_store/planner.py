@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from localinfer.model_store.hardware import GPU
 
-__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "params_from_tag", "plan", "rough_device"]
+__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "free_memory", "params_from_tag", "plan",
+           "rough_device"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
            "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
@@ -82,12 +83,12 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     compute = _compute(shape, n_ubatch)
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
-    gpu = max(gpus, key=_budget, default=None)
+    gpu = max(gpus, key=free_memory, default=None)
     common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
 
     if gpu is not None:
-        budget = _budget(gpu)
+        budget = free_memory(gpu)
         for quant in ranked:
             need = files[quant] + kv + compute
             if need + _margin(need) <= budget:
@@ -111,7 +112,7 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                         reason=f"{where}; {quant} runs on the CPU in {gib(need)} of "
                                f"{gib(ram_available)} available RAM")
     smallest = min(files, key=files.get)
-    room = max(_budget(gpu) if gpu else 0, ram_available)
+    room = max(free_memory(gpu) if gpu else 0, ram_available)
     per_token = shape.kv_bytes_per_token(kv_type) * n_slots
     fixed = files[smallest] + compute
     fits_ctx = int((room * 0.95 - fixed - 256 * _MIB) // per_token) if per_token else 0
@@ -121,7 +122,8 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                   f"{gib(fixed + kv)} and {gib(room)} is free — {hint}")
 
 
-def _budget(gpu: GPU) -> int:
+def free_memory(gpu: GPU) -> int:
+    """What the plan may use of a GPU: its free memory, or all of it where none is reported."""
     return gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes
 
 
@@ -158,7 +160,7 @@ def rough_device(n_params: int, gpus: Sequence[GPU], ram_available: int) -> str 
     the weights stand in for the KV cache and buffers; `plan` decides once the header is read.
     """
     need = n_params * _Q4_K_M_BITS / 8 * 1.15 + 512 * _MIB
-    budget = max((_budget(g) for g in gpus), default=0)
+    budget = max((free_memory(g) for g in gpus), default=0)
     if budget and need <= budget:
         return "gpu"
     if budget and need <= budget + ram_available:
