@@ -69,6 +69,10 @@ def test_file_that_is_not_gguf(tmp_path):
     fake.write_text("not a model")
     result = _run(str(fake), "-p", "hi")
     assert result.returncode == 1 and "does not start with the GGUF magic" in result.stderr
+    # the draft model's header is read too, while its memory is planned
+    result = _run("--draft-model", str(fake), "-p", "hi")
+    assert result.returncode == 1 and "does not start with the GGUF magic" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_truncated_file(tmp_path, smollm2_path):
