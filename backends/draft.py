@@ -17,7 +17,8 @@ from collections.abc import Sequence
 
 import llama_cpp
 
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.base import SamplingParams
+from localinfer.backends.llama_native import NativeModel, SamplerChain
 from localinfer.errors import ModelLoadFailed
 
 __all__ = ["DraftModel", "common_prefix", "ngram_draft"]
@@ -64,9 +65,7 @@ class DraftModel:
         self.n_batch = self.native.n_batch()
         self.cache: list[int] = []
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
-        chain_params = llama_cpp.llama_sampler_chain_default_params()
-        self._greedy = llama_cpp.llama_sampler_chain_init(chain_params)
-        llama_cpp.llama_sampler_chain_add(self._greedy, llama_cpp.llama_sampler_init_greedy())
+        self._greedy = SamplerChain(self.native, SamplingParams(temperature=0))  # an argmax
 
     def propose(self, tokens: Sequence[int], max_draft: int) -> list[int]:
         """Up to `max_draft` tokens the draft model would write after `tokens`."""
@@ -81,7 +80,7 @@ class DraftModel:
                 return []
         draft: list[int] = []
         while True:
-            token = llama_cpp.llama_sampler_sample(self._greedy, self.native.ctx, -1)
+            token = self._greedy.sample(self.native, -1)
             if self.native.is_eog(token):
                 return draft
             draft.append(token)
@@ -105,7 +104,7 @@ class DraftModel:
 
     def close(self) -> None:
         if self._greedy:
-            llama_cpp.llama_sampler_free(self._greedy)
+            self._greedy.close()
             llama_cpp.llama_batch_free(self._batch)
             self._greedy = None
             self.native.close()

@@ -25,7 +25,7 @@ import llama_cpp
 
 from localinfer.backends.draft import DraftModel, common_prefix, ngram_draft
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
-from localinfer.backends.llama_native import NativeModel, SamplerChain, grammar_sampler
+from localinfer.backends.llama_native import NativeModel, SamplerChain
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
@@ -71,9 +71,13 @@ class Task:
     params: SamplingParams
     generation: Generation
     stats: RequestStats
+    sampler: SamplerChain | None = None  # built when submitted; the slot takes it
     resume: Resume | None = None
 
     def close(self) -> None:
+        if self.sampler:
+            self.sampler.close()
+            self.sampler = None
         if self.resume:
             self.resume.sampler.close()
             self.resume = None
@@ -166,15 +170,21 @@ class Engine:
             raise EngineClosed("the engine has been shut down")
         prompt = list(prompt)
         self._check_prompt(prompt)
-        self._check_params(params)
+        self._check_logit_bias(params)
+        # built here, in the caller's thread (it reads only the vocabulary): a grammar that
+        # does not parse is refused before it is queued, and parsed once
+        sampler = SamplerChain(self.native, params, prompt)
         with self._lock:
-            if self._n_queued - self._n_requeued >= self.max_waiting:
-                raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
-            self._n_queued += 1
+            busy = self._n_queued - self._n_requeued >= self.max_waiting
+            if not busy:
+                self._n_queued += 1
+        if busy:
+            sampler.close()
+            raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
         task_id = next(self._ids)
         generation = Generation(id=task_id, _on_cancel=lambda: self._inbox.put(_WAKE))
         stats = RequestStats(submitted_at=self._clock())
-        self._inbox.put(Task(task_id, prompt, params, generation, stats))
+        self._inbox.put(Task(task_id, prompt, params, generation, stats, sampler))
         return generation
 
     def stats(self) -> EngineStats:
@@ -195,16 +205,11 @@ class Engine:
             step_seconds=self._seconds["step"],
         )
 
-    def _check_params(self, params: SamplingParams) -> None:
+    def _check_logit_bias(self, params: SamplingParams) -> None:
         n_vocab = self.native.n_vocab
         bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
         if bad is not None:
             raise InvalidRequest(f"logit_bias names token {bad}, outside the vocabulary (0..{n_vocab - 1})")
-        if params.grammar:
-            sampler = grammar_sampler(self.native, params.grammar)
-            if sampler is None:
-                raise InvalidRequest("the grammar does not parse — check its GBNF syntax")
-            llama_cpp.llama_sampler_free(sampler)
 
     def _check_prompt(self, prompt: list[int]) -> None:
         if not prompt:
@@ -335,7 +340,7 @@ class Engine:
                       slot.id, task.id, len(tokens), n_keep)
             return
         slot.state = SlotState.PROCESSING_PROMPT
-        slot.sampler = SamplerChain(self.native, task.params, task.prompt)
+        slot.sampler, task.sampler = task.sampler, None
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         slot.stop = StopMatcher(task.params.stop)
         task.stats.started_at = self._clock()
@@ -398,7 +403,9 @@ class Engine:
         if slot.state is SlotState.GENERATING:
             task.resume = Resume(list(slot.cache), slot.next_token, slot.sampler,
                                  slot.decoder, slot.stop)
-            slot.sampler = None  # now the task's
+        else:  # it has sampled nothing yet: its sampler is as good as new
+            task.sampler = slot.sampler
+        slot.sampler = None  # now the task's
         log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
         self._forget(slot)
         self._release(slot)
@@ -610,4 +617,5 @@ class Engine:
             except queue.Empty:
                 return
             if isinstance(item, Task):
+                item.close()
                 item.generation.put(ErrorEvent(error))
