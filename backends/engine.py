@@ -394,14 +394,18 @@ class Engine:
     def _preempt(self, slot: Slot) -> None:
         """Drop a request's KV and queue it first, to be rebuilt from its tokens later.
 
-        One still reading its prompt starts over; one generating keeps its sampler, text
-        decoder and stop matcher, so it goes on exactly where it was.
+        One still reading its prompt starts over; one generating, or still reading back its
+        tokens after an earlier preemption, keeps its sampler, text decoder and stop matcher,
+        so it goes on exactly where it was.
         """
         task = slot.task
         task.stats.preemptions += 1
         self._counters["preempted"] += 1
         if slot.state is SlotState.GENERATING:
             task.resume = Resume(list(slot.cache), slot.next_token, slot.sampler,
+                                 slot.decoder, slot.stop)
+        elif slot.rebuilding:  # preempted again before its tokens were read back
+            task.resume = Resume(slot.to_read, slot.next_token, slot.sampler,
                                  slot.decoder, slot.stop)
         else:  # it has sampled nothing yet: its sampler is as good as new
             task.sampler = slot.sampler

@@ -165,3 +165,34 @@ def test_a_slot_full_of_another_prompt_makes_way_for_the_next(smollm2_path):
             generation = backend.generate(prompt, SamplingParams(temperature=0, max_tokens=4))
             assert generation.text() and generation.stats.cached_tokens < 10
         assert len(backend.engine.slots[0].cache) == 200 + 3
+
+
+def test_a_request_preempted_again_while_read_back_goes_on_where_it_stopped(pooled,
+                                                                             monkeypatch):
+    """The newest stream yields its cells, and yields them again before its tokens are read
+    back (the pool still short): it must resume from where it stopped, not start over."""
+    engine = pooled.engine
+    make_room = engine._make_room_for_decode
+    target: dict = {"preempted": 0}
+
+    def squeeze():  # where the engine preempts, just before a step
+        slot = next((s for s in engine.slots if s.task and s.task.id == target.get("id")), None)
+        if slot is not None:
+            if not target["preempted"] and slot.task.stats.generated_tokens >= 20:
+                engine._preempt(slot)
+                target["preempted"] = 1
+            elif target["preempted"] == 1 and slot.rebuilding:
+                engine._preempt(slot)
+                target["preempted"] = 2
+        make_room()
+
+    older = _count(pooled, 101, max_tokens=80)  # keeps running: the target is the newest
+    monkeypatch.setattr(engine, "_make_room_for_decode", squeeze)
+    generation = _count(pooled, 1, max_tokens=60)
+    target["id"] = generation.id
+    text = generation.text()
+    assert older.text()
+    assert target["preempted"] == 2
+    assert generation.stats.preemptions == 2
+    assert generation.stats.generated_tokens == 60
+    assert _counts_on(text, 1), text
