@@ -187,7 +187,7 @@ class ModelPool:
             if len(self._loaded) < self.max_loaded:
                 try:
                     check_context(info, options.n_ctx or 0, options.n_slots, self._available(),
-                                  options.n_batch, name)
+                                  options.n_batch, name, n_outputs=options.n_outputs)
                     return
                 except ContextTooLarge:
                     if not self._idle():
@@ -237,4 +237,5 @@ class ModelPool:
 
 
 def _estimated_bytes(info: GGUFInfo, options: LoadOptions) -> int:
-    return estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch).total
+    return estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch,
+                           n_outputs=options.n_outputs).total

@@ -57,14 +57,16 @@ def prepare(
     if options.draft_model:  # a name or a path: it comes from whoever starts us, never the network
         draft = resolve(options.draft_model, settings.models_dir)
         draft_model = str(draft.path)
-        draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).total
+        draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
     n_gpu_layers = options.n_gpu_layers
     if n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
         n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots,
-                                  _less_gpu_memory(hardware(), draft_bytes), options.kv_type)
+                                  _less_gpu_memory(hardware(), draft_bytes), options.kv_type,
+                                  options.n_outputs)
     if not n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name,
-                      KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"))
+                      KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"),
+                      n_outputs=options.n_outputs)
     return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
                                             draft_model=draft_model)
 
@@ -73,7 +75,7 @@ def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEsti
     """A draft model's memory: its weights, an f16 KV cache for one stream (for the whole pool
     with --kv-unified) and its compute buffer, as the backend creates it."""
     n_streams = options.n_slots if options.kv_unified else 1
-    return estimate_memory(info, n_ctx, n_streams, options.n_batch)
+    return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1)
 
 
 def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
@@ -86,20 +88,20 @@ def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
-             kv_type: str = "f16") -> Plan:
+             kv_type: str = "f16", n_outputs: int = 16) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit."""
     gpus = list(hw.gpus) if hw.gpu_offload else []  # a CPU build cannot use them
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
-                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
+                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs)
 
 
 def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
-               kv_type: str = "f16") -> int:
+               kv_type: str = "f16", n_outputs: int = 16) -> int:
     """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
     if hw is None or not hw.gpu_offload or not hw.gpus:
         return 0
     try:
-        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type)
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs)
     except WontFit:
         return 0  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)

@@ -108,6 +108,18 @@ class LoadOptions:
     kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache
     flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
 
+    @property
+    def guesses(self) -> int:
+        """Guesses a lone stream decodes per step: draft_tokens, 8 with a draft model."""
+        return self.draft_tokens or (8 if self.draft_model else 0)
+
+    @property
+    def n_outputs(self) -> int:
+        """Logits one step asks for at most: one per slot, or a lone stream's token and its
+        guesses. llama.cpp reserves its compute buffer for this many, not for a whole batch
+        (gemma3, 262k vocabulary: 21 MiB instead of 514)."""
+        return max(self.n_slots, 1 + self.guesses)
+
     def __post_init__(self) -> None:
         if self.kv_type not in ("f16", "q8_0", "q4_0"):
             raise InvalidRequest(f"KV cache type must be f16, q8_0 or q4_0, not {self.kv_type!r}")

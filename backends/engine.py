@@ -157,6 +157,7 @@ class Engine:
         # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
         # their difference is what the engine itself costs on top of llama.cpp
         self._seconds = {"decode": 0.0, "step": 0.0}
+        self._n_outputs = 0  # logits asked for by the batch being filled
         self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
@@ -420,8 +421,12 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
+        self._n_outputs = 0
         n_decode, n_prompt = self._fill_batch()
         self._batch.n_tokens = n_decode + n_prompt
+        if self._n_outputs > self.native.n_outputs:  # llama.cpp would abort the process
+            raise EngineError(f"a step asked for {self._n_outputs} logits, more than the "
+                              f"{self.native.n_outputs} the context holds")
         decode_started = time.perf_counter()
         rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
         self._seconds["decode"] += time.perf_counter() - decode_started
@@ -535,6 +540,7 @@ class Engine:
         slot.cache.append(token)
         if logits:
             slot.batch_index = n
+            self._n_outputs += 1
         return n + 1
 
     def _on_token(self, slot: Slot, token: int) -> None:

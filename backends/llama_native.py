@@ -52,7 +52,9 @@ class NativeModel:
 
     def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
                  n_threads: int, n_gpu_layers: int = 0, kv_type: str = "f16",
-                 flash_attn: bool | None = None, kv_unified: bool = False):
+                 flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0):
+        """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
+        abort the process, so the engine checks before each decode."""
         route_llama_log()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
@@ -66,6 +68,9 @@ class NativeModel:
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
         cparams.n_seq_max = n_slots
+        # llama.cpp reserves one per sequence at least, and aborts when given fewer
+        n_outputs = max(n_outputs, n_slots) if n_outputs else 0
+        cparams.n_outputs_max = n_outputs
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.no_perf = True
@@ -86,6 +91,7 @@ class NativeModel:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
         self._piece_buf = ctypes.create_string_buffer(256)
 
     # -- model facts

@@ -40,6 +40,7 @@ class LlamaCppBackend(Backend):
             kv_type=options.kv_type,
             flash_attn=options.flash_attn,
             kv_unified=options.kv_unified,
+            n_outputs=options.n_outputs,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
@@ -63,7 +64,7 @@ class LlamaCppBackend(Backend):
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk,
                              step_budget=options.step_budget,
-                             draft_tokens=options.draft_tokens or (8 if drafter else 0),
+                             draft_tokens=options.guesses,
                              unified=options.kv_unified, drafter=drafter)
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=n_threads)

@@ -36,11 +36,12 @@ class GGUFInfo:
     sliding_window: int | None
     n_vocab: int
     chat_template: str | None
+    n_embd: int = 0
 
     def shape(self) -> ModelShape:
         """What the fit planner needs to know of the model."""
         return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
-                          self.n_vocab, self.n_ctx_train)
+                          self.n_vocab, self.n_ctx_train, self.n_embd)
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """K and V for one token across all layers (f16 by default), as llama.cpp stores them."""
@@ -232,4 +233,5 @@ def _info_from_meta(path: Path, size: int, meta: dict[str, Any]) -> GGUFInfo:
         sliding_window=int(window) if window else None,
         n_vocab=_array_length(meta.get("tokenizer.ggml.tokens")),
         chat_template=meta.get("tokenizer.chat_template"),
+        n_embd=n_embd,
     )

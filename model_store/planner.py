@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from localinfer.model_store.hardware import GPU
 
-__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "free_memory", "params_from_tag", "plan",
-           "rough_device"]
+__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "compute_buffer", "free_memory",
+           "params_from_tag", "plan", "rough_device"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
            "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
@@ -40,6 +40,7 @@ class ModelShape:
     head_dim_v: int
     n_vocab: int
     n_ctx_train: int
+    n_embd: int
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
@@ -65,8 +66,22 @@ def _rank(quant: str) -> int:
     return QUALITY.index(quant) if quant in QUALITY else len(QUALITY)
 
 
-def _compute(shape: ModelShape, n_ubatch: int) -> int:
-    return shape.n_vocab * n_ubatch * 4 + 16 * _MIB  # logits of one micro-batch dominate
+def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
+                   n_outputs: int = 16) -> int:
+    """llama.cpp's compute buffer for a micro-batch of n_ubatch tokens, n_outputs of them
+    asking for logits, over n_ctx_stream cells of one sequence's KV.
+
+    The larger of the logits (f32 × vocabulary per output) and the activations, plus the
+    attention masks (f16, n_ubatch × cells, for full and sliding-window layers). Fitted on
+    the two embedded models on a CPU, where it is an upper bound: activations 48 and 57
+    bytes × n_embd per token (taken as 58), one mask each for smollm2 and two for gemma3
+    (taken as two). gemma3 at 512 tokens: 21.8 MiB reported for 1 to 16 outputs, 65.4 for
+    64, 514.5 for 512 — llama.cpp's default reserves a whole batch of outputs.
+    """
+    logits = min(n_outputs, n_ubatch) * shape.n_vocab * 4
+    activations = n_ubatch * shape.n_embd * 58
+    masks = n_ubatch * n_ctx_stream * 2 * 2
+    return max(logits, activations) + masks
 
 
 def _margin(total: int) -> int:
@@ -74,13 +89,17 @@ def _margin(total: int) -> int:
 
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
-         n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512) -> Plan:
-    """Raise WontFit (with what would fit) when nothing does."""
+         n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
+         n_outputs: int = 16) -> Plan:
+    """Raise WontFit (with what would fit) when nothing does.
+
+    n_outputs: logits a step may ask for (at least one per slot; 16 leaves room for a
+    lone stream's guesses)."""
     if not files:
         raise WontFit("no GGUF files to choose from")
     n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
     kv = int(shape.kv_bytes_per_token(kv_type) * n_ctx * n_slots)
-    compute = _compute(shape, n_ubatch)
+    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
     gpu = max(gpus, key=free_memory, default=None)

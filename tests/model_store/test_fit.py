@@ -45,10 +45,12 @@ def test_nothing_fits_in_too_little_memory(info):
 
 @pytest.mark.parametrize("model,n_ctx,n_slots", [("smollm2_path", 2048, 1),
                                                   ("smollm2_path", 1024, 4),
-                                                  ("gemma3_path", 2048, 1)])
+                                                  ("gemma3_path", 2048, 1),
+                                                  ("gemma3_path", 8192, 1)])
 def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_slots, request,
                                                               caplog):
-    """Weights + KV + compute, against llama.cpp's own report after loading: within 10%."""
+    """Weights + KV + compute, against llama.cpp's own report after loading: within 10%; the
+    compute buffer alone, reserved for the logits a step may ask for, is never under."""
     import logging
     import re
 
@@ -57,12 +59,30 @@ def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_sl
 
     path = request.getfixturevalue(model)
     caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
-    with LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots)):
+    options = LoadOptions(n_ctx=n_ctx, n_slots=n_slots)
+    with LlamaCppBackend(path, options):
         pass
     pattern = r"^(?!~).*(?:model|KV|compute|output) buffer size =\s+([\d.]+) MiB"
     reported = sum(float(m) for m in re.findall(pattern, caplog.text, re.M)) * 2**20
-    estimate = estimate_memory(read_gguf_info(path), n_ctx, n_slots).total
-    assert reported == pytest.approx(estimate, rel=0.10)
+    compute = float(re.search(r"compute buffer size =\s+([\d.]+) MiB", caplog.text)[1]) * 2**20
+    estimate = estimate_memory(read_gguf_info(path), n_ctx, n_slots,
+                               n_outputs=options.n_outputs)
+    assert reported == pytest.approx(estimate.total, rel=0.10)
+    assert compute <= estimate.compute <= 1.5 * compute
+
+
+def test_the_compute_buffer_holds_the_logits_a_step_asks_for(gemma3_path):
+    """gemma3's 262k vocabulary: 1 MiB of logits per output. llama.cpp would reserve 512 of
+    them (514 MiB); one slot asks for one, a lone stream with 8 guesses for nine."""
+    from localinfer.backends.base import LoadOptions
+
+    info = read_gguf_info(gemma3_path)
+    one = estimate_memory(info, 2048, n_outputs=LoadOptions().n_outputs).compute
+    guessing = estimate_memory(info, 2048, n_outputs=LoadOptions(draft_tokens=8).n_outputs)
+    many = estimate_memory(info, 2048, n_outputs=512).compute
+    assert one < 32 * 2**20 < many
+    assert guessing.compute == one  # nine logits fit where the activations already are
+    assert estimate_memory(info, 2048, n_outputs=64).compute > 64 * 2**20
 
 
 _MEASURE = """
@@ -92,4 +112,3 @@ def test_resident_estimate_agrees_with_measured_memory_growth(model, n_ctx, requ
     grown = json.loads(out.stdout.strip().splitlines()[-1])
     estimate = estimate_memory(read_gguf_info(path), n_ctx, 1)
     assert grown == pytest.approx(estimate.resident, rel=0.10)
-    assert estimate.total > grown  # the reserve is an upper bound on a CPU
