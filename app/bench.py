@@ -144,10 +144,12 @@ def typical_context(work: Workload) -> int:
                                                                  + work.max_output) // 4
 
 
-def read_prompt(native: NativeModel, batch, prompt: Sequence[int], seq: int) -> None:
-    """The bare loop reads a prompt into one sequence, 512 tokens a batch, logits for the last."""
-    for start in range(0, len(prompt), 512):
-        chunk = prompt[start:start + 512]
+def read_prompt(native: NativeModel, batch, prompt: Sequence[int], seq: int,
+                size: int = 512) -> None:
+    """The bare loop reads a prompt into one sequence, `size` tokens a batch, logits for the
+    last."""
+    for start in range(0, len(prompt), size):
+        chunk = prompt[start:start + size]
         for i, token in enumerate(chunk):
             _put(batch, i, token, start + i, seq, start + i == len(prompt) - 1)
         batch.n_tokens = len(chunk)
@@ -190,10 +192,11 @@ def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
 
 
 def engine_level(path: Path, clients: int, work: Workload, threads: int,
-                 step_budget: float | None = None) -> dict:
+                 step_budget: float | None = None, n_batch: int = 512) -> dict:
     n_ctx = work.max_prompt + work.max_output + 16
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
-                                                n_gpu_layers=0, step_budget=step_budget))
+                                                n_gpu_layers=0, step_budget=step_budget,
+                                                n_batch=n_batch))
     try:
         level = {"clients": clients, **closed_loop(backend, clients, work)}
         return {**level, **time_split(backend.stats(), level["wall_s"])}
@@ -267,12 +270,15 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
 
 
 # ---------------------------------------------------------------------------- scenarios
-def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
-                     long_prompt: int = 2000, step_budget: float | None = None) -> dict:
-    """Running streams' ITL while a long prompt is read, against their own median ITL."""
+def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_running: int = 4,
+                     long_prompt: int = 2000, step_budget: float | None = None,
+                     n_batch: int = 512) -> dict:
+    """Running streams' ITL while a long prompt is read, against their own median ITL.
+    chunk: prompt tokens per slot per step (None: the batch); n_batch: tokens per step."""
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
                                                 n_threads=threads, prefill_chunk=chunk,
-                                                n_gpu_layers=0, step_budget=step_budget))
+                                                n_gpu_layers=0, step_budget=step_budget,
+                                                n_batch=n_batch))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
         running = [backend.generate(_prompt(backend, 32, i), SamplingParams(
@@ -295,7 +301,8 @@ def long_prefill_itl(path: Path, threads: int, chunk: int, n_running: int = 4,
                     during.append(b - a)
         median = statistics.median(before)
         p99 = _pct(during, 0.99)
-        return {"prefill_chunk": chunk, "step_budget": backend.engine.budget.factor,
+        return {"prefill_chunk": backend.engine.prefill_chunk,
+                "step_budget": backend.engine.budget.factor,
                 "median_itl_s": median, "p99_itl_during_prefill_s": p99,
                 "ratio": p99 / median if p99 else None,
                 "long_prompt_ttft_s": reader.stats.ttft}
