@@ -12,8 +12,10 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def chat():
+    # one thread: this tests the terminal, and on a loaded 2-core machine llama.cpp's threads
+    # can wait on each other for a minute (its spin barriers, oversubscribed)
     child = pexpect.spawn(sys.executable, ["-m", "localinfer", "run", "--temperature", "0",
-                                           "--max-tokens", "60"],
+                                           "--max-tokens", "60", "--threads", "1"],
                           encoding="utf-8", timeout=60, dimensions=(40, 200))
     child.expect("/bye to exit")
     child.expect(">>> ")
