@@ -106,26 +106,31 @@ def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048
 
     Fitted through two prompts read in 512-token batches, each timed twice (the faster kept).
     """
-    times = []
-    for length in lengths:
-        native = NativeModel(str(path), n_ctx_total=length + 64, n_slots=1, n_batch=512,
-                             n_threads=threads)
-        batch = llama_cpp.llama_batch_init(512, 0, 1)
-        try:
-            prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
-            best = math.inf
-            for _ in range(2):
-                llama_cpp.llama_memory_clear(native.memory, True)
-                started = time.perf_counter()
-                read_prompt(native, batch, prompt, seq=0)
-                best = min(best, time.perf_counter() - started)
-            times.append(best)
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            native.close()
+    times = [bare_prefill_seconds(path, threads, length) for length in lengths]
     (l1, l2), (t1, t2) = lengths, times
     b = (t2 / l2 - t1 / l1) / (l2 - l1)
     return t1 / l1 - b * l1, b
+
+
+def bare_prefill_seconds(path: Path, threads: int, length: int, size: int = 512,
+                         reads: int = 2) -> float:
+    """Seconds the bare loop takes to read a `length`-token prompt, `size` tokens a batch:
+    the fastest of `reads` reads."""
+    native = NativeModel(str(path), n_ctx_total=length + 64, n_slots=1, n_batch=size,
+                         n_threads=threads)
+    batch = llama_cpp.llama_batch_init(size, 0, 1)
+    try:
+        prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
+        best = math.inf
+        for _ in range(reads):
+            llama_cpp.llama_memory_clear(native.memory, True)
+            started = time.perf_counter()
+            read_prompt(native, batch, prompt, seq=0, size=size)
+            best = min(best, time.perf_counter() - started)
+        return best
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        native.close()
 
 
 def bare_time(level: dict, cost: tuple[float, float], ceiling_tps: float) -> float:

@@ -22,20 +22,16 @@ import argparse
 import dataclasses
 import json
 import logging
-import math
 import platform
 import statistics
 import tempfile
 import time
 from pathlib import Path
 
-import llama_cpp
-
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
-from localinfer.bench import (_FILLER, Workload, _prompt, engine_level, long_prefill_itl,
-                              read_prompt)
+from localinfer.bench import (Workload, _prompt, bare_prefill_seconds, engine_level,
+                              long_prefill_itl)
 from localinfer.model_store.sources import resolve
 
 RESULTS = Path(__file__).parent / "results"
@@ -49,21 +45,7 @@ def bare_prefill(path: Path, threads: int, length: int = 1024) -> dict[int, floa
     """Prompt tok/s of the bare loop at each batch size (the best of 3 reads)."""
     tps = {}
     for size in SIZES:
-        native = NativeModel(str(path), n_ctx_total=length + 64, n_slots=1, n_batch=size,
-                             n_threads=threads)
-        batch = llama_cpp.llama_batch_init(size, 0, 1)
-        try:
-            prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
-            best = math.inf
-            for _ in range(3):
-                llama_cpp.llama_memory_clear(native.memory, True)
-                started = time.perf_counter()
-                read_prompt(native, batch, prompt, seq=0, size=size)
-                best = min(best, time.perf_counter() - started)
-            tps[size] = length / best
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            native.close()
+        tps[size] = length / bare_prefill_seconds(path, threads, length, size, reads=3)
         print(f"  bare loop, {size} tokens a batch: {tps[size]:.0f} prompt tok/s", flush=True)
     return tps
 
@@ -151,7 +133,7 @@ _ROWS = (("lone_ttft_s", "a lone 2000-token prompt: TTFT (s)", ".2f"),
 
 
 def _markdown(meta: dict, results: dict) -> str:
-    small = meta.get("small_batch", meta.get("cpu_batch"))
+    small = meta["small_batch"]
     lines = [f"# Tokens a step on a CPU: {small} against 512", "",
              f"Measured {meta['date']} ({meta['threads']} threads). Reproduce: "
              "`python3 bench/prefill_batch.py`. The bare loop reads a 1024-token prompt at each "
