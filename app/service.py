@@ -15,7 +15,8 @@ from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
-from localinfer.model_store.planner import KV_BYTES, Plan, WontFit, free_memory, plan
+from localinfer.model_store.planner import (DEFAULT_OUTPUTS, KV_BYTES, Plan, WontFit,
+                                            free_memory, plan)
 from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
@@ -88,7 +89,7 @@ def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
-             kv_type: str = "f16", n_outputs: int = 16) -> Plan:
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit."""
     gpus = list(hw.gpus) if hw.gpu_offload else []  # a CPU build cannot use them
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
@@ -96,7 +97,7 @@ def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
 
 
 def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
-               kv_type: str = "f16", n_outputs: int = 16) -> int:
+               kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> int:
     """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
     if hw is None or not hw.gpu_offload or not hw.gpus:
         return 0

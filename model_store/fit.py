@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo
-from localinfer.model_store.planner import compute_buffer
+from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context"]
 
@@ -51,7 +51,7 @@ def _host_bytes(n_vocab: int) -> int:
 
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
-                    kv_bytes_per_element: float = 2.0, n_outputs: int = 16) -> MemoryEstimate:
+                    kv_bytes_per_element: float = 2.0, n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs)."""
     kv = int(info.kv_bytes_per_token(kv_bytes_per_element) * n_ctx * n_slots)
     compute = compute_buffer(info.shape(), n_ctx, n_ubatch, max(n_outputs, n_slots))
@@ -59,7 +59,7 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
-                kv_bytes_per_element: float = 2.0, n_outputs: int = 16) -> int:
+                kv_bytes_per_element: float = 2.0, n_outputs: int = DEFAULT_OUTPUTS) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_bytes_per_element,
@@ -77,7 +77,7 @@ def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int 
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_bytes_per_element: float = 2.0,
-                  beside: tuple[int, str] = (0, ""), n_outputs: int = 16) -> MemoryEstimate:
+                  beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from localinfer.model_store.hardware import GPU
 
-__all__ = ["QUALITY", "ModelShape", "Plan", "WontFit", "compute_buffer", "free_memory",
-           "params_from_tag", "plan", "rough_device"]
+__all__ = ["DEFAULT_OUTPUTS", "QUALITY", "ModelShape", "Plan", "WontFit", "compute_buffer",
+           "free_memory", "params_from_tag", "plan", "rough_device"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
            "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
@@ -29,6 +29,9 @@ QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4
 _SPLIT_CAP = QUALITY.index("Q4_K_M")
 _MIB = 1024 * 1024
 _GIB = 1024 * _MIB
+# logits a step may ask for when the caller does not say (LoadOptions.n_outputs does): room
+# for a few slots, or a lone stream's token and 8 guesses
+DEFAULT_OUTPUTS = 16
 KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # per element, with block scales
 
 
@@ -67,7 +70,7 @@ def _rank(quant: str) -> int:
 
 
 def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
-                   n_outputs: int = 16) -> int:
+                   n_outputs: int = DEFAULT_OUTPUTS) -> int:
     """llama.cpp's compute buffer for a micro-batch of n_ubatch tokens, n_outputs of them
     asking for logits, over n_ctx_stream cells of one sequence's KV.
 
@@ -90,11 +93,10 @@ def _margin(total: int) -> int:
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
-         n_outputs: int = 16) -> Plan:
+         n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
-    n_outputs: logits a step may ask for (at least one per slot; 16 leaves room for a
-    lone stream's guesses)."""
+    n_outputs: logits a step may ask for (at least one per slot)."""
     if not files:
         raise WontFit("no GGUF files to choose from")
     n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
