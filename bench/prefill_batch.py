@@ -140,12 +140,7 @@ def _markdown(meta: dict, results: dict) -> str:
              "batch size (best of 3); the engine runs with 512 tokens a step (the default, as "
              f"llama.cpp's server reads prompts) and with {small}, alternating, "
              f"{meta['reps']} rounds; medians, and the median of each round's ratio.", "",
-             f"**Why the default stays 512.** A prompt token costs the same from 128 tokens a "
-             f"step up, and {small} a step cuts running streams' waits while a long prompt is "
-             "read to a third — but under 8 clients with short prompts it raises P99 TTFT by "
-             "about 40% and lowers output tok/s by 8–11%: the streams that start first take "
-             "a decode turn in every one of the 4× as many steps, ahead of the prompts still "
-             "waiting. `--step-budget` is the option for smooth streams.", ""]
+             _verdict(small, results), ""]
     for name, r in results.items():
         bare = r["bare_prefill_tps"]
         lines += [f"## {name}", "", "| tokens a batch | " + " | ".join(map(str, bare)) + " |",
@@ -160,6 +155,19 @@ def _markdown(meta: dict, results: dict) -> str:
         lines.append("")
     lines += ["![plot](prefill_batch.png)", ""]
     return "\n".join(lines)
+
+
+def _verdict(small: int, results: dict) -> str:
+    """The reading of this run's ratios (small ÷ 512), in words."""
+    span = lambda key, scale=1: "–".join(  # noqa: E731
+        f"{scale * v:.0f}" for v in sorted({round(r["ratio"][key], 2) for r in results.values()}))
+    return (f"**The trade, in this run.** {small} prompt tokens a step against 512: running "
+            f"streams' P99 ITL while a long prompt is read × {span('itl_ratio', 100)}%; "
+            f"under 8 clients with short prompts, P99 TTFT × {span('burst_ttft_p99_s', 100)}% "
+            f"and output tok/s × {span('burst_output_tps', 100)}%. The streams that start "
+            f"first take a decode turn in every one of the more numerous steps, ahead of the "
+            f"prompts still waiting. The default stays 512 unless these say otherwise; "
+            f"`--step-budget` is the option for smooth streams.")
 
 
 def _plot(results: dict) -> None:
