@@ -10,7 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf
+# llama.cpp's libraries must be in the process before the gguf package imports sentencepiece
+# (it does where sentencepiece is installed): in the other order a CUDA build of llama.cpp
+# crashes in its tokenizer set-up while loading any model. Every gguf import goes through
+# here; tests/test_import_order.py checks that nothing brings gguf or sentencepiece in first.
+import llama_cpp  # noqa: F401  (loads the shared libraries)
+import gguf  # noqa: E402
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.planner import ModelShape
