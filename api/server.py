@@ -42,11 +42,13 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     settings = Settings()
     pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
                      default_keep_alive=parse_keep_alive(serve_settings.keep_alive, 300.0))
+    preload = model
     if model:  # a missing model is one clear line now, not a failed preload later
         resolved = resolve(model, settings.models_dir)
-        if resolved.source == "path":
+        if resolved.source == "path":  # requests name it by its alias; so does the preload
             pool.alias(resolved.name, model)
-    app = create_app(pool, serve_settings, settings, preload=model)
+            preload = resolved.name
+    app = create_app(pool, serve_settings, settings, preload=preload)
     sock = _bind(serve_settings.host, serve_settings.port)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -48,3 +48,23 @@ def test_an_unknown_startup_model_is_one_clear_line():
 
 def test_a_step_budget_of_one_or_less_is_refused():
     _one_line_error(_serve("--step-budget", "0.5"), "step budget")
+
+
+@pytest.mark.slow
+def test_a_startup_model_given_as_a_path_is_loaded_before_the_first_request(
+        tmp_path, smollm2_path):
+    from ..api.conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", "--model", str(smollm2_path), "--parallel", "1",
+                          "--ctx", "256")
+    try:
+        loaded = [m["name"] for m in server.get("/api/ps").json()["models"]]
+        assert loaded == [smollm2_path.stem], server.log.read_text()
+        reply = server.post("/v1/chat/completions", json={
+            "model": smollm2_path.stem, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200, reply.text
+    finally:
+        stop_server(server)
+    log = server.log.read_text()
+    assert "Traceback" not in log and "could not load" not in log, log
