@@ -30,9 +30,11 @@ from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import PromptTooLong
+from localinfer.model_store.gguf_info import read_gguf_info
+from localinfer.model_store.hardware import Hardware, detect
 
-__all__ = ["Workload", "closed_loop", "decode_bare", "prefill_label", "read_prompt",
-           "run_bench", "time_split", "typical_context"]
+__all__ = ["Workload", "closed_loop", "decode_bare", "planned_device", "prefill_label",
+           "read_prompt", "run_bench", "time_split", "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
@@ -64,7 +66,8 @@ def _prompt(backend: LlamaCppBackend, n_tokens: int, salt: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- ceiling
-def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 0) -> float:
+def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 0,
+            gpu_layers: int = 0) -> float:
     """Decode tok/s of a bare loop: n_seq sequences, one batch per step, a fixed token fed.
 
     Each sequence starts `context` tokens in (one prefill, copied to the others, untimed):
@@ -73,7 +76,7 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
     """
     n_ctx = context + n_tokens + 64
     native = NativeModel(str(path), n_ctx_total=n_ctx * n_seq, n_slots=n_seq,
-                         n_batch=max(512, n_seq), n_threads=threads)
+                         n_batch=max(512, n_seq), n_threads=threads, n_gpu_layers=gpu_layers)
     batch = llama_cpp.llama_batch_init(max(512, n_seq), 0, 1)
     try:
         text = _FILLER * (1 + context // 20)
@@ -100,24 +103,25 @@ def decode_bare(native: NativeModel, batch, n_seq: int, token: int, start: int,
     return n_seq * n_tokens / (time.perf_counter() - started)
 
 
-def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048)
-                 ) -> tuple[float, float]:
+def prefill_cost(path: Path, threads: int, lengths: tuple[int, int] = (512, 2048),
+                 gpu_layers: int = 0) -> tuple[float, float]:
     """The bare loop's prefill time as a·L + b·L² seconds for L tokens (attention grows with L).
 
     Fitted through two prompts read in 512-token batches, each timed twice (the faster kept).
     """
-    times = [bare_prefill_seconds(path, threads, length) for length in lengths]
+    times = [bare_prefill_seconds(path, threads, length, gpu_layers=gpu_layers)
+             for length in lengths]
     (l1, l2), (t1, t2) = lengths, times
     b = (t2 / l2 - t1 / l1) / (l2 - l1)
     return t1 / l1 - b * l1, b
 
 
 def bare_prefill_seconds(path: Path, threads: int, length: int, size: int = 512,
-                         reads: int = 2) -> float:
+                         reads: int = 2, gpu_layers: int = 0) -> float:
     """Seconds the bare loop takes to read a `length`-token prompt, `size` tokens a batch:
     the fastest of `reads` reads."""
     native = NativeModel(str(path), n_ctx_total=length + 64, n_slots=1, n_batch=size,
-                         n_threads=threads)
+                         n_threads=threads, n_gpu_layers=gpu_layers)
     batch = llama_cpp.llama_batch_init(size, 0, 1)
     try:
         prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
@@ -197,10 +201,11 @@ def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
 
 
 def engine_level(path: Path, clients: int, work: Workload, threads: int,
-                 step_budget: float | None = None, n_batch: int = 512) -> dict:
+                 step_budget: float | None = None, n_batch: int = 512,
+                 gpu_layers: int = 0) -> dict:
     n_ctx = work.max_prompt + work.max_output + 16
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
-                                                n_gpu_layers=0, step_budget=step_budget,
+                                                n_gpu_layers=gpu_layers, step_budget=step_budget,
                                                 n_batch=n_batch))
     try:
         level = {"clients": clients, **closed_loop(backend, clients, work)}
@@ -250,12 +255,13 @@ def closed_loop(backend: LlamaCppBackend, clients: int, work: Workload) -> dict:
     return {**_summary(results, time.perf_counter() - started), "refused": len(refused)}
 
 
-def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
+def baseline(path: Path, work: Workload, n_requests: int, threads: int,
+             gpu_layers: int = 0) -> dict:
     """llama-cpp-python's Llama, one request after another (how its server runs them)."""
     from llama_cpp import Llama
 
     llm = Llama(str(path), n_ctx=work.max_prompt + work.max_output + 16, n_threads=threads,
-                n_gpu_layers=0, verbose=False)
+                n_gpu_layers=gpu_layers, verbose=False)
     helper = LlamaCppBackend(path, LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0))
     try:
         requests = _requests(helper, work, n_requests, random.Random(work.seed))
@@ -277,13 +283,13 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int) -> dict:
 # ---------------------------------------------------------------------------- scenarios
 def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_running: int = 4,
                      long_prompt: int = 2000, step_budget: float | None = None,
-                     n_batch: int = 512) -> dict:
+                     n_batch: int = 512, gpu_layers: int = 0) -> dict:
     """Running streams' ITL while a long prompt is read, against their own median ITL.
     chunk: prompt tokens per slot per step (None: the batch); n_batch: tokens per step."""
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
                                                 n_threads=threads, prefill_chunk=chunk,
-                                                n_gpu_layers=0, step_budget=step_budget,
-                                                n_batch=n_batch))
+                                                n_gpu_layers=gpu_layers,
+                                                step_budget=step_budget, n_batch=n_batch))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
         running = [backend.generate(_prompt(backend, 32, i), SamplingParams(
@@ -321,9 +327,10 @@ def prefill_label(r: dict) -> str:
     return f"chunks of {r['prefill_chunk']}, no step budget"
 
 
-def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500) -> dict:
+def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500,
+                         gpu_layers: int = 0) -> dict:
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=system_tokens + 300, n_slots=1,
-                                                n_threads=threads, n_gpu_layers=0))
+                                                n_threads=threads, n_gpu_layers=gpu_layers))
     try:
         system = backend.detokenize(_prompt(backend, system_tokens, 5))
 
@@ -342,22 +349,44 @@ def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500) ->
         backend.close()
 
 
+def planned_device(path: Path, n_ctx: int, n_slots: int, gpu_layers: int | None = None,
+                   hw: Hardware | None = None) -> tuple[int, str]:
+    """The GPU layers the planner gives this model on this machine (or the ones asked for),
+    and where that puts it, in words."""
+    from localinfer.service import gpu_layers as planned_layers
+
+    info = read_gguf_info(path)
+    hw = hw or detect()
+    if gpu_layers is None:
+        gpu_layers = planned_layers(info, n_ctx, n_slots, hw)
+    if not gpu_layers or not hw.gpus or not hw.gpu_offload:
+        return 0, "CPU"
+    layers = min(gpu_layers, info.n_layer + 1)
+    return layers, f"GPU {hw.gpus[0].name}, {layers} of {info.n_layer + 1} layers"
+
+
 def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Workload = Workload(),
               threads: int | None = None, scenarios: bool = True,
-              log: Callable[[str], None] = print) -> dict:
+              log: Callable[[str], None] = print, gpu_layers: int | None = None) -> dict:
+    """Everything on the device the planner picks for the largest level (or `gpu_layers`)."""
     threads = threads or default_threads()
-    result: dict = {"model": str(path), "threads": threads, "workload": work.__dict__,
+    layers, device = planned_device(path, work.max_prompt + work.max_output + 16, max(levels),
+                                    gpu_layers)
+    log(f"device: {device} · {threads} CPU threads")
+    on = {"gpu_layers": layers}
+    result: dict = {"model": str(path), "device": device, "gpu_layers": layers,
+                    "threads": threads, "workload": work.__dict__,
                     "slo": {"ttft_s": SLO_TTFT_S, "tpot_s": SLO_TPOT_S},
                     "ceiling": {}, "ceiling_context": typical_context(work), "levels": []}
     for n in levels:
-        result["ceiling"][n] = ceiling(path, n, 64, threads, result["ceiling_context"])
+        result["ceiling"][n] = ceiling(path, n, 64, threads, result["ceiling_context"], **on)
         log(f"ceiling N={n} at {result['ceiling_context']} tokens of context: "
             f"{result['ceiling'][n]:.1f} tok/s")
-    result["prefill_cost"] = prefill_cost(path, threads)
-    result["baseline"] = baseline(path, work, max(4, work.requests_per_client * 2), threads)
+    result["prefill_cost"] = prefill_cost(path, threads, **on)
+    result["baseline"] = baseline(path, work, max(4, work.requests_per_client * 2), threads, **on)
     log(f"baseline (Llama, sequential): {result['baseline']['output_tps']:.1f} tok/s")
     for n in levels:
-        level = engine_level(path, n, work, threads)
+        level = engine_level(path, n, work, threads, **on)
         # output_vs_ceiling counts prefill time too; decode_vs_ceiling compares n streams'
         # decode speed (median per request × n) with the bare loop of n sequences
         level["ceiling_tps"] = result["ceiling"][n]
@@ -375,20 +404,20 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
             f"{level['bare_vs_wall']:.0%} of that time; {level['llama_decode_share']:.0%} "
             f"inside llama_decode, {level['engine_share']:.1%} in the engine around it")
     if scenarios:
-        result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget)
+        result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget, **on)
                                   for chunk, budget in ((512, None), (32, None), (512, 2.0))]
         for r in result["long_prefill"]:
             log(f"long prefill, {prefill_label(r)}: running streams' P99 ITL "
                 f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median, "
                 f"the long prompt's TTFT {r['long_prompt_ttft_s']:.1f} s")
         short = dataclasses.replace(work, max_prompt=256)
-        result["short_prompts"] = [engine_level(path, 8, short, threads, step_budget=b)
+        result["short_prompts"] = [engine_level(path, 8, short, threads, step_budget=b, **on)
                                    for b in (None, 2.0)]
         for r, b in zip(result["short_prompts"], ("no step budget", "step budget 2x")):
             r["label"] = b
             log(f"8 clients, prompts 32-256 tokens, {b}: TTFT p50 {r['ttft_p50_s']:.2f} s "
                 f"p99 {r['ttft_p99_s']:.2f} s")
-        result["cached_system"] = cached_system_prompt(path, threads)
+        result["cached_system"] = cached_system_prompt(path, threads, **on)
         c = result["cached_system"]
         log(f"cached 1500-token system prompt: TTFT {c['warm_ttft_s']:.3f} s vs cold "
             f"{c['cold_ttft_s']:.3f} s ({c['ratio']:.1%})")

@@ -218,7 +218,8 @@ def show(
             chosen = plan_for(info, detect(), n_ctx=ctx, n_slots=parallel)
             plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                          "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
-                         "memory_bytes": chosen.memory_bytes, "reason": chosen.reason}
+                         "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,
+                         "memory": chosen.parts, "reason": chosen.reason}
         except WontFit as exc:
             plan_dict = {"device": None, "reason": str(exc)}
         facts = {"name": resolved.name, "path": str(resolved.path), "architecture": info.architecture,
@@ -235,6 +236,10 @@ def show(
               f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
         print(f"  KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)")
         print(f"  plan: {plan_dict['reason']}")
+        if plan_dict.get("memory"):
+            parts = " + ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}"
+                               for k, v in plan_dict["memory"].items() if v)
+            print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
 
 
 @app.command()
@@ -277,6 +282,8 @@ def bench(
     scenarios: Annotated[bool, typer.Option(
         help="Also run the long-prefill and cached-system-prompt scenarios.")] = True,
     threads: Annotated[Optional[int], typer.Option(min=1)] = None,
+    gpu_layers: Annotated[Optional[int], typer.Option(
+        min=0, help="Layers on the GPU; 0 for the CPU alone [as the planner says].")] = None,
     out: Annotated[Optional[Path], typer.Option(help="Write the results as JSON here.")] = None,
 ) -> None:
     """Measure the engine under a mixed workload against the bare-loop ceiling and Llama."""
@@ -298,7 +305,7 @@ def bench(
                         min_output=min(16, max_output), max_output=max_output,
                         requests_per_client=requests_per_client)
         result = run_bench(path, level_list, work, threads, scenarios,
-                           log=lambda line: print(line, flush=True))
+                           log=lambda line: print(line, flush=True), gpu_layers=gpu_layers)
         if out:
             out.write_text(json.dumps(result, indent=2))
 

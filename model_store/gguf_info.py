@@ -42,11 +42,22 @@ class GGUFInfo:
     n_vocab: int
     chat_template: str | None
     n_embd: int = 0
+    n_params: int = 0
+    separate_output: bool = False
 
     def shape(self) -> ModelShape:
         """What the fit planner needs to know of the model."""
         return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
-                          self.n_vocab, self.n_ctx_train, self.n_embd)
+                          self.n_vocab, self.n_ctx_train, self.n_embd,
+                          input_embd_share=self.input_embd_share())
+
+    def input_embd_share(self) -> float:
+        """The share of the weights that llama.cpp keeps in RAM whatever the GPU layers: the
+        input embeddings, looked up row by row on the CPU — unless the output layer is the
+        same tensor (tied), which then goes to the GPU with the output layer."""
+        if not self.separate_output or not self.n_params:
+            return 0.0
+        return self.n_vocab * self.n_embd / self.n_params
 
     def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
         """K and V for one token across all layers (f16 by default), as llama.cpp stores them."""
@@ -116,8 +127,15 @@ class _Cursor:
         return [self.value(item_type) for _ in range(n)]
 
 
-def _read_header(buf: mmap.mmap, size: int) -> tuple[dict[str, Any], int]:
-    """Return the metadata and the byte offset where the last tensor's data ends."""
+@dataclass(frozen=True)
+class _Header:
+    meta: dict[str, Any]
+    data_end: int  # where the last tensor's data ends
+    n_params: int
+    separate_output: bool  # an output.weight of its own (not the input embeddings, tied)
+
+
+def _read_header(buf: mmap.mmap, size: int) -> _Header:
     cur = _Cursor(buf)
     cur.pos = 4
     version = cur.scalar("<I")
@@ -128,10 +146,11 @@ def _read_header(buf: mmap.mmap, size: int) -> tuple[dict[str, Any], int]:
     for _ in range(n_kv):
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
-    data_end = 0
+    data_end, n_params, separate_output = 0, 0, False
     for _ in range(n_tensors):
-        cur.string()
+        separate_output |= cur.string() == "output.weight"
         dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+        n_params += math.prod(dims)
         qtype = gguf.GGMLQuantizationType(cur.scalar("<I"))
         offset = cur.scalar("<Q")
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
@@ -141,7 +160,7 @@ def _read_header(buf: mmap.mmap, size: int) -> tuple[dict[str, Any], int]:
     data_start = -(-cur.pos // alignment) * alignment
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
-    return meta, data_start + data_end
+    return _Header(meta, data_start + data_end, n_params, separate_output)
 
 
 def _largest(value: Any, default: Any) -> Any:
@@ -181,16 +200,16 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     size = _check_header(path)
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-            meta, data_end = _read_header(buf, size)
+            header = _read_header(buf, size)
     except (ValueError, KeyError, struct.error, OverflowError) as exc:
         raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
-    if data_end > size:
+    if header.data_end > size:
         raise InvalidModelFile(
             str(path),
-            f"the file is truncated: {size:,} bytes but its tensors need {data_end:,} "
+            f"the file is truncated: {size:,} bytes but its tensors need {header.data_end:,} "
             "— download it again",
         )
-    return _info_from_meta(path, size, meta)
+    return _info_from_header(path, size, header)
 
 
 def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:
@@ -198,13 +217,13 @@ def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:
     if data[:4] != _MAGIC:
         raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
     try:
-        meta, data_end = _read_header(data, file_size)
+        header = _read_header(data, file_size)
     except (ValueError, KeyError, struct.error, OverflowError) as exc:
         raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
-    if file_size and data_end > file_size:
-        raise InvalidModelFile(str(path), f"its tensors need {data_end:,} bytes but the file "
-                                          f"has {file_size:,}")
-    return _info_from_meta(path, file_size, meta)
+    if file_size and header.data_end > file_size:
+        raise InvalidModelFile(str(path), f"its tensors need {header.data_end:,} bytes but the "
+                                          f"file has {file_size:,}")
+    return _info_from_header(path, file_size, header)
 
 
 def _array_length(value: Any) -> int:
@@ -213,7 +232,8 @@ def _array_length(value: Any) -> int:
     return len(value) if isinstance(value, list) else 0
 
 
-def _info_from_meta(path: Path, size: int, meta: dict[str, Any]) -> GGUFInfo:
+def _info_from_header(path: Path, size: int, header: _Header) -> GGUFInfo:
+    meta = header.meta
     arch = str(meta.get("general.architecture", "unknown"))
 
     def get(key: str, default: Any = 0) -> Any:
@@ -239,4 +259,6 @@ def _info_from_meta(path: Path, size: int, meta: dict[str, Any]) -> GGUFInfo:
         n_vocab=_array_length(meta.get("tokenizer.ggml.tokens")),
         chat_template=meta.get("tokenizer.chat_template"),
         n_embd=n_embd,
+        n_params=header.n_params,
+        separate_output=header.separate_output,
     )

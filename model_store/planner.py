@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from localinfer.model_store.hardware import GPU
 
-__all__ = ["DEFAULT_OUTPUTS", "QUALITY", "ModelShape", "Plan", "WontFit", "compute_buffer",
-           "free_memory", "params_from_tag", "plan", "rough_device"]
+__all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Plan", "WontFit",
+           "compute_buffer", "free_memory", "params_from_tag", "plan", "rough_device",
+           "runtime_overhead"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
            "IQ4_NL", "IQ4_XS", "Q4_1", "Q4_0", "Q3_K_L", "Q3_K_M", "IQ3_M", "Q3_K_S", "IQ3_XS",
@@ -33,6 +34,11 @@ _GIB = 1024 * _MIB
 # for a few slots, or a lone stream's token and 8 guesses
 DEFAULT_OUTPUTS = 16
 KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # per element, with block scales
+# What a process holds on a GPU besides llama.cpp's buffers: the driver's context, the math
+# libraries' workspaces and kernels. CUDA measured (bench/gpu_memory.py, see
+# bench/results/gpu_memory.md); the others are estimates until a machine measures them.
+RUNTIME_OVERHEAD = {"cuda": 608 * _MIB, "rocm": 512 * _MIB, "vulkan": 256 * _MIB,
+                    "metal": 64 * _MIB}
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,11 @@ class ModelShape:
     n_vocab: int
     n_ctx_train: int
     n_embd: int
+    input_embd_share: float = 0.0  # of the weights, what stays in RAM (GGUFInfo says)
+
+    def gpu_weights(self, file_size: int) -> int:
+        """Of a file's weights, what a full offload puts on the GPU."""
+        return int(file_size * (1 - self.input_embd_share))
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
@@ -57,8 +68,13 @@ class Plan:
     n_ctx: int
     n_slots: int
     kv_type: str
-    memory_bytes: int  # the whole estimate: weights + KV + compute + margin
+    memory_bytes: int  # the whole estimate: the sum of `parts`
     reason: str
+    # weights, kv_cache, compute (llama.cpp's buffers), runtime (the GPU backend's own
+    # overhead), margin (fragmentation), in bytes: on a GPU plan, what the GPU takes with
+    # every layer on it (the input embeddings of an untied model stay in RAM); on the CPU, RAM
+    parts: dict[str, int] = field(default_factory=dict)
+    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPU
 
 
 class WontFit(Exception):
@@ -88,7 +104,19 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
 
 
 def _margin(total: int) -> int:
-    return max(256 * _MIB, total // 20)  # driver context, fragmentation: 5%, at least 256 MiB
+    return max(256 * _MIB, total // 20)  # RAM: allocator, fragmentation: 5%, at least 256 MiB
+
+
+def runtime_overhead(backend: str) -> int:
+    return RUNTIME_OVERHEAD.get(backend, 0)
+
+
+def _gpu_parts(weights: int, kv: int, compute: int, backend: str) -> dict[str, int]:
+    """A model's memory on a GPU, part by part: llama.cpp's buffers, the backend's runtime,
+    and 5% of the buffers for fragmentation."""
+    buffers = weights + kv + compute
+    return {"weights": weights, "kv_cache": kv, "compute": compute,
+            "runtime": runtime_overhead(backend), "margin": buffers // 20}
 
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
@@ -111,17 +139,20 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     if gpu is not None:
         budget = free_memory(gpu)
         for quant in ranked:
-            need = files[quant] + kv + compute
-            if need + _margin(need) <= budget:
-                return Plan(quant, gpu.backend, shape.n_layer + 1,
-                            memory_bytes=need + _margin(need), **common,
+            parts = _gpu_parts(shape.gpu_weights(files[quant]), kv, compute, gpu.backend)
+            need = sum(parts.values())
+            if need <= budget:
+                return Plan(quant, gpu.backend, shape.n_layer + 1, memory_bytes=need, **common,
+                            parts=parts, gpu_bytes=need,
                             reason=f"{quant} fits fully on {gpu.name} ({gib(need)} of "
                                    f"{gib(budget)} free) with a {n_ctx}-token context")
         for quant in capped:
-            split = _split(shape, files[quant], kv, compute, budget, ram_available)
+            split = _split(shape, shape.gpu_weights(files[quant]), kv, compute, budget,
+                           ram_available, gpu.backend)
             if split is not None:
-                layers, need = split
-                return Plan(quant, gpu.backend, layers, memory_bytes=need, **common,
+                layers, parts, on_gpu = split
+                return Plan(quant, gpu.backend, layers, memory_bytes=sum(parts.values()),
+                            **common, parts=parts, gpu_bytes=on_gpu,
                             reason=f"no quant fits {gpu.name}'s {gib(budget)} at {n_ctx} tokens; "
                                    f"{quant} with {layers} of {shape.n_layer} layers on the GPU, "
                                    f"the rest in RAM")
@@ -129,7 +160,9 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
         need = files[quant] + kv + compute
         if need + _margin(need) <= ram_available:
             where = "no GPU was found" if gpu is None else "the GPU cannot take a layer"
-            return Plan(quant, "cpu", 0, memory_bytes=need + _margin(need), **common,
+            parts = {"weights": files[quant], "kv_cache": kv, "compute": compute, "runtime": 0,
+                     "margin": _margin(need)}
+            return Plan(quant, "cpu", 0, memory_bytes=need + _margin(need), **common, parts=parts,
                         reason=f"{where}; {quant} runs on the CPU in {gib(need)} of "
                                f"{gib(ram_available)} available RAM")
     smallest = min(files, key=files.get)
@@ -149,17 +182,20 @@ def free_memory(gpu: GPU) -> int:
 
 
 def _split(shape: ModelShape, weights: int, kv: int, compute: int, gpu_budget: int,
-           ram: int) -> tuple[int, int] | None:
-    """Layers on the GPU for a partial offload, and the total memory, or None."""
+           ram: int, backend: str) -> tuple[int, dict[str, int], int] | None:
+    """Layers on the GPU for a partial offload, the memory's parts and what of it goes on
+    the GPU, or None."""
     per_layer = (weights + kv) / max(shape.n_layer, 1)
-    room = gpu_budget - compute - _margin(gpu_budget)
+    room = gpu_budget - compute - runtime_overhead(backend) - gpu_budget // 20
     layers = min(shape.n_layer, int(room // per_layer)) if room > 0 else 0
     if layers < 1:
         return None
     in_ram = (shape.n_layer - layers) * per_layer
     if in_ram + _margin(int(in_ram)) > ram:
         return None
-    return layers, int(weights + kv + compute + _margin(weights + kv + compute))
+    parts = _gpu_parts(weights, kv, compute, backend)
+    on_gpu = int(layers * per_layer) + compute + parts["runtime"] + parts["margin"]
+    return layers, parts, on_gpu
 
 
 # Average bits per weight of Q4_K_M files (mixed 4- and 6-bit blocks with scales).

@@ -18,6 +18,8 @@ def test_bench_writes_ceiling_baseline_and_levels(tmp_path):
          "--out", str(out)], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
+    assert data["device"] == "CPU" and data["gpu_layers"] == 0  # no GPU here
+    assert "device: CPU" in result.stdout
     assert set(data["ceiling"]) == {"1", "2"} and all(v > 0 for v in data["ceiling"].values())
     assert data["baseline"]["requests"] >= 2 and data["baseline"]["output_tokens"] > 0
     assert [lv["clients"] for lv in data["levels"]] == [1, 2]

@@ -113,3 +113,20 @@ def test_valid_gguf_that_llama_cpp_cannot_load(tmp_path):
     assert result.returncode == 1
     assert "llama.cpp could not load" in result.stderr and "--verbose" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_show_lists_the_plans_memory_part_by_part():
+    import json
+
+    shown = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m", "--ctx",
+                            "2048", "--json"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)
+    plan = facts["plan"]
+    assert set(plan["memory"]) == {"weights", "kv_cache", "compute", "runtime", "margin"}
+    assert sum(plan["memory"].values()) == plan["memory_bytes"]
+    assert plan["memory"]["kv_cache"] == facts["kv_bytes_per_token"] * 2048
+    assert plan["device"] == "cpu" and plan["gpu_bytes"] == 0 and plan["memory"]["runtime"] == 0
+    text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "memory: weights" in text and "kv cache" in text

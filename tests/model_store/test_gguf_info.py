@@ -69,3 +69,36 @@ def test_a_quantised_cache_without_flash_attention_is_refused():
         LoadOptions(kv_type="q8_0", flash_attn=False)
     with pytest.raises(InvalidRequest, match="f16, q8_0 or q4_0"):
         LoadOptions(kv_type="q5_1")
+
+
+def _tiny_gguf(path, separate_output: bool):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_embedding_length(64)
+    writer.add_head_count(4)
+    writer.add_context_length(256)
+    writer.add_token_list([f"t{i}" for i in range(1000)])
+    writer.add_tensor("token_embd.weight", np.zeros((1000, 64), dtype=np.float32))
+    writer.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), dtype=np.float32))
+    if separate_output:
+        writer.add_tensor("output.weight", np.zeros((1000, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return read_gguf_info(path)
+
+
+def test_the_input_embeddings_of_an_untied_model_stay_off_the_gpu(tmp_path):
+    """llama.cpp looks input embeddings up on the CPU; only a tied model's (the same tensor as
+    its output layer) go to the GPU. The plan takes the untied share off the GPU's weights."""
+    untied = _tiny_gguf(tmp_path / "untied.gguf", separate_output=True)
+    tied = _tiny_gguf(tmp_path / "tied.gguf", separate_output=False)
+    assert untied.n_params == 2 * 64_000 + 64 * 64 and tied.n_params == 64_000 + 64 * 64
+    assert untied.input_embd_share() == pytest.approx(64_000 / untied.n_params)
+    assert tied.input_embd_share() == 0
+    shape = untied.shape()
+    assert shape.gpu_weights(1_000_000) == int(1_000_000 * (1 - 64_000 / untied.n_params))
