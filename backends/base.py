@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import collections
 import queue
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -202,12 +203,11 @@ class Generation:
 
     async def events(self) -> AsyncIterator[Event]:
         """The same events for asyncio code, without holding a thread per request."""
-        loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Event] = asyncio.Queue()
+        post = _LoopPost.of(asyncio.get_running_loop())
 
         def sink(event: Event) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
-                loop.call_soon_threadsafe(inbox.put_nowait, event)
+            post(inbox, event)
 
         with self._sink_lock:
             while not self._events.empty():
@@ -230,6 +230,53 @@ class Generation:
             elif isinstance(event, ErrorEvent):
                 raise event.error
         return "".join(pieces)
+
+
+class _LoopPost:
+    """Hands events from the engine thread to one asyncio loop, one wake-up for many.
+
+    A wake-up per event (call_soon_threadsafe: a lock and a write to the loop's pipe, then
+    the loop's turn) costs the engine thread on every token of every stream. Here the first
+    event after a delivery schedules one; the rest of a step's events (one per stream) join
+    the pending batch, delivered in order by that one call.
+    """
+
+    _by_loop: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopPost] = (
+        weakref.WeakKeyDictionary())
+    _create = threading.Lock()
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._pending: collections.deque[tuple[asyncio.Queue[Event], Event]] = (
+            collections.deque())
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    @classmethod
+    def of(cls, loop: asyncio.AbstractEventLoop) -> _LoopPost:
+        with cls._create:
+            post = cls._by_loop.get(loop)
+            if post is None:
+                post = cls._by_loop[loop] = cls(loop)
+            return post
+
+    def __call__(self, inbox: asyncio.Queue[Event], event: Event) -> None:
+        with self._lock:
+            self._pending.append((inbox, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self._loop.call_soon_threadsafe(self._deliver)
+        except RuntimeError:  # the loop has closed: nobody listens
+            pass
+
+    def _deliver(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, collections.deque()
+            self._scheduled = False
+        for inbox, event in batch:
+            inbox.put_nowait(event)
 
 
 class Backend(ABC):
