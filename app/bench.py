@@ -93,13 +93,15 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
 def decode_bare(native: NativeModel, batch, n_seq: int, token: int, start: int,
                 n_tokens: int) -> float:
     """Tok/s of the bare loop: `n_tokens` steps, each decoding `token` for sequences
-    0..n_seq-1 at positions from `start` on (no sampling, no scheduling)."""
+    0..n_seq-1 at positions from `start` on (no sampling, no scheduling). Each step waits
+    for its logits, as any loop that samples must (a GPU backend returns before it is done)."""
     started = time.perf_counter()
     for step in range(n_tokens):
         for seq in range(n_seq):
             _put(batch, seq, token, start + step, seq, True)
         batch.n_tokens = n_seq
         llama_cpp.llama_decode(native.ctx, batch)
+        llama_cpp.llama_synchronize(native.ctx)
     return n_seq * n_tokens / (time.perf_counter() - started)
 
 
@@ -163,6 +165,7 @@ def read_prompt(native: NativeModel, batch, prompt: Sequence[int], seq: int,
             _put(batch, i, token, start + i, seq, start + i == len(prompt) - 1)
         batch.n_tokens = len(chunk)
         llama_cpp.llama_decode(native.ctx, batch)
+    llama_cpp.llama_synchronize(native.ctx)  # timed to the end of the work, on a GPU too
 
 
 def _put(batch, i: int, token: int, pos: int, seq: int, logits: bool) -> None:

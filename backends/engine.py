@@ -429,6 +429,9 @@ class Engine:
                               f"{self.native.n_outputs} the context holds")
         decode_started = time.perf_counter()
         rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
+        # a GPU backend returns before the work is done; the first logits read would wait
+        # for it, and that wait belongs to the decode, not to the engine's own time
+        llama_cpp.llama_synchronize(self.native.ctx)
         self._seconds["decode"] += time.perf_counter() - decode_started
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
