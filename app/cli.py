@@ -91,7 +91,8 @@ def run(
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context size in tokens (default 4096, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(
-        min=1, help="CPU threads (default: physical cores).")] = None,
+        min=1, help="CPU threads (default: the cores other programs leave free, re-chosen "
+                    "as their load changes).")] = None,
     kv_type: Annotated[str, typer.Option(
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     flash_attn: Annotated[Optional[bool], typer.Option(
@@ -321,7 +322,8 @@ def chat(
         help="The server's API key, with --url [LOCALINFER_API_KEY].")] = None,
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context size in tokens (a conversation's settings may change it).")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
                        ] = False,
 ) -> None:
@@ -352,7 +354,8 @@ def serve(
         min=1, max=64, help="Requests decoded together per model [4].")] = None,
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
-    threads: Annotated[Optional[int], typer.Option(min=1, help="CPU threads.")] = None,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
     prefill_chunk: Annotated[Optional[int], typer.Option(
         min=1, help="Prompt tokens per request per step: smaller keeps other streams smoother "
                     "while a long prompt is read [512].")] = None,

@@ -29,6 +29,7 @@ from localinfer.backends.llama_native import NativeModel, SamplerChain
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
+from localinfer.backends.threads import ThreadTuner
 from localinfer.errors import (
     EngineBusy,
     EngineClosed,
@@ -122,8 +123,12 @@ class Engine:
         draft_tokens: int = 0,
         unified: bool = False,
         drafter: DraftModel | None = None,
+        threads: ThreadTuner | None = None,
     ):
         self.native = native
+        # re-chooses llama.cpp's thread count as other processes load the CPU (threads.py);
+        # None: the count the context was made with stays
+        self.threads = threads
         self.n_batch = max(n_batch, n_slots)
         # prompt tokens one slot may add to a step: smaller chunks keep running streams
         # moving while a long prompt is read, at some cost to that prompt's own prefill speed
@@ -204,6 +209,7 @@ class Engine:
             preemptions=self._counters["preempted"],
             decode_seconds=self._seconds["decode"],
             step_seconds=self._seconds["step"],
+            threads=llama_cpp.llama_n_threads(self.native.ctx) if self.native.ctx else 0,
         )
 
     def _check_logit_bias(self, params: SamplingParams) -> None:
@@ -450,6 +456,10 @@ class Engine:
         seconds = time.perf_counter() - started
         self._seconds["step"] += seconds
         self.budget.observe(seconds, n_decode, n_prompt)
+        if self.threads is not None:
+            count = self.threads.observe(seconds, n_decode, n_prompt)
+            if count is not None:
+                llama_cpp.llama_set_n_threads(self.native.ctx, count, count)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 

@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import llama_cpp
-import psutil
 
 from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
@@ -16,26 +15,28 @@ from localinfer.backends.embeddings import Embedder
 from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats
+from localinfer.backends.threads import ThreadTuner, free_cores, physical_cores
 from localinfer.model_store.gguf_info import quant_name
 
 __all__ = ["LlamaCppBackend", "default_threads"]
 
 
 def default_threads() -> int:
-    """Physical cores: decode is memory-bound and hyper-threads only add contention."""
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    """The physical cores other processes leave free (hyper-threads only add contention)."""
+    return free_cores()
 
 
 class LlamaCppBackend(Backend):
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions, name: str | None = None):
         path = str(path)
         n_ctx = options.n_ctx or 4096
+        n_threads = options.n_threads or default_threads()
         self.native = NativeModel(
             path,
             n_ctx_total=n_ctx * options.n_slots,
             n_slots=options.n_slots,
             n_batch=options.n_batch,
-            n_threads=options.n_threads or default_threads(),
+            n_threads=n_threads,
             n_gpu_layers=options.n_gpu_layers or 0,
             kv_type=options.kv_type,
             flash_attn=options.flash_attn,
@@ -49,7 +50,6 @@ class LlamaCppBackend(Backend):
             eos_token=self.native.token_text(self.native.eos()),
         )
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
-        n_threads = options.n_threads or default_threads()
         drafter = None
         if options.draft_model:
             try:
@@ -65,7 +65,10 @@ class LlamaCppBackend(Backend):
                              prefill_chunk=options.prefill_chunk,
                              step_budget=options.step_budget,
                              draft_tokens=options.guesses,
-                             unified=options.kv_unified, drafter=drafter)
+                             unified=options.kv_unified, drafter=drafter,
+                             # a count the user chose stays; ours follows the machine's load
+                             threads=None if options.n_threads else ThreadTuner(
+                                 n_threads, physical_cores()))
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=n_threads)
         self.info = ModelInfo(

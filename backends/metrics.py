@@ -157,6 +157,7 @@ class EngineStats:
     preemptions: int = 0  # requests whose KV was dropped to make room, and later rebuilt
     decode_seconds: float = 0.0  # spent inside llama_decode
     step_seconds: float = 0.0  # spent in steps: filling the batch, llama_decode, sampling
+    threads: int = 0  # CPU threads llama.cpp decodes with now (0: not known)
 
     @property
     def engine_overhead(self) -> float | None:

@@ -1,0 +1,104 @@
+"""How many CPU threads llama.cpp gets: the cores that are free, re-chosen as the load changes.
+
+llama.cpp's threads meet at a barrier after every operation of a step, so one thread that
+another process keeps off its core holds all the others up: with one busy neighbour on two
+cores, two threads decode at a third of their idle speed, one thread at two thirds
+(measured: 39 against 71-77 tok/s, idle 108-139). One thread per core, the default of
+llama.cpp and Ollama, is right only on an idle machine.
+
+- At load: as many threads as the physical cores other processes leave free (`free_cores`).
+- While running (`ThreadTuner`): decode-only steps are timed per thread count and per number
+  of streams (moving averages). When the steps of the current count slow down by a third
+  against the best it has shown — a neighbour started — or every `period` steps, the tuner
+  runs a few steps with one thread fewer or one more, and keeps whichever count was faster.
+  A user's explicit --threads is never changed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+__all__ = ["ThreadTuner", "free_cores", "physical_cores"]
+
+_ALPHA = 0.25  # weight of the newest step in a moving average
+_SLOWDOWN = 1.35  # steps this much slower than the count's best: the load changed, probe
+_PROBE_STEPS = 5  # decode-only steps timed at the other count (the first is not counted)
+_BETTER = 0.92  # a count must be this much faster to replace the current one
+
+
+def physical_cores() -> int:
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def free_cores(sample_s: float = 0.1) -> int:
+    """Physical cores left over by other processes, measured over `sample_s`: at least one."""
+    cores = physical_cores()
+    logical = psutil.cpu_count() or cores
+    busy = psutil.cpu_percent(interval=sample_s) / 100 * logical  # logical CPUs in use
+    busy_cores = busy * cores / logical
+    return max(1, min(cores, round(cores - busy_cores)))
+
+
+class ThreadTuner:
+    def __init__(self, start: int, max_threads: int, period: int = 512):
+        self.current = max(1, min(start, max_threads))
+        self.max_threads = max(1, max_threads)
+        self.period = period
+        self._avg: dict[tuple[int, int], float] = {}  # (threads, streams) → seconds a step
+        self._best: dict[tuple[int, int], float] = {}
+        self._since_probe = 0
+        self._probe: tuple[int, int, list[float]] | None = None  # (from, streams, times)
+        self._probe_steps = 0  # steps since the probe began, of any number of streams
+        self.switches = 0
+
+    def observe(self, seconds: float, n_decode: int, n_prompt: int) -> int | None:
+        """Feed one step's time; returns a thread count to change to, or None."""
+        if n_prompt or not n_decode or self.max_threads == 1:
+            return None  # prompt steps vary with their chunk: only decode steps are compared
+        if self._probe is not None:
+            return self._probing(seconds, n_decode)
+        key = (self.current, n_decode)
+        self._avg[key] = seconds if key not in self._avg else (
+            self._avg[key] + _ALPHA * (seconds - self._avg[key]))
+        self._best[key] = min(self._best.get(key, seconds), self._avg[key])
+        self._since_probe += 1
+        slowed = self._avg[key] > _SLOWDOWN * self._best[key]
+        if (slowed and self._since_probe >= _PROBE_STEPS) or self._since_probe >= self.period:
+            return self._start_probe(n_decode)
+        return None
+
+    def _start_probe(self, n_decode: int) -> int | None:
+        other = self.current - 1 if self.current > 1 else self.current + 1
+        if other > self.max_threads:
+            return None
+        self._probe = (self.current, n_decode, [])
+        self._probe_steps = 0
+        self._since_probe = 0
+        self.current = other
+        return other
+
+    def _probing(self, seconds: float, n_decode: int) -> int | None:
+        came_from, streams, times = self._probe
+        self._probe_steps += 1
+        if n_decode == streams:
+            times.append(seconds)
+        if len(times) < _PROBE_STEPS:
+            if self._probe_steps < 4 * _PROBE_STEPS:
+                return None
+            self._probe = None  # the streams changed under the probe: give up, go back
+            self.current = came_from
+            return came_from
+        self._probe = None
+        trial = sum(times[1:]) / (len(times) - 1)
+        before = self._avg[(came_from, streams)]
+        self._avg[(self.current, streams)] = trial
+        self._best[(self.current, streams)] = trial
+        if trial < _BETTER * before:  # keep the new count
+            self.switches += 1
+            self._best[(came_from, streams)] = before  # forget its old best: load has changed
+            return None
+        self._best[(came_from, streams)] = before  # the old count's speed under this load
+        self.current = came_from
+        return came_from

@@ -1,0 +1,61 @@
+"""The thread tuner on step times shaped like the measured ones (smollm2, 2 cores): idle, 2
+threads 8 ms a step and 1 thread 11 ms; beside one busy process, 2 threads 25 ms, 1 thread 13."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.backends.threads import ThreadTuner, free_cores
+
+IDLE = {2: 0.008, 1: 0.011}
+BUSY = {2: 0.025, 1: 0.013}
+
+
+def _run(tuner: ThreadTuner, speeds: dict[int, float], steps: int, streams: int = 1) -> list[int]:
+    """Feed `steps` decode-only steps at the speed of the tuner's current count."""
+    counts = []
+    for _ in range(steps):
+        tuner.observe(speeds[tuner.current], streams, 0)
+        counts.append(tuner.current)
+    return counts
+
+
+def test_a_busy_neighbour_moves_decoding_to_fewer_threads_and_back_when_it_stops():
+    tuner = ThreadTuner(start=2, max_threads=2, period=200)
+    assert set(_run(tuner, IDLE, 300)[-50:]) == {2}  # idle: the periodic probe keeps 2
+    busy = _run(tuner, BUSY, 100)
+    assert busy[-1] == 1 and busy.index(1) < 15  # the slowdown is seen within a few steps
+    assert _run(tuner, BUSY, 400).count(2) < 20  # probes of 2 threads under load stay short
+    back = _run(tuner, IDLE, 400)
+    assert back[-1] == 2  # the periodic probe finds the machine idle again
+
+
+def test_prompt_steps_and_steady_speed_change_nothing():
+    tuner = ThreadTuner(start=2, max_threads=2, period=10_000)
+    for _ in range(50):
+        assert tuner.observe(0.5, 1, 512) is None  # a prompt chunk is not a slowdown
+    assert set(_run(tuner, IDLE, 500)) == {2} and tuner.switches == 0
+
+
+def test_a_probe_abandoned_when_the_streams_change_goes_back():
+    tuner = ThreadTuner(start=2, max_threads=2, period=5)
+    _run(tuner, IDLE, 5)
+    assert tuner.current == 1  # the periodic probe has begun
+    changes = [tuner.observe(IDLE[tuner.current], 3, 0) for _ in range(20)]
+    # every step now has 3 streams, so the probe's count never fills: it gives up
+    assert changes == [None] * 19 + [2] and tuner.current == 2
+
+
+def test_one_core_never_changes():
+    tuner = ThreadTuner(start=1, max_threads=1)
+    assert all(tuner.observe(0.1, 1, 0) is None for _ in range(1000))
+
+
+def test_free_cores_is_between_one_and_the_physical_cores():
+    import psutil
+
+    assert 1 <= free_cores(0.05) <= (psutil.cpu_count(logical=False) or 1)
+
+
+def test_engine_reports_its_thread_count(smollm2):
+    assert smollm2.stats().threads >= 1
