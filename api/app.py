@@ -64,7 +64,8 @@ def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
         return Response(render(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(Guard, allowed_hosts=serve.allowed_hosts + [serve.host],
-                       api_key=serve.api_key, max_body_bytes=serve.max_body_bytes)
+                       api_key=serve.api_key, max_body_bytes=serve.max_body_bytes,
+                       allowed_origins=serve.allowed_origins)
     if serve.allowed_origins:  # outermost: a browser's preflight carries no API key
         app.add_middleware(CORSMiddleware, allow_origins=serve.allowed_origins,
                            allow_methods=["*"], allow_headers=["*"])

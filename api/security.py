@@ -2,6 +2,10 @@
 
 - Host: a browser page on another site can reach 127.0.0.1 through DNS rebinding, but its
   requests carry that site's name in Host; only loopback names (and those configured) pass.
+- Origin: a page on another site can also post to 127.0.0.1 directly — a "simple" request
+  (text/plain body, no preflight), which the browser sends before CORS can say no. Browsers
+  name the page's origin in Origin, so a request that carries one passes only from a
+  loopback page or an origin given with --allow-origin; programs send none and pass.
 - API key: when one is set, every route but `/` and `/health` needs `Authorization: Bearer`.
 - Body: refused past the limit, by Content-Length or by counting a chunked body.
 """
@@ -48,9 +52,10 @@ class _BodyTooLarge(HTTPException):
 
 class Guard:
     def __init__(self, app: ASGIApp, *, allowed_hosts: Iterable[str] = (), api_key: str | None = None,
-                 max_body_bytes: int = 8 * 1024 * 1024):
+                 max_body_bytes: int = 8 * 1024 * 1024, allowed_origins: Iterable[str] = ()):
         self.app = app
         self.allowed_hosts = {h.lower() for h in allowed_hosts}
+        self.allowed_origins = {o.rstrip("/").lower() for o in allowed_origins}
         self.api_key = api_key or None
         self.max_body = max_body_bytes
 
@@ -85,6 +90,10 @@ class Guard:
         if host is not None and not self._host_ok(_hostname(host)):
             return 403, (f"Host '{host[:100]}' is not allowed — add it with --allow-host "
                          f"if this server should answer to that name")
+        origin = headers.get("origin")
+        if origin is not None and not self._origin_ok(origin):
+            return 403, (f"requests from pages at '{origin[:100]}' are not allowed — start the "
+                         f"server with --allow-origin {origin[:100]} to let that site use it")
         if self.api_key and scope["path"] not in _OPEN_PATHS:
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
@@ -93,6 +102,13 @@ class Guard:
         if length.isdigit() and int(length) > self.max_body:
             return 413, self._too_large()
         return None
+
+    def _origin_ok(self, origin: str) -> bool:
+        origin = origin.strip().rstrip("/").lower()
+        if "*" in self.allowed_origins or origin in self.allowed_origins:
+            return True
+        scheme, _, rest = origin.partition("://")
+        return scheme in ("http", "https") and bool(rest) and is_loopback(_hostname(rest))
 
     def _host_ok(self, host: str) -> bool:
         return "*" in self.allowed_hosts or host.lower() in self.allowed_hosts or is_loopback(host)

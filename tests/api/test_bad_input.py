@@ -69,6 +69,34 @@ def test_loopback_host_names_pass(server, host):
     assert server.get("/api/version", headers={"Host": host}).status_code == 200
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/api/pull", b'{"model": "hf.co/someone/big-model-GGUF:Q8_0"}'),
+    ("/api/generate", b'{"model": "smollm2:135m", "prompt": "hi", "stream": false}'),
+    ("/v1/chat/completions", b'{"model": "smollm2:135m", "messages": []}'),
+])
+def test_a_page_on_another_site_cannot_post_to_the_server(server, path, body):
+    """A 'simple' cross-site request (text/plain, no preflight) is refused before it runs."""
+    response = server.post(path, content=body, headers={
+        "Origin": "https://evil.example", "Content-Type": "text/plain"})
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert "--allow-origin https://evil.example" in (error if isinstance(error, str)
+                                                     else error["message"])
+    assert server.post("/api/show", json={"model": "smollm2:135m"}).status_code == 200
+    assert not (server.log.parent / "models").exists()  # nothing was pulled
+
+
+@pytest.mark.parametrize("origin", ["null", "http://127.0.0.1.evil.example", "file://"])
+def test_odd_origins_are_refused(server, origin):
+    assert server.get("/api/version", headers={"Origin": origin}).status_code == 403
+
+
+@pytest.mark.parametrize("origin", ["http://localhost:5173", "http://127.0.0.1:11435",
+                                    "http://[::1]:3000"])
+def test_loopback_pages_may_use_the_server(server, origin):
+    assert server.get("/api/version", headers={"Origin": origin}).status_code == 200
+
+
 def test_cors_is_closed_by_default(server):
     response = server.get("/api/tags", headers={"Origin": "https://evil.example"})
     assert "access-control-allow-origin" not in response.headers
@@ -90,6 +118,12 @@ def test_api_key_is_required_when_set(keyed_server):
                               headers={"Authorization": "Bearer s3cret"})
     assert right.status_code == 200
     assert keyed_server.get("/health").status_code == 200  # probes need no key
+
+
+def test_a_configured_origin_may_post(keyed_server):
+    ok = keyed_server.post("/v1/chat/completions", json=CHAT, headers={
+        "Origin": "https://ok.example", "Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
 
 
 def test_configured_origin_gets_cors_headers(keyed_server):
