@@ -24,6 +24,7 @@ from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOption
                                       TokenEvent)
 from localinfer.errors import LocalinferError
 from localinfer.model_store.hardware import Hardware
+from localinfer.model_store.sources import DEFAULT_MODEL
 from localinfer.settings import Settings
 
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient"]
@@ -275,6 +276,7 @@ class RemoteClient(ChatClient):
         return response
 
     async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus:
+        model = model or await self._server_model()
         await self._call("POST", "/api/generate", json={"model": model, "prompt": "",
                                                         "stream": False})
         ps = (await self._call("GET", "/api/ps")).json().get("models", [])
@@ -285,6 +287,17 @@ class RemoteClient(ChatClient):
             self.model, entry.get("details", {}).get("quantization_level", "?"),
             "GPU" if entry.get("size_vram") else "CPU", entry.get("context_length") or 0)
         return await self.status() or self._static
+
+    async def _server_model(self) -> str:
+        """No model named (`localinfer chat --url URL`): the one the server has loaded, else
+        the default model if it offers it, else the first it offers."""
+        loaded = (await self._call("GET", "/api/ps")).json().get("models", [])
+        if loaded:
+            return loaded[0]["name"]
+        offered = [m["name"] for m in (await self._call("GET", "/api/tags")).json().get("models", [])]
+        if not offered:
+            raise LocalinferError(f"{self.where} offers no model — pull one there first")
+        return DEFAULT_MODEL if DEFAULT_MODEL in offered else offered[0]
 
     async def status(self) -> ModelStatus | None:
         if self._static is None:

@@ -54,6 +54,19 @@ async def test_chat_through_a_running_server(served, _private_home):
         assert reply["choices"][0]["message"]["content"] == app.history[-1].content
 
 
+@pytest.mark.slow
+async def test_no_model_named_uses_the_one_the_server_has_loaded(served, _private_home):
+    """`localinfer chat --url URL` (no model): it started on model "" and could not send."""
+    app = ChatApp(RemoteClient(served.url), ConversationStore(_private_home / "chats.db"),
+                  None, status_interval=0.2)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        assert app.model_name == "smollm2:135m"
+        await ask(app, pilot, "Say hello.")
+        assert app.history[-1].content.strip()
+
+
 async def test_no_server_is_one_clear_notice(_private_home):
     app = ChatApp(RemoteClient("http://127.0.0.1:9"), ConversationStore(_private_home / "c.db"))
     async with app.run_test(size=(80, 24)) as pilot:
