@@ -77,6 +77,12 @@ def install_handlers(app) -> None:
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         return error_response(request, 400, _validation_message(exc))
 
+    @app.exception_handler(UnicodeEncodeError)
+    async def _not_unicode(request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # JSON may spell a lone surrogate ("\ud800"), which no UTF-8 text can hold
+        return error_response(request, 400, "the request holds text that is not valid "
+                                            f"Unicode ({exc.reason}) — send UTF-8 text")
+
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:
         return error_response(request, exc.status_code, str(exc.detail))

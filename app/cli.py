@@ -117,7 +117,7 @@ def run(
                                 max_tokens=max_tokens, stop=tuple(stop or ()))
         one_shot = prompt
         if not sys.stdin.isatty():
-            piped = sys.stdin.read().strip()
+            piped = _read_piped_text()
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
@@ -133,6 +133,14 @@ def run(
                 answer_once(backend, one_shot, system, params)
             else:
                 interactive(backend, system, params)
+
+
+def _read_piped_text() -> str:
+    try:
+        return sys.stdin.buffer.read().decode("utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise LocalinferError(f"the text piped in is not UTF-8 (byte {exc.start}) — convert "
+                              f"it first, e.g. with iconv -t UTF-8") from None
 
 
 def _pull(name: str) -> None:

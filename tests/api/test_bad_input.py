@@ -35,6 +35,9 @@ CASES = [
     ("/api/chat", {**OLLAMA_CHAT, "keep_alive": "soon"}, 400),
     ("/api/generate", {"model": "smollm2:135m", "prompt": "hi", "images": ["aGk="]}, 400),
     ("/api/show", {}, 400),
+    ("/v1/chat/completions", b'{"model": "smollm2:135m", "max_tokens": 2, "messages": '
+                             b'[{"role": "user", "content": "\\ud800 hi"}]}', 400),
+    ("/api/generate", b'{"model": "smollm2:135m", "prompt": "\\udfff", "stream": false}', 400),
 ]
 
 

@@ -130,3 +130,11 @@ def test_show_lists_the_plans_memory_part_by_part():
     text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "memory: weights" in text and "kv cache" in text
+
+
+def test_piped_text_that_is_not_utf8_is_one_clear_line():
+    result = subprocess.run([*RUN, "--max-tokens", "2"], input=b"\xff\xfe x",
+                            capture_output=True, timeout=120)
+    err = result.stderr.decode()
+    assert result.returncode == 1 and "not UTF-8" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
