@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
 from rich.console import Console
 
 from localinfer import __version__
@@ -54,8 +56,23 @@ def _user_errors() -> Iterator[None]:
             raise
         _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
+    except (ValidationError, SettingsError) as exc:  # a LOCALINFER_* variable's value
+        if os.environ.get("LOCALINFER_DEBUG"):
+            raise
+        _err.print(f"Error: {_settings_message(exc)}", style="red", highlight=False,
+                   soft_wrap=True, markup=False)
+        raise typer.Exit(1) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
+
+
+def _settings_message(exc: ValidationError | SettingsError) -> str:
+    if isinstance(exc, SettingsError):
+        return f"{exc} — fix or unset that LOCALINFER_* variable"
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err.get("loc") else "?"
+    return (f"LOCALINFER_{field.upper()}={err.get('input')!r}: {err['msg']} — fix or unset "
+            f"that variable")
 
 
 def _version(value: bool) -> None:
@@ -174,7 +191,8 @@ def list_models() -> None:
     from localinfer.model_store.sources import EMBEDDED
     from localinfer.settings import Settings
 
-    models_dir = Settings().models_dir
+    with _user_errors():
+        models_dir = Settings().models_dir
     rows = []
     for name, model in EMBEDDED.items():
         if model.available():
@@ -355,36 +373,45 @@ def chat(
 @app.command()
 def serve(
     model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", help="Load this model at startup (others load on first request).")] = None,
+        "--model", "-m", envvar="LOCALINFER_MODEL",
+        help="Load this model at startup (others load on first request).")] = None,
     host: Annotated[Optional[str], typer.Option(help="Address to bind [127.0.0.1].")] = None,
     port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="Port [11435].")] = None,
     parallel: Annotated[Optional[int], typer.Option(
         min=1, max=64, help="Requests decoded together per model [4].")] = None,
     ctx: Annotated[Optional[int], typer.Option(
+        envvar="LOCALINFER_CTX",
         min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(
+        envvar="LOCALINFER_THREADS",
         min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
     prefill_chunk: Annotated[Optional[int], typer.Option(
+        envvar="LOCALINFER_PREFILL_CHUNK",
         min=1, help="Prompt tokens per request per step: smaller keeps other streams smoother "
                     "while a long prompt is read [512].")] = None,
     step_budget: Annotated[Optional[float], typer.Option(
+        envvar="LOCALINFER_STEP_BUDGET",
         min=0.0, help="While streams generate, hold each step to this many decode steps' time "
                       "by reading prompts in smaller pieces, e.g. 2 (smoother streams, slower "
                       "prompts) [off].")] = None,
     draft: Annotated[int, typer.Option(
+        envvar="LOCALINFER_DRAFT",
         min=0, max=64, help="Speculative decoding for a lone stream: up to N prompt-lookup "
                             "guesses a step [0: off].")] = 0,
     draft_model: Annotated[Optional[str], typer.Option(
+        envvar="LOCALINFER_DRAFT_MODEL",
         help="Speculative decoding for a lone stream with this small model of the same family "
              "guessing (8 tokens a step unless --draft says).")] = None,
     kv_type: Annotated[str, typer.Option(
+        envvar="LOCALINFER_KV_TYPE",
         help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
     kv_unified: Annotated[bool, typer.Option(
-        "--kv-unified", help="One KV pool for all requests: a long chat may use what idle "
+        "--kv-unified", envvar="LOCALINFER_KV_UNIFIED", help="One KV pool for all requests: a long chat may use what idle "
                              "slots leave; requests wait for free cells [off: a fixed share "
                              "each].")] = False,
     flash_attn: Annotated[Optional[bool], typer.Option(
-        "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
+        "--flash-attn/--no-flash-attn", envvar="LOCALINFER_FLASH_ATTN",
+        help="Force flash attention on or off [auto].")] = None,
     api_key: Annotated[Optional[str], typer.Option(
         help="Require this Bearer token (needed to listen beyond loopback).")] = None,
     allow_origin: Annotated[Optional[list[str]], typer.Option(

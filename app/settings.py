@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import platformdirs
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from localinfer.model_store.sources import DEFAULT_MODEL
 
@@ -36,10 +37,19 @@ class ServeSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="address to bind")
     port: int = Field(11435, ge=0, le=65535)
     api_key: str | None = Field(None, description="required as a Bearer token when set")
-    allowed_origins: list[str] = Field(default_factory=list, description="CORS origins")
-    allowed_hosts: list[str] = Field(default_factory=list,
-                                     description="Host header names besides loopback ones")
+    # comma-separated in the environment: LOCALINFER_ALLOWED_ORIGINS=http://a.example,http://b
+    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list,
+                                                            description="CORS origins")
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Host header names besides loopback ones")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     parallel: int = Field(4, ge=1, le=64, description="requests decoded together per model")
     keep_alive: str = Field("5m", description="how long an idle model stays loaded")
     max_loaded_models: int = Field(3, ge=1)
+
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value

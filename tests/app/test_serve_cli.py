@@ -68,3 +68,26 @@ def test_a_startup_model_given_as_a_path_is_loaded_before_the_first_request(
         stop_server(server)
     log = server.log.read_text()
     assert "Traceback" not in log and "could not load" not in log, log
+
+
+def test_a_bad_environment_variable_is_one_clear_line(monkeypatch):
+    monkeypatch.setenv("LOCALINFER_PORT", "abc")
+    _one_line_error(_serve(), "LOCALINFER_PORT", "'abc'", "unset")
+
+
+@pytest.mark.slow
+def test_serve_options_read_their_environment_variables(tmp_path):
+    from ..api.conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", env={
+        "LOCALINFER_MODEL": "smollm2:135m", "LOCALINFER_CTX": "256", "LOCALINFER_PARALLEL": "1",
+        "LOCALINFER_KV_TYPE": "q8_0",
+        "LOCALINFER_ALLOWED_ORIGINS": "https://a.example, https://b.example"})
+    try:
+        loaded = server.get("/api/ps").json()["models"]
+        assert [m["name"] for m in loaded] == ["smollm2:135m"]  # preloaded from the variable
+        assert loaded[0]["context_length"] == 256
+        for origin, status in (("https://b.example", 200), ("https://c.example", 403)):
+            assert server.get("/api/version", headers={"Origin": origin}).status_code == status
+    finally:
+        stop_server(server)
