@@ -13,6 +13,7 @@ from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
 from localinfer.model_store.sources import resolve
 from localinfer.pool import ModelPool, parse_keep_alive
+from localinfer.service import prepare
 from localinfer.settings import ServeSettings, Settings
 
 __all__ = ["serve"]
@@ -43,7 +44,9 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
                      default_keep_alive=parse_keep_alive(serve_settings.keep_alive, 300.0))
     preload = model
-    if model:  # a missing model is one clear line now, not a failed preload later
+    if model:  # a missing model, or a context it cannot take, is one clear line now,
+        # not a failed preload and a server whose every request fails
+        prepare(model, options, settings)
         resolved = resolve(model, settings.models_dir)
         if resolved.source == "path":  # requests name it by its alias; so does the preload
             pool.alias(resolved.name, model)

@@ -46,6 +46,10 @@ def test_an_unknown_startup_model_is_one_clear_line():
     _one_line_error(_serve("--model", "no-such-model"), "not found")
 
 
+def test_a_context_the_startup_model_cannot_take_is_refused_before_serving():
+    _one_line_error(_serve("--model", "smollm2:135m", "--ctx", "99999"), "8192", "--ctx")
+
+
 def test_a_step_budget_of_one_or_less_is_refused():
     _one_line_error(_serve("--step-budget", "0.5"), "step budget")
 
