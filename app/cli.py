@@ -56,6 +56,15 @@ def _user_errors() -> Iterator[None]:
             raise
         _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
         raise typer.Exit(1) from None
+    except BrokenPipeError:  # `localinfer run ... | head`: the reader has gone
+        raise typer.Exit(141) from None
+    except OSError as exc:  # the disk, not us: an unwritable or full home, a file in the way
+        if os.environ.get("LOCALINFER_DEBUG") or exc.filename is None:
+            raise
+        _err.print(f"Error: cannot use {exc.filename}: {exc.strerror or exc} — check "
+                   f"LOCALINFER_HOME (where models and data live) and the free disk space",
+                   style="red", highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(1) from None
     except (ValidationError, SettingsError) as exc:  # a LOCALINFER_* variable's value
         if os.environ.get("LOCALINFER_DEBUG"):
             raise

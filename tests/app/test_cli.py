@@ -138,3 +138,18 @@ def test_piped_text_that_is_not_utf8_is_one_clear_line():
     err = result.stderr.decode()
     assert result.returncode == 1 and "not UTF-8" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_home_that_cannot_be_written_is_one_clear_line(tmp_path):
+    """gemma3 is assembled into the models folder on first use: a file where the home
+    should be makes that fail."""
+    import os
+
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    result = subprocess.run([*RUN, "gemma3:270m", "--prompt", "hi", "--max-tokens", "1"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "LOCALINFER_HOME": str(blocked)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "LOCALINFER_HOME" in result.stderr and str(blocked) in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
