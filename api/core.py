@@ -8,6 +8,7 @@ cancels the request in the engine, which frees its slot within one step.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -19,7 +20,8 @@ from pydantic import BaseModel, ConfigDict
 
 from localinfer.api.errors import ApiError
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import DoneEvent, ErrorEvent, Event, Generation, SamplingParams
+from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
+                                     SamplingParams)
 from localinfer.backends.metrics import RequestStats
 from localinfer.pool import LoadedModel, ModelPool
 
@@ -105,20 +107,29 @@ async def start(
         if max_tokens_too_big(params, loaded):
             raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
                                 f"({backend.info.n_ctx} tokens) — ask for fewer")
-        if messages is not None:
-            if tools is not None:
-                messages, params = tools.prepare(messages, params)
-            tokens = backend.tokenize(backend.apply_chat_template(messages))
-        elif isinstance(prompt, str):
-            tokens = backend.tokenize(prompt)
-        else:
-            tokens = list(prompt or ())
+        # templating and tokenizing a long body takes seconds: off the loop, which keeps
+        # serving every other stream meanwhile; queueing stays here, so a request cancelled
+        # while its prompt is read never reaches the engine
+        tokens, params = await asyncio.to_thread(_tokens, backend, params, messages, prompt,
+                                                 tools)
         generation = backend.generate(tokens, params)
     except BaseException:
         await stack.aclose()
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(tokens), began, load, tools, stack)
+
+
+def _tokens(backend: Backend, params: SamplingParams,
+            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+            tools: ToolSpec | None) -> tuple[list[int], SamplingParams]:
+    if messages is not None:
+        if tools is not None:
+            messages, params = tools.prepare(messages, params)
+        return backend.tokenize(backend.apply_chat_template(messages)), params
+    if isinstance(prompt, str):
+        return backend.tokenize(prompt), params
+    return list(prompt or ()), params
 
 
 def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:
