@@ -602,7 +602,9 @@ class Engine:
 
     def _finish(self, slot: Slot, reason: str) -> None:
         task = slot.task
-        tail = slot.stop.feed(slot.decoder.decode(b"", final=True)) + slot.stop.flush()
+        # the decoder's pending bytes are a character cut short (by max_tokens, say): they
+        # are dropped, not sent as U+FFFD
+        tail = slot.stop.flush()
         if tail and reason != "cancelled":
             task.generation.put(TokenEvent(tail, -1))
         task.stats.finish_reason = reason

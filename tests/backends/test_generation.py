@@ -171,3 +171,14 @@ def test_detokenize_round_trips_multibyte_text(smollm2, gemma3):
     text = "Héllo wörld — ünïcode ✓ 日本"
     for backend in (smollm2, gemma3):
         assert backend.detokenize(backend.tokenize(text, add_special=False)) == text
+
+
+def test_a_reply_cut_inside_a_character_ends_without_a_replacement_mark(smollm2):
+    """max_tokens can stop between the bytes of one character: those bytes are held back
+    (they were sent as U+FFFD)."""
+    native = smollm2.native
+    lead = next(t for t in range(native.n_vocab) if native.piece(t) == b"\xf0")  # 4-byte lead
+    params = SamplingParams(temperature=0, max_tokens=1, logit_bias=((lead, 100.0),))
+    generation = smollm2.generate(smollm2.tokenize("Hi"), params)
+    assert generation.text() == ""
+    assert generation.stats.generated_tokens == 1 and generation.stats.finish_reason == "length"
