@@ -51,6 +51,7 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
         if resolved.source == "path":  # requests name it by its alias; so does the preload
             pool.alias(resolved.name, model)
             preload = resolved.name
+    pool.default = preload  # a request that names no model gets the one being served
     app = create_app(pool, serve_settings, settings, preload=preload)
     sock = _bind(serve_settings.host, serve_settings.port)
     host, port = sock.getsockname()[:2]

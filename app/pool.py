@@ -96,6 +96,7 @@ class ModelPool:
         self._reaper: asyncio.Task[None] | None = None
         self._aliases: dict[str, str] = {}
         self._names: dict[str, str] = {}  # what requests said → the name it loaded under
+        self.default: str | None = None  # for requests that name no model (serve --model)
         self._hw: Hardware | None = None
 
     def _hardware(self) -> Hardware:
@@ -139,10 +140,12 @@ class ModelPool:
 
     async def canonical(self, ref: str | None) -> str:
         """The name a model is loaded under, without loading it."""
+        ref = ref or self.default
         ref = self._aliases.get(ref or "", ref) or self.settings.default_model
         return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
 
     async def get(self, ref: str | None) -> LoadedModel:
+        ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
         if known is not None:  # the usual request: no resolving, no header parsing
             known.last_used = time.monotonic()

@@ -95,3 +95,18 @@ def test_serve_options_read_their_environment_variables(tmp_path):
             assert server.get("/api/version", headers={"Origin": origin}).status_code == status
     finally:
         stop_server(server)
+
+
+@pytest.mark.slow
+def test_a_request_that_names_no_model_gets_the_served_one(tmp_path):
+    from ..api.conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", "--model", "gemma3:270m", "--parallel", "1",
+                          "--ctx", "256")
+    try:
+        reply = server.post("/v1/chat/completions", json={
+            "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code == 200 and reply.json()["model"] == "gemma3:270m", reply.text
+        assert [m["name"] for m in server.get("/api/ps").json()["models"]] == ["gemma3:270m"]
+    finally:
+        stop_server(server)
