@@ -219,11 +219,11 @@ def list_models() -> None:
 def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
     """Delete a pulled model."""
     from localinfer.model_store import store
-    from localinfer.model_store.sources import EMBEDDED
+    from localinfer.model_store.sources import is_embedded
     from localinfer.settings import Settings
 
     with _user_errors():
-        if model in EMBEDDED:
+        if is_embedded(model):
             raise LocalinferError(f"{model} ships with localinfer and cannot be removed")
         store.remove(Settings().models_dir, model)
         print(f"deleted {model}")

@@ -124,6 +124,7 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     assert not file.exists() and manifests(_private_home) == []
     one_line_error(cli(hub, "rm", f"{REF}:Q4_1"), "not found")
     one_line_error(cli(hub, "rm", "smollm2:135m"), "cannot be removed")
+    one_line_error(cli(hub, "rm", "smollm2"), "cannot be removed")  # the short name too
 
 
 def test_offline_mode_names_the_way_out(hub):
