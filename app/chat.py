@@ -12,7 +12,7 @@ from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenE
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import LocalinferError
 
-__all__ = ["Reply", "answer_once", "interactive", "stream_reply"]
+__all__ = ["Reply", "answer_once", "fit_to_context", "interactive", "reply_room", "stream_reply"]
 
 HELP = """Commands:
   /clear   forget the conversation so far
@@ -50,6 +50,30 @@ def stream_reply(backend: Backend, messages: list[dict[str, str]], params: Sampl
             pass
         return Reply("".join(pieces), generation.stats, interrupted=True)
     return Reply("".join(pieces), generation.stats)
+
+
+def fit_to_context(backend: Backend, messages: list[dict[str, str]], reserve: int
+                   ) -> tuple[list[dict[str, str]], int]:
+    """Leave out the oldest turns until the prompt leaves `reserve` tokens of the context for
+    the reply, as Ollama does; system messages and the newest message always stay. Returns
+    the messages and how many were left out."""
+    budget = backend.info.n_ctx - reserve
+    kept = list(messages)
+    dropped = 0
+    while len(backend.tokenize(backend.apply_chat_template(kept))) > budget:
+        oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
+        if oldest is None:  # only the newest message is left: the engine says it is too long
+            break
+        del kept[oldest]
+        dropped += 1
+    return kept, dropped
+
+
+def reply_room(backend: Backend, params: SamplingParams) -> int:
+    """Tokens a chat keeps free for the next reply: its max_tokens, else a quarter of the
+    context, at most half of it."""
+    n_ctx = backend.info.n_ctx
+    return min(params.max_tokens or n_ctx // 4, n_ctx // 2)
 
 
 def _print_stats(reply: Reply, err: Console) -> None:
@@ -107,6 +131,12 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
             print("Cleared the conversation.")
             continue
         history.append({"role": "user", "content": line})
+        history, dropped = fit_to_context(backend, history, reply_room(backend, params))
+        if dropped:
+            err.print(f"(the conversation outgrew the {backend.info.n_ctx}-token context: its "
+                      f"oldest {dropped} message{'s' if dropped > 1 else ''} left out — "
+                      f"/clear starts afresh, --ctx gives more room)", style="dim",
+                      highlight=False, soft_wrap=True, markup=False)
         try:
             reply = stream_reply(backend, history, params, out)
         except LocalinferError as exc:

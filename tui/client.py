@@ -154,7 +154,8 @@ class LocalClient(ChatClient):
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:
             raise LocalinferError("no model is loaded yet")
-        generation = await asyncio.to_thread(self.backend.chat, messages, params)
+        generation = await asyncio.to_thread(_chat_within_context, self.backend, messages,
+                                             params)
         finished = False
         try:
             async for event in generation.events():
@@ -251,6 +252,15 @@ def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
                              "an estimate from the size tag; the plan is made from the file "
                              "when pulled"))
     return rows
+
+
+def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):
+    """A conversation longer than the context leaves its oldest turns out (the system
+    prompt stays), as `localinfer run` does."""
+    from localinfer.chat import fit_to_context, reply_room
+
+    fitted, _ = fit_to_context(backend, list(messages), reply_room(backend, params))
+    return backend.chat(fitted, params)
 
 
 # ---------------------------------------------------------------------------- remote

@@ -62,3 +62,26 @@ def test_ctrl_c_at_prompt_hints_and_ctrl_d_exits(chat):
     chat.expect(pexpect.EOF)
     chat.close()
     assert chat.exitstatus == 0
+
+
+def test_a_chat_that_outgrows_the_context_leaves_out_its_oldest_turns():
+    """A 256-token context fills within a few turns: every later turn still gets a reply,
+    the system prompt stays, and the chat says what it left out."""
+    child = pexpect.spawn(sys.executable, ["-m", "localinfer", "run", "--temperature", "0",
+                                           "--max-tokens", "40", "--threads", "1", "--ctx",
+                                           "256", "--system", "Answer in English."],
+                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+    try:
+        child.expect(">>> ")
+        notices = 0
+        for turn in range(6):
+            child.sendline(f"Tell me a fact about the number {turn + 10}, please.")
+            i = child.expect([r"left out", r"TTFT \d+ ms"])
+            if i == 0:
+                notices += 1
+                child.expect(r"TTFT \d+ ms")
+            child.expect(">>> ")
+            assert "Error" not in child.before
+        assert notices >= 1
+    finally:
+        child.close(force=True)

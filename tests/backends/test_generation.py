@@ -182,3 +182,19 @@ def test_a_reply_cut_inside_a_character_ends_without_a_replacement_mark(smollm2)
     generation = smollm2.generate(smollm2.tokenize("Hi"), params)
     assert generation.text() == ""
     assert generation.stats.generated_tokens == 1 and generation.stats.finish_reason == "length"
+
+
+def test_a_long_conversation_is_fitted_to_the_context_oldest_turns_first(smollm2):
+    from localinfer.chat import fit_to_context
+
+    system = {"role": "system", "content": "Be brief."}
+    turns = [{"role": "user" if i % 2 == 0 else "assistant",
+              "content": f"Turn {i}: " + "the lighthouse keeper counted the steps " * 8}
+             for i in range(30)]
+    fitted, dropped = fit_to_context(smollm2, [system, *turns], reserve=256)
+    assert dropped > 0 and fitted[0] == system and fitted[-1] == turns[-1]
+    assert fitted[1:] == turns[dropped:]  # the oldest went, in order
+    prompt = smollm2.tokenize(smollm2.apply_chat_template(fitted))
+    assert len(prompt) <= smollm2.info.n_ctx - 256
+    unchanged, none = fit_to_context(smollm2, [system, turns[0]], reserve=256)
+    assert none == 0 and unchanged == [system, turns[0]]
