@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import sys
+from collections.abc import Callable
+from types import FrameType
 
 import uvicorn
 
@@ -60,4 +62,19 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
           f"— OpenAI API at /v1, Ollama API at /api", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5, access_log=verbose)
-    uvicorn.Server(config).run(sockets=[sock])
+    _Server(config, on_exit=pool.cancel_all).run(sockets=[sock])
+
+
+class _Server(uvicorn.Server):
+    """On SIGTERM or Ctrl-C, running streams end at once with a proper last chunk (finish
+    reason, [DONE]) and the server exits, instead of generating on through the grace period
+    and then cutting every stream off mid-body."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]):
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if not self.should_exit:
+            self._on_exit()
+        super().handle_exit(sig, frame)

@@ -215,6 +215,11 @@ class ModelPool:
         log.info("unloaded %s", name)
         return True
 
+    def cancel_all(self) -> None:
+        """End every request of every loaded model (shutting down); safe from a signal."""
+        for model in list(self._loaded.values()):
+            model.backend.cancel_all()
+
     # ------------------------------------------------------------------ lifetime
     def start(self, interval: float = 1.0) -> None:
         """Unload models whose keep-alive ran out (call from the running loop)."""

@@ -307,6 +307,9 @@ class Backend(ABC):
     def stats(self) -> EngineStats:
         """A snapshot of the engine: slots in use, queue, KV cells, counters."""
 
+    def cancel_all(self) -> None:
+        """End every running and waiting request now, each with its DoneEvent."""
+
     @abstractmethod
     def close(self) -> None: ...
 

@@ -46,6 +46,7 @@ log = logging.getLogger("localinfer.engine")
 _MIN_DRAFT_QUALITY = 0.25
 _WAKE = object()
 _CLOSE = object()
+_CANCEL_ALL = object()
 
 
 class SlotState(enum.Enum):
@@ -228,6 +229,11 @@ class Engine:
         if bad is not None:
             raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
 
+    def cancel_all(self) -> None:
+        """End every request submitted so far within a step (a server shutting down): each
+        gets its DoneEvent, so its stream closes properly. Safe from any thread."""
+        self._inbox.put(_CANCEL_ALL)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -267,6 +273,9 @@ class Engine:
                 return False
             if isinstance(item, Task):
                 self._waiting.append(item)
+            elif item is _CANCEL_ALL:  # every request so far ends now, with what it has
+                for task in [*self._waiting, *(s.task for s in self.slots if s.task)]:
+                    task.generation.cancelled = True
             idle = False
 
     def _drop_cancelled(self) -> None:

@@ -117,6 +117,9 @@ class LlamaCppBackend(Backend):
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def cancel_all(self) -> None:
+        self.engine.cancel_all()
+
     def close(self) -> None:
         self.embedder.close()
         self.engine.close()

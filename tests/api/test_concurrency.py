@@ -119,3 +119,33 @@ def test_a_huge_prompt_is_read_off_the_event_loop(server):
     assert health.status_code == 200
     assert still_reading, "the huge prompt was read before /health got an answer"
     assert result["r"].status_code == 400  # longer than the context: refused, not crashed
+
+
+@pytest.mark.slow
+def test_sigterm_ends_running_streams_properly_and_exits(tmp_path):
+    import signal
+
+    srv = start_server(tmp_path / "home", "--model", "smollm2:135m", "--parallel", "2",
+                       "--ctx", "2048")
+    try:
+        lines: list[str] = []
+        body = {"model": "smollm2:135m", "stream": True, "max_tokens": 1500,
+                "messages": [{"role": "user", "content": "Count from one to a thousand."}],
+                "logit_bias": {"2": -100}}  # keep writing: no end of text
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", json=body,
+                          timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    lines.append(line[6:])
+                if len(lines) == 5:
+                    srv.process.send_signal(signal.SIGTERM)
+        assert lines[-1] == "[DONE]", lines[-3:]
+        last = json.loads(lines[-2])
+        assert last["choices"][0]["finish_reason"] == "stop"
+        assert len(lines) < 300  # it stopped when told, not at max_tokens
+        # uvicorn ends by raising the signal again once it has shut down: exit by SIGTERM
+        assert srv.process.wait(timeout=15) in (0, -signal.SIGTERM)
+    finally:
+        if srv.process.poll() is None:
+            stop_server(srv)
+    assert "Traceback" not in srv.log.read_text()
