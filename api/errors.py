@@ -7,6 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from localinfer.model_store.hub import HubError
 from localinfer.errors import (
     ContextError,
     EngineBusy,
@@ -30,6 +31,8 @@ class ApiError(Exception):
 
 
 def status_for(exc: LocalinferError) -> tuple[int, str]:
+    if isinstance(exc, HubError):  # the hub could not be reached, or said no: not our fault
+        return 502, "upstream_error"
     if isinstance(exc, (ModelNotFound, ModelFileMissing)):
         return 404, "not_found_error"
     if isinstance(exc, (InvalidRequest, ContextError)):

@@ -332,7 +332,7 @@ async def ps(request: Request) -> dict[str, Any]:
 async def pull(body: NameRequest, request: Request):
     """Embedded models come from their packages; hub models are downloaded and verified."""
     name = core.check_model_name(body.which)
-    got = await asyncio.to_thread(pull_model, name, request.app.state.settings)
+    got = await asyncio.to_thread(pull_model, name, request.app.state.settings, None, False)
     done = (f"using {got.file} ({got.quant}), sha256 verified" if isinstance(got, Manifest)
             else f"using {got.path.name}")
     lines = [{"status": "pulling manifest"}, {"status": done}, {"status": "success"}]

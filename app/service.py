@@ -138,13 +138,15 @@ def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
 
 
 def pull_model(ref: str, settings: Settings | None = None,
-               progress: Progress | None = None) -> Manifest | ResolvedModel:
-    """Download a hub model; an embedded one is only located (assembled if need be)."""
+               progress: Progress | None = None, allow_paths: bool = True
+               ) -> Manifest | ResolvedModel:
+    """Download a hub model; an embedded one is only located (assembled if need be).
+    allow_paths: False where the name comes from a client, who may not probe for files."""
     settings = settings or Settings()
     if is_embedded(ref):
         return resolve(ref, settings.models_dir, allow_paths=False)
     hub_ref = parse_hub_ref(ref)
     if hub_ref is None:
-        resolve(ref, settings.models_dir)  # a path, or a clear "not found" with suggestions
+        resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
     return store.pull(hub_ref, settings.models_dir, choose_quant, progress)

@@ -45,3 +45,32 @@ def test_pull_list_chat_delete(hub_server):
     with pytest.raises(ollama.ResponseError) as err:
         client.pull(f"hf.co/{REPO}:Q3_K_M")
     assert "Q4_1" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def offline_server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("offline-home")
+    srv = start_server(home, "--parallel", "1", "--ctx", "256",
+                       env={"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(home / "hf")})
+    yield srv, home
+    stop_server(srv)
+
+
+def test_a_hub_that_cannot_be_reached_is_a_502_that_says_so(offline_server):
+    server, _ = offline_server
+    response = server.post("/api/pull", json={"model": "hf.co/someone/x-GGUF:Q4_K_M"})
+    assert response.status_code == 502, response.text
+    assert "cannot reach" in response.json()["error"]
+
+
+def test_pull_does_not_tell_whether_a_path_exists(offline_server):
+    """The server runs in this directory: a name that is a file here must get the same answer
+    as one that is not (it was 'is a local file')."""
+    from pathlib import Path
+
+    server, _ = offline_server
+    assert Path("bench/results/gpu_h100.md").is_file()
+    answers = [server.post("/api/pull", json={"model": name})
+               for name in ("bench/results/gpu_h100.md", "bench/results/no_such.md")]
+    assert [a.status_code for a in answers] == [404, 404]
+    assert all("is a local file" not in a.text for a in answers)
