@@ -209,10 +209,11 @@ def list_models() -> None:
             rows.append((name, "embedded", path.stat().st_size if path else None, "—"))
     for m in store.installed(models_dir):
         rows.append((m.name, m.quant or "?", m.size, m.pulled_at.replace("T", " ")[:16]))
-    print(f"{'NAME':32} {'QUANT':10} {'SIZE':>10}  MODIFIED")
+    width = max([len("NAME"), *(len(name) for name, *_ in rows)])  # hub names run long
+    print(f"{'NAME':{width}} {'QUANT':10} {'SIZE':>10}  MODIFIED")
     for name, quant, size, when in rows:
         shown = f"{size / 2**20:,.0f} MiB" if size else "—"
-        print(f"{name:32} {quant:10} {shown:>10}  {when}")
+        print(f"{name:{width}} {quant:10} {shown:>10}  {when}")
 
 
 @app.command()

@@ -63,6 +63,10 @@ def test_pull_plans_the_quant_verifies_and_registers(hub, _private_home):
     assert not any((_private_home / "models" / "hub" / REPO / ".staging").glob("*.gguf"))
     listed = cli(hub, "list")
     assert REF in listed.stdout and "Q4_K_M" in listed.stdout
+    # the columns line up however long a name is (a hub name is longer than 32 characters)
+    lines = listed.stdout.splitlines()
+    assert len({line.index("SIZE") + 4 if i == 0 else line.index(" MiB") + 4
+                for i, line in enumerate(lines) if "SIZE" in line or " MiB" in line}) == 1
 
 
 def test_explicit_quant_then_run_offline(hub, _private_home):
