@@ -12,6 +12,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request, Response
@@ -24,9 +25,11 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
+from localinfer.backends.chat_template import fallback_template
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import InvalidRequest
+from localinfer.errors import InvalidRequest, LocalinferError
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store import store
 from localinfer.model_store.sources import EMBEDDED, is_embedded
 from localinfer.model_store.store import Manifest
@@ -278,7 +281,8 @@ async def tags(request: Request) -> dict[str, Any]:
                 EMBEDDED[name].peek(models_dir) if name in EMBEDDED else
                 pulled[name].path(models_dir) if name in pulled else None)
         stat = path.stat() if path and path.exists() else None
-        info = loaded[name].backend.info if name in loaded else None
+        # the file's own header, loaded or not, so a model's family does not change on load
+        info = await asyncio.to_thread(_header, path) if stat else None
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
@@ -290,26 +294,34 @@ async def tags(request: Request) -> dict[str, Any]:
     return {"models": models}
 
 
+def _header(path: Path) -> GGUFInfo | None:
+    try:
+        return read_gguf_info(path)
+    except LocalinferError:  # a damaged file still gets listed, without details
+        return None
+
+
 @router.post("/show")
 async def show(body: NameRequest, request: Request) -> dict[str, Any]:
-    async with request.app.state.pool.use(core.check_model_name(body.which)) as loaded:
-        info, backend = loaded.info, loaded.backend
-        return {
-            "modelfile": f"FROM {loaded.resolved.path.name}\n",
-            "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1",
-            "template": getattr(backend, "template", None) and backend.template.source or "",
-            "details": _details(loaded.name, backend.info),
-            "model_info": {
-                "general.architecture": info.architecture,
-                "general.parameter_count": backend.info.n_params,
-                f"{info.architecture}.block_count": info.n_layer,
-                f"{info.architecture}.context_length": info.n_ctx_train,
-                f"{info.architecture}.attention.head_count": info.n_head,
-                f"{info.architecture}.attention.head_count_kv": info.n_head_kv,
-            },
-            "capabilities": ["completion", "tools", "embedding"],
-            "modified_at": _now(),
-        }
+    """What the file's header says: describing a model does not load it (as Ollama)."""
+    resolved, info = await asyncio.to_thread(request.app.state.pool.describe,
+                                             core.check_model_name(body.which))
+    return {
+        "modelfile": f"FROM {resolved.path.name}\n",
+        "parameters": "temperature 0.8\ntop_k 40\ntop_p 0.9\nrepeat_penalty 1.1",
+        "template": info.chat_template or fallback_template(info.architecture),
+        "details": _details(resolved.name, info),
+        "model_info": {
+            "general.architecture": info.architecture,
+            "general.parameter_count": info.n_params,
+            f"{info.architecture}.block_count": info.n_layer,
+            f"{info.architecture}.context_length": info.n_ctx_train,
+            f"{info.architecture}.attention.head_count": info.n_head,
+            f"{info.architecture}.attention.head_count_kv": info.n_head_kv,
+        },
+        "capabilities": ["completion", "tools", "embedding"],
+        "modified_at": _now(),
+    }
 
 
 def _ps_entry(m: LoadedModel) -> dict[str, Any]:

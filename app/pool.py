@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest
 from localinfer.model_store.fit import check_context, estimate_memory
-from localinfer.model_store.gguf_info import GGUFInfo
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import BackendFactory, ram_available, llama_cpp_backend, prepare
@@ -143,6 +143,14 @@ class ModelPool:
         ref = ref or self.default
         ref = self._aliases.get(ref or "", ref) or self.settings.default_model
         return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
+
+    def describe(self, ref: str | None) -> tuple[ResolvedModel, GGUFInfo]:
+        """A model's file and header, loaded or not (blocking: call from a thread)."""
+        ref = ref or self.default
+        alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
+        resolved = resolve(alias or ref or self.settings.default_model,
+                           self.settings.models_dir, alias is not None)
+        return resolved, read_gguf_info(resolved.path)
 
     async def get(self, ref: str | None) -> LoadedModel:
         ref = ref or self.default

@@ -86,7 +86,7 @@ def test_a_page_on_another_site_cannot_post_to_the_server(server, path, body):
     assert "--allow-origin https://evil.example" in (error if isinstance(error, str)
                                                      else error["message"])
     assert server.post("/api/show", json={"model": "smollm2:135m"}).status_code == 200
-    assert not (server.log.parent / "models").exists()  # nothing was pulled
+    assert not (server.log.parent / "models" / "hub").exists()  # nothing was pulled
 
 
 @pytest.mark.parametrize("origin", ["null", "http://127.0.0.1.evil.example", "file://"])

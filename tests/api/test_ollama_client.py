@@ -61,6 +61,17 @@ def test_list_show_ps(client):
     assert entry.size > 90_000_000 and entry.expires_at is not None
 
 
+def test_show_and_tags_read_the_file_without_loading_it(client):
+    shown = client.show("gemma3:270m")
+    assert shown.modelinfo["general.architecture"] == "gemma3"
+    assert shown.modelinfo["general.parameter_count"] > 200_000_000
+    assert shown.details.quantization_level == "Q4_K_M" and shown.template
+    assert "gemma3:270m" not in [m.model for m in client.ps().models]  # still not loaded
+    families = {m.model: m.details.family for m in client.list().models}
+    # from the file's header, loaded (smollm2) or not (gemma3): the same before and after
+    assert families["smollm2:135m"] == "llama" and families["gemma3:270m"] == "gemma3"
+
+
 def test_embed(client):
     result = client.embed(model="smollm2:135m", input=["hello world", "goodbye"])
     assert len(result.embeddings) == 2
