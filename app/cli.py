@@ -263,7 +263,8 @@ def show(
                  "quant": info.quant, "file_size": info.file_size, "n_layer": info.n_layer,
                  "n_head": info.n_head, "n_head_kv": info.n_head_kv,
                  "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
-                 "kv_bytes_per_token": int(info.kv_bytes_per_token()), "plan": plan_dict}
+                 "kv_bytes_per_token": int(info.kv_bytes_per_token()),
+                 "chat_template": info.chat_template is not None, "plan": plan_dict}
         if as_json:
             print(json.dumps(facts, indent=2))
             return
@@ -272,6 +273,9 @@ def show(
         print(f"  layers {info.n_layer} · heads {info.n_head} (KV {info.n_head_kv}) · "
               f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
         print(f"  KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)")
+        if info.chat_template is None:
+            print("  no chat template in the file: likely a base model, which continues text "
+                  "rather than answering (chats use a generic turn format)")
         print(f"  plan: {plan_dict['reason']}")
         if plan_dict.get("memory"):
             parts = " + ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}"

@@ -130,6 +130,10 @@ def test_show_lists_the_plans_memory_part_by_part():
     text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "memory: weights" in text and "kv cache" in text
+    assert facts["chat_template"] is True and "base model" not in text
+    base = subprocess.run([sys.executable, "-m", "localinfer", "show", "gemma3:270m"],
+                          capture_output=True, text=True, timeout=60).stdout
+    assert "likely a base model" in base  # its file carries no chat template
 
 
 def test_piped_text_that_is_not_utf8_is_one_clear_line():
