@@ -282,7 +282,8 @@ async def tags(request: Request) -> dict[str, Any]:
                 pulled[name].path(models_dir) if name in pulled else None)
         stat = path.stat() if path and path.exists() else None
         # the file's own header, loaded or not, so a model's family does not change on load
-        info = await asyncio.to_thread(_header, path) if stat else None
+        info = (loaded[name].info if name in loaded else
+                await asyncio.to_thread(_header, path) if stat else None)
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()

@@ -13,7 +13,6 @@ from localinfer.api.app import create_app
 from localinfer.api.security import is_loopback
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
-from localinfer.model_store.sources import resolve
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.service import prepare
 from localinfer.settings import ServeSettings, Settings
@@ -48,8 +47,7 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     preload = model
     if model:  # a missing model, or a context it cannot take, is one clear line now,
         # not a failed preload and a server whose every request fails
-        prepare(model, options, settings)
-        resolved = resolve(model, settings.models_dir)
+        resolved, _, _ = prepare(model, options, settings)
         if resolved.source == "path":  # requests name it by its alias; so does the preload
             pool.alias(resolved.name, model)
             preload = resolved.name

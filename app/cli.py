@@ -12,11 +12,10 @@ import os
 import sys
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, Optional
+from typing import Annotated, NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
-from pydantic_settings import SettingsError
 from rich.console import Console
 
 from localinfer import __version__
@@ -52,36 +51,29 @@ def _user_errors() -> Iterator[None]:
     try:
         yield
     except LocalinferError as exc:
-        if os.environ.get("LOCALINFER_DEBUG"):
-            raise
-        _err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(1) from None
+        _fail(exc, str(exc))
     except BrokenPipeError:  # `localinfer run ... | head`: the reader has gone
         raise typer.Exit(141) from None
     except OSError as exc:  # the disk, not us: an unwritable or full home, a file in the way
-        if os.environ.get("LOCALINFER_DEBUG") or exc.filename is None:
+        if exc.filename is None:
             raise
-        _err.print(f"Error: cannot use {exc.filename}: {exc.strerror or exc} — check "
-                   f"LOCALINFER_HOME (where models and data live) and the free disk space",
-                   style="red", highlight=False, soft_wrap=True, markup=False)
-        raise typer.Exit(1) from None
-    except (ValidationError, SettingsError) as exc:  # a LOCALINFER_* variable's value
-        if os.environ.get("LOCALINFER_DEBUG"):
-            raise
-        _err.print(f"Error: {_settings_message(exc)}", style="red", highlight=False,
-                   soft_wrap=True, markup=False)
-        raise typer.Exit(1) from None
+        _fail(exc, f"cannot use {exc.filename}: {exc.strerror or exc} — check LOCALINFER_HOME "
+                   f"(where models and data live) and the free disk space")
+    except ValidationError as exc:  # a LOCALINFER_* variable's value
+        err = exc.errors()[0]
+        field = str(err["loc"][0]) if err.get("loc") else "?"
+        _fail(exc, f"LOCALINFER_{field.upper()}={err.get('input')!r}: {err['msg']} — fix or "
+                   f"unset that variable")
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
 
-def _settings_message(exc: ValidationError | SettingsError) -> str:
-    if isinstance(exc, SettingsError):
-        return f"{exc} — fix or unset that LOCALINFER_* variable"
-    err = exc.errors()[0]
-    field = str(err["loc"][0]) if err.get("loc") else "?"
-    return (f"LOCALINFER_{field.upper()}={err.get('input')!r}: {err['msg']} — fix or unset "
-            f"that variable")
+def _fail(exc: BaseException, message: str) -> NoReturn:
+    """One line on stderr and exit 1; with LOCALINFER_DEBUG set, the error itself."""
+    if os.environ.get("LOCALINFER_DEBUG"):
+        raise exc
+    _err.print(f"Error: {message}", style="red", highlight=False, soft_wrap=True, markup=False)
+    raise typer.Exit(1) from None
 
 
 def _version(value: bool) -> None:

@@ -144,12 +144,17 @@ class ModelPool:
         ref = self._aliases.get(ref or "", ref) or self.settings.default_model
         return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
 
+    def _target(self, ref: str | None) -> tuple[str | None, bool]:
+        """What to resolve for a request's model name, and whether it may be a path: only
+        the operator's own names (`serve --model x.gguf`) may."""
+        alias = self._aliases.get(ref or "")
+        return alias or ref, alias is not None
+
     def describe(self, ref: str | None) -> tuple[ResolvedModel, GGUFInfo]:
         """A model's file and header, loaded or not (blocking: call from a thread)."""
-        ref = ref or self.default
-        alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
-        resolved = resolve(alias or ref or self.settings.default_model,
-                           self.settings.models_dir, alias is not None)
+        target, allow_paths = self._target(ref or self.default)
+        resolved = resolve(target or self.settings.default_model, self.settings.models_dir,
+                           allow_paths)
         return resolved, read_gguf_info(resolved.path)
 
     async def get(self, ref: str | None) -> LoadedModel:
@@ -158,9 +163,9 @@ class ModelPool:
         if known is not None:  # the usual request: no resolving, no header parsing
             known.last_used = time.monotonic()
             return known
-        alias = self._aliases.get(ref or "")  # only the operator's own names may be paths
+        target, allow_paths = self._target(ref)
         resolved, info, options = await asyncio.to_thread(
-            prepare, alias or ref, self.options, self.settings, lambda: 1 << 62, alias is not None,
+            prepare, target, self.options, self.settings, lambda: 1 << 62, allow_paths,
             self._hardware)
         name = resolved.name
         self._names[ref or ""] = name

@@ -69,10 +69,8 @@ class ThreadTuner:
             return self._start_probe(n_decode)
         return None
 
-    def _start_probe(self, n_decode: int) -> int | None:
-        other = self.current - 1 if self.current > 1 else self.current + 1
-        if other > self.max_threads:
-            return None
+    def _start_probe(self, n_decode: int) -> int:
+        other = self.current - 1 if self.current > 1 else self.current + 1  # ≤ max_threads
         self._probe = (self.current, n_decode, [])
         self._probe_steps = 0
         self._since_probe = 0
@@ -95,10 +93,9 @@ class ThreadTuner:
         before = self._avg[(came_from, streams)]
         self._avg[(self.current, streams)] = trial
         self._best[(self.current, streams)] = trial
+        self._best[(came_from, streams)] = before  # its best under this load, not the old one
         if trial < _BETTER * before:  # keep the new count
             self.switches += 1
-            self._best[(came_from, streams)] = before  # forget its old best: load has changed
             return None
-        self._best[(came_from, streams)] = before  # the old count's speed under this load
         self.current = came_from
         return came_from

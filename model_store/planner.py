@@ -36,7 +36,7 @@ DEFAULT_OUTPUTS = 16
 KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # per element, with block scales
 # What a process holds on a GPU besides llama.cpp's buffers: the driver's context, the math
 # libraries' workspaces and kernels. CUDA measured (bench/gpu_memory.py, see
-# bench/results/gpu_memory.md); the others are estimates until a machine measures them.
+# bench/results/gpu_h100.md); the others are estimates until a machine measures them.
 RUNTIME_OVERHEAD = {"cuda": 608 * _MIB, "rocm": 512 * _MIB, "vulkan": 256 * _MIB,
                     "metal": 64 * _MIB}
 
@@ -158,11 +158,12 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                                    f"the rest in RAM")
     for quant in capped:
         need = files[quant] + kv + compute
-        if need + _margin(need) <= ram_available:
+        margin = _margin(need)
+        if need + margin <= ram_available:
             where = "no GPU was found" if gpu is None else "the GPU cannot take a layer"
             parts = {"weights": files[quant], "kv_cache": kv, "compute": compute, "runtime": 0,
-                     "margin": _margin(need)}
-            return Plan(quant, "cpu", 0, memory_bytes=need + _margin(need), **common, parts=parts,
+                     "margin": margin}
+            return Plan(quant, "cpu", 0, memory_bytes=need + margin, **common, parts=parts,
                         reason=f"{where}; {quant} runs on the CPU in {gib(need)} of "
                                f"{gib(ram_available)} available RAM")
     smallest = min(files, key=files.get)
