@@ -20,7 +20,7 @@ from rich.console import Console
 
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.errors import LocalinferError, ModelNotInstalled
+from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
 
 __all__ = ["app", "main"]
 
@@ -57,8 +57,7 @@ def _user_errors() -> Iterator[None]:
     except OSError as exc:  # the disk, not us: an unwritable or full home, a file in the way
         if exc.filename is None:
             raise
-        _fail(exc, f"cannot use {exc.filename}: {exc.strerror or exc} — check LOCALINFER_HOME "
-                   f"(where models and data live) and the free disk space")
+        _fail(exc, user_message(exc))
     except ValidationError as exc:  # a LOCALINFER_* variable's value
         err = exc.errors()[0]
         field = str(err["loc"][0]) if err.get("loc") else "?"
@@ -373,7 +372,10 @@ def chat(
         else:
             client = LocalClient(settings, LoadOptions(n_ctx=ctx, n_threads=threads))
         store = ConversationStore(settings.home / "chats.db")
-        ChatApp(client, store, model).run()
+        chat_app = ChatApp(client, store, model)
+        chat_app.run()
+    if chat_app.return_code:  # the app stopped on an error it has already shown
+        raise typer.Exit(chat_app.return_code)
 
 
 @app.command()

@@ -37,6 +37,7 @@ __all__ = [
     "ModelNotFound",
     "ModelNotInstalled",
     "PromptTooLong",
+    "user_message",
 ]
 
 
@@ -121,3 +122,12 @@ class EngineBusy(EngineError):
 
 class EngineClosed(EngineError):
     pass
+
+
+def user_message(exc: BaseException) -> str:
+    """One line to show a user: a LocalinferError's own text; for the disk's own errors
+    (an unwritable or full home, a file in the way), which file and what to check."""
+    if isinstance(exc, OSError) and not isinstance(exc, LocalinferError) and exc.filename:
+        return (f"cannot use {exc.filename}: {exc.strerror or exc} — check LOCALINFER_HOME "
+                f"(where models and data live) and the free disk space")
+    return str(exc)

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,6 +18,7 @@ from pathlib import Path
 from filelock import FileLock
 
 from localinfer.errors import ModelNotFound
+from localinfer.files import write_atomically
 from localinfer.model_store import hub
 from localinfer.model_store.catalog import HubRef
 
@@ -73,10 +72,7 @@ def find(models_dir: Path, name: str) -> Manifest | None:
 def _write(models_dir: Path, manifest: Manifest) -> None:
     target = _manifest_path(models_dir, manifest.name)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".manifest.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(dataclasses.asdict(manifest), f, indent=2)
-    os.replace(tmp, target)
+    write_atomically(target, json.dumps(dataclasses.asdict(manifest), indent=2))
 
 
 def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,

@@ -19,11 +19,13 @@ from textual.worker import Worker, WorkerState
 
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import LocalinferError
+from localinfer.errors import LocalinferError, user_message
+from localinfer.files import write_atomically
 from localinfer.tui.client import ChatClient
 from localinfer.tui.screens import (ConversationDeleted, ConversationList, ModelPicker,
                                     SettingsScreen)
-from localinfer.tui.store import Conversation, ConversationStore, StoredMessage, to_markdown
+from localinfer.tui.store import (Conversation, ConversationStore, SaveFailed, StoredMessage,
+                                  to_markdown)
 from localinfer.tui.widgets import MessageBox, PromptArea, StatusBar
 
 __all__ = ["ChatApp"]
@@ -102,16 +104,29 @@ class ChatApp(App):
         bar.activity = f"loading {name or 'the default model'} …"
         try:
             status = await self.client.load(name, n_ctx or self._params().get("n_ctx"))
-        except LocalinferError as exc:
-            bar.model, bar.activity = None, f"no model: {exc}"
-            self.notify(f"{exc} — pick another with Ctrl+T", title="Model", severity="error",
-                        timeout=10)
+        except (LocalinferError, OSError) as exc:  # OSError: a home it cannot write, say
+            await self._load_failed(name, user_message(exc))
             return
         finally:
             self.loading = False
-        bar.model, bar.activity = status, ""
+        self._loaded(status)
+
+    def _loaded(self, status) -> None:
+        self.status_bar.model, self.status_bar.activity = status, ""
         self.model_name = status.name
         self.model_ready.set()
+
+    async def _load_failed(self, name: str, error: str) -> None:
+        """Say why; the model loaded before, if the client kept it, stays in use."""
+        kept = await self.client.status()
+        if kept is None:
+            self.status_bar.model, self.status_bar.activity = None, f"no model: {error}"
+            self.notify(f"{error} — pick another with Ctrl+T", title="Model", severity="error",
+                        timeout=10)
+            return
+        self._loaded(kept)
+        self.notify(f"{name or 'the default model'}: {error} — still using {kept.name}",
+                    title="Model", severity="error", timeout=10)
 
     async def refresh_status(self) -> None:
         if not self.model_ready.is_set():
@@ -163,13 +178,18 @@ class ChatApp(App):
             self.notify("No model is loaded — pick one with Ctrl+T.", severity="warning",
                         timeout=5)
             return  # the text stays in the prompt
+        try:
+            if self.conversation is None:
+                title = re.sub(r"\s+", " ", text)[:48]
+                self.conversation = self.store.create(self.model_name or "", title,
+                                                      **self.pending_settings)
+                self.title = title
+            message = self.store.add(self.conversation.id, StoredMessage("user", text))
+        except SaveFailed as exc:  # nothing sent: the text stays in the prompt
+            self.notify(f"{exc}. Your message stays in the prompt.", title="Not sent",
+                        severity="error", timeout=10)
+            return
         self.prompt.clear()
-        if self.conversation is None:
-            title = re.sub(r"\s+", " ", text)[:48]
-            self.conversation = self.store.create(self.model_name or "", title,
-                                                  **self.pending_settings)
-            self.title = title
-        message = self.store.add(self.conversation.id, StoredMessage("user", text))
         self.history.append(message)
         await self._show(message)
         self.reply()
@@ -209,6 +229,8 @@ class ChatApp(App):
                     figures = piece
             if unshown:
                 await self._draw(box, stream, pieces, unshown, live)
+            if figures is not None and figures.get("finish_reason") == "cancelled":
+                figures["finish_reason"] = "stopped"  # by Esc, with the engine's own figures
         except LocalinferError as exc:
             await agen.aclose()
             await stream.stop()
@@ -237,7 +259,13 @@ class ChatApp(App):
 
     def _keep_reply(self, box: MessageBox, text: str, figures: dict[str, Any] | None) -> None:
         assert self.conversation is not None
-        saved = self.store.add(self.conversation.id, StoredMessage("assistant", text, figures))
+        reply = StoredMessage("assistant", text, figures, model=self.model_name)
+        try:
+            saved = self.store.add(self.conversation.id, reply)
+        except SaveFailed as exc:  # shown and kept for this session, only not on disk
+            saved = reply
+            self.notify(f"{exc}. The reply stays on screen but is not saved.",
+                        title="Not saved", severity="error", timeout=10)
         self.history.append(saved)
         box.message_id, box.content = saved.id, text
         box.set_figures(figures)
@@ -250,7 +278,7 @@ class ChatApp(App):
         self.notify(error, title="Reply failed", severity="error", timeout=10)
         if self.history and self.history[-1].role == "user":
             question = self.history.pop()
-            self.store.delete_from(self.conversation.id, question.id or 0)
+            self._save(self.store.delete_from, self.conversation.id, question.id or 0)
             boxes = self.query(MessageBox)
             if boxes:
                 boxes.last().remove()
@@ -279,8 +307,19 @@ class ChatApp(App):
             await asyncio.sleep(0.02)
 
     # ---------------------------------------------------------------- actions
+    def _save(self, write, *args) -> bool:
+        """Run one store write; a failure (a full disk) is a notice, not a crash."""
+        try:
+            write(*args)
+        except SaveFailed as exc:
+            self.notify(str(exc), title="Not saved", severity="error", timeout=10)
+            return False
+        return True
+
     def action_stop(self) -> None:
-        if self.replying:
+        # the client ends the stream itself when it can, so the reply keeps the engine's
+        # figures (its prompt count among them); else the worker is cancelled
+        if self.replying and not self.client.stop():
             self.workers.cancel_group(self, "reply")
 
     async def action_new_chat(self) -> None:
@@ -298,7 +337,7 @@ class ChatApp(App):
                 return
             if self.conversation is not None:
                 self.conversation.model = name
-                self.store.update(self.conversation)
+                self._save(self.store.update, self.conversation)
             self.load_model(name)
 
         self.push_screen(ModelPicker(self.client, self.model_name), chosen)
@@ -325,18 +364,25 @@ class ChatApp(App):
             else:
                 self.conversation.system = result["system"]
                 self.conversation.params = result["params"]
-                self.store.update(self.conversation)
+                self._save(self.store.update, self.conversation)
             if result["params"].get("n_ctx") != old_ctx:
                 self.load_model(self.model_name or "", result["params"].get("n_ctx"))
 
-        self.push_screen(SettingsScreen(self._system(), dict(self._params())), saved)
+        async def check_context(n_ctx: int) -> str | None:
+            return await self.client.check_context(self.model_name or "", n_ctx)
+
+        self.push_screen(SettingsScreen(self._system(), dict(self._params()), check_context),
+                         saved)
 
     async def action_regenerate(self) -> None:
         if self.replying or self.conversation is None or not self.history:
             return
         if self.history[-1].role == "assistant":
-            last = self.history.pop()
-            self.store.delete_from(self.conversation.id, last.id or 0)
+            last = self.history[-1]
+            if last.id is not None and not self._save(self.store.delete_from,
+                                                      self.conversation.id, last.id):
+                return
+            self.history.pop()
             await self.query(MessageBox).last().remove()
         self.reply()
 
@@ -348,7 +394,8 @@ class ChatApp(App):
         if index is None:
             return
         question = self.history[index]
-        self.store.delete_from(self.conversation.id, question.id or 0)
+        if not self._save(self.store.delete_from, self.conversation.id, question.id or 0):
+            return
         self.history = self.history[:index]
         for box in list(self.query(MessageBox))[index:]:
             await box.remove()
@@ -381,7 +428,11 @@ class ChatApp(App):
         n = 2
         while path.exists():  # never overwrite an earlier export
             path, n = self.export_dir / f"{slug}-{n}.md", n + 1
-        path.write_text(to_markdown(conversation, self.store.messages(conversation.id)), "utf-8")
+        try:
+            write_atomically(path, to_markdown(conversation, self.store.messages(conversation.id)))
+        except OSError as exc:
+            self.notify(f"Not exported: {user_message(exc)}", severity="error", timeout=10)
+            return None
         self.notify(f"Exported to {path}", timeout=6)
         return path
 

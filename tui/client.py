@@ -22,7 +22,7 @@ import psutil
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
-from localinfer.errors import LocalinferError
+from localinfer.errors import LocalinferError, user_message
 from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.sources import DEFAULT_MODEL
 from localinfer.settings import Settings
@@ -75,6 +75,15 @@ class ChatClient(ABC):
     async def status(self) -> ModelStatus | None: ...
 
     @abstractmethod
+    async def check_context(self, model: str, n_ctx: int) -> str | None:
+        """Why `model` cannot run with a context of `n_ctx` tokens, or None if it can."""
+
+    def stop(self) -> bool:
+        """End the reply being written where it is. True: its stream ends by itself, with
+        the engine's figures; False: the caller must cancel the stream."""
+        return False
+
+    @abstractmethod
     async def models(self) -> list[ModelRow]: ...
 
     @abstractmethod
@@ -106,6 +115,8 @@ class LocalClient(ChatClient):
         self.backend: Backend | None = None
         self._static: ModelStatus | None = None
         self._load_lock = asyncio.Lock()
+        self._loaded: tuple[Any, LoadOptions] | None = None  # (resolved model, its options)
+        self._generation: Any = None  # the reply being written
 
     def hardware(self) -> Hardware:
         if self._hw is None:
@@ -116,13 +127,18 @@ class LocalClient(ChatClient):
         async with self._load_lock:
             return await asyncio.to_thread(self._load, model, n_ctx)
 
-    def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
-        from localinfer.model_store.planner import KV_BYTES
-        from localinfer.service import llama_cpp_backend, prepare
+    def _prepare(self, model: str, n_ctx: int | None):
+        from localinfer.service import prepare
 
         options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
-        resolved, info, options = prepare(model, options, self.settings,
-                                          hardware=self.hardware)
+        return prepare(model, options, self.settings, hardware=self.hardware)
+
+    def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
+        from localinfer.model_store.planner import KV_BYTES
+
+        # planned before anything is unloaded: a model or context that cannot run leaves
+        # the current model in use
+        resolved, info, options = self._prepare(model, n_ctx)
         current = self.backend
         if (current is not None and current.info.name == resolved.name
                 and current.info.n_ctx == options.n_ctx):
@@ -130,7 +146,8 @@ class LocalClient(ChatClient):
         self.backend = None
         if current is not None:
             current.close()
-        self.backend = llama_cpp_backend(resolved.path, options, resolved.name)
+        self.backend = self._open_or_reopen(resolved, options)
+        self._loaded = (resolved, options)
         layers = options.n_gpu_layers or 0
         gpu = next(iter(self.hardware().gpus), None)
         device = "CPU" if not layers else (
@@ -140,6 +157,34 @@ class LocalClient(ChatClient):
         self._static = ModelStatus(resolved.name, info.quant, device, options.n_ctx or 0,
                                    kv_bytes=int(kv))
         return self._with_usage()
+
+    def _open_or_reopen(self, resolved, options: LoadOptions) -> Backend:
+        """Load the planned model; if llama.cpp refuses it, load the previous one again
+        before raising, so the chat goes on with it."""
+        from localinfer.service import llama_cpp_backend
+
+        try:
+            return llama_cpp_backend(resolved.path, options, resolved.name)
+        except LocalinferError:
+            if self._loaded is not None:
+                previous, previous_options = self._loaded
+                with contextlib.suppress(LocalinferError):
+                    self.backend = llama_cpp_backend(previous.path, previous_options,
+                                                     previous.name)
+            raise
+
+    async def check_context(self, model: str, n_ctx: int) -> str | None:
+        try:
+            await asyncio.to_thread(self._prepare, model, n_ctx)
+        except (LocalinferError, OSError) as exc:
+            return user_message(exc)
+        return None
+
+    def stop(self) -> bool:
+        if self._generation is None:
+            return False
+        self._generation.cancel()  # the engine ends it within one step, with its figures
+        return True
 
     def _with_usage(self) -> ModelStatus:
         assert self._static is not None and self.backend is not None
@@ -156,6 +201,7 @@ class LocalClient(ChatClient):
             raise LocalinferError("no model is loaded yet")
         generation = await asyncio.to_thread(_chat_within_context, self.backend, messages,
                                              params)
+        self._generation = generation
         finished = False
         try:
             async for event in generation.events():
@@ -168,7 +214,8 @@ class LocalClient(ChatClient):
                     finished = True
                     raise event.error
         finally:
-            if not finished:  # stopped by the user: free the slot within one step
+            self._generation = None
+            if not finished:  # the worker was cancelled: free the slot within one step
                 generation.cancel()
 
     async def models(self) -> list[ModelRow]:
@@ -304,7 +351,8 @@ class RemoteClient(ChatClient):
         loaded = (await self._call("GET", "/api/ps")).json().get("models", [])
         if loaded:
             return loaded[0]["name"]
-        offered = [m["name"] for m in (await self._call("GET", "/api/tags")).json().get("models", [])]
+        tags = (await self._call("GET", "/api/tags")).json().get("models", [])
+        offered = [m["name"] for m in tags]
         if not offered:
             raise LocalinferError(f"{self.where} offers no model — pull one there first")
         return DEFAULT_MODEL if DEFAULT_MODEL in offered else offered[0]
@@ -326,6 +374,13 @@ class RemoteClient(ChatClient):
         used, total = found.get("localinfer_kv_cells_used"), found.get("localinfer_kv_cells")
         return replace(self._static, kv_cells_used=None if used is None else int(used),
                        kv_cells_total=None if total is None else int(total))
+
+    async def check_context(self, model: str, n_ctx: int) -> str | None:
+        served = self._static.n_ctx if self._static else None
+        if served and n_ctx != served:
+            return (f"the server gives each chat {served} tokens; change it with "
+                    f"`localinfer serve --ctx N`")
+        return None
 
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         body = {"model": self.model, "messages": list(messages), "stream": True,

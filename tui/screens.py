@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from textual import on, work
@@ -14,9 +15,10 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Static
 
 from localinfer.errors import LocalinferError
 from localinfer.tui.client import ChatClient, ModelRow
-from localinfer.tui.store import Conversation, ConversationStore
+from localinfer.tui.store import Conversation, ConversationStore, SaveFailed
 
-__all__ = ["ConfirmScreen", "ConversationDeleted", "ConversationList", "ModelPicker", "SettingsScreen", "TextPrompt"]
+__all__ = ["ConfirmScreen", "ConversationDeleted", "ConversationList", "ModelPicker",
+           "SettingsScreen", "TextPrompt"]
 
 _DIALOG_CSS = """
 {name} {{ align: center middle; }}
@@ -158,6 +160,7 @@ class ModelPicker(ModalScreen[str | None]):
             installed = await self.client.pull(name, progress)
         except LocalinferError as exc:
             self.notify(f"{name}: {exc}", severity="error", timeout=8)
+            self.query_one("#detail", Static).update(f"{name} was not pulled: {exc}")
             return
         finally:
             timer.stop()
@@ -241,8 +244,8 @@ class ConversationList(ModalScreen[int | None]):
         def renamed(title: str | None) -> None:
             if title:
                 chosen.title = title
-                self.store.update(chosen)
-                self.reload()
+                if self._saved(self.store.update, chosen):
+                    self.reload()
 
         self.app.push_screen(TextPrompt("New title", chosen.title), renamed)
 
@@ -252,12 +255,19 @@ class ConversationList(ModalScreen[int | None]):
             return
 
         def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.store.delete(chosen.id)
+            if yes and self._saved(self.store.delete, chosen.id):
                 self.app.post_message(ConversationDeleted(chosen.id))
                 self.reload()
 
         self.app.push_screen(ConfirmScreen(f"Delete “{chosen.title}”?"), confirmed)
+
+    def _saved(self, write, *args) -> bool:
+        try:
+            write(*args)
+        except SaveFailed as exc:
+            self.notify(str(exc), severity="error", timeout=10)
+            return False
+        return True
 
     def action_export(self) -> None:
         chosen = self._selected()
@@ -282,12 +292,17 @@ class SettingsScreen(ModalScreen[dict[str, Any] | None]):
     SettingsScreen .error { color: $error; }
     """
     BINDINGS = [Binding("escape", "dismiss(None)", "Cancel"), Binding("ctrl+s", "save", "Save")]
-    FIELDS = (("temperature", "temperature", float), ("top_p", "top_p", float),
-              ("n_ctx", "context tokens", int), ("max_tokens", "max tokens", int))
+    # key, label, type, lowest, highest
+    FIELDS = (("temperature", "temperature", float, 0.0, 2.0),
+              ("top_p", "top_p", float, 0.0, 1.0),
+              ("n_ctx", "context tokens", int, 16, None),
+              ("max_tokens", "max tokens", int, 1, None))
 
-    def __init__(self, system: str, params: dict[str, Any]):
+    def __init__(self, system: str, params: dict[str, Any],
+                 check_context: Callable[[int], Awaitable[str | None]] | None = None):
         super().__init__()
         self.system, self.params = system, params
+        self.check_context = check_context  # the planner's word on a new context size
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -297,7 +312,7 @@ class SettingsScreen(ModalScreen[dict[str, Any] | None]):
             yield Label("System prompt")
             yield TextArea(self.system, id="system")
             with Horizontal():
-                for key, label, _ in self.FIELDS:
+                for key, label, *_ in self.FIELDS:
                     with Vertical():
                         yield Label(label)
                         value = self.params.get(key)
@@ -307,15 +322,29 @@ class SettingsScreen(ModalScreen[dict[str, Any] | None]):
             yield Button("Save", variant="primary", id="save")
 
     @on(Button.Pressed, "#save")
-    def action_save(self) -> None:
+    async def action_save(self) -> None:
+        """Saved only when every value is usable: a context the model cannot run with is
+        refused here, with the planner's reason, and nothing changes."""
         params: dict[str, Any] = {}
-        for key, label, kind in self.FIELDS:
+        for key, label, kind, lowest, highest in self.FIELDS:
             text = self.query_one(f"#{key}", Input).value.strip()
             if not text:
                 continue
             try:
                 params[key] = kind(text)
             except ValueError:
-                self.query_one("#error", Label).update(f"{label}: {text!r} is not a number")
-                return
+                return self._refuse(f"{label}: {text!r} is not a number")
+            if highest is not None and not lowest <= params[key] <= highest:
+                return self._refuse(f"{label}: {text} — give a value from {lowest} to {highest}")
+            if params[key] < lowest:
+                return self._refuse(f"{label}: {text} — give at least {lowest}")
+        n_ctx = params.get("n_ctx")
+        if n_ctx is not None and n_ctx != self.params.get("n_ctx") and self.check_context:
+            self.query_one("#error", Label).update("checking the context size …")
+            problem = await self.check_context(n_ctx)
+            if problem:
+                return self._refuse(f"context tokens: {problem}")
         self.dismiss({"system": self.query_one("#system", TextArea).text, "params": params})
+
+    def _refuse(self, why: str) -> None:
+        self.query_one("#error", Label).update(why)

@@ -2,7 +2,8 @@
 
 A file that is not a readable database is never deleted and never half-used: it is moved
 aside under a dated name, a fresh database takes its place, and `notice` says where the old
-one went so the app can tell the user.
+one went so the app can tell the user. A write that fails (a full disk, a read-only file)
+raises `SaveFailed` with one line to show; the app keeps what it has in memory.
 """
 
 from __future__ import annotations
@@ -11,12 +12,16 @@ import json
 import os
 import sqlite3
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Conversation", "ConversationStore", "StoredMessage", "to_markdown"]
+from localinfer.errors import LocalinferError
+
+__all__ = ["Conversation", "ConversationStore", "SaveFailed", "StoredMessage", "to_markdown"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -34,10 +39,24 @@ CREATE TABLE IF NOT EXISTS messages (
     role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
     content TEXT NOT NULL,
     figures TEXT,
-    created_at TEXT NOT NULL
+    created_at TEXT NOT NULL,
+    model TEXT
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
+
+
+class SaveFailed(LocalinferError):
+    """A conversation could not be written (a full disk, a read-only file)."""
+
+
+@contextmanager
+def _saving(what: str) -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.Error as exc:
+        raise SaveFailed(f"could not save {what}: {exc} — free some disk space or check "
+                         f"LOCALINFER_HOME") from None
 
 
 def _now() -> str:
@@ -48,8 +67,9 @@ def _now() -> str:
 class StoredMessage:
     role: str
     content: str
-    figures: dict[str, Any] | None = None  # the reply's measured numbers (see tui/figures.py)
+    figures: dict[str, Any] | None = None  # the reply's measured numbers (RequestStats.to_dict)
     id: int | None = None
+    model: str | None = None  # the model that wrote a reply
 
 
 @dataclass
@@ -91,6 +111,9 @@ class ConversationStore:
                 raise sqlite3.DatabaseError(f"integrity check: {check}")
             with db:
                 db.executescript(_SCHEMA)
+                columns = {row["name"] for row in db.execute("PRAGMA table_info(messages)")}
+                if "model" not in columns:  # a file from before replies named their model
+                    db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
         except sqlite3.DatabaseError:
             db.close()
             raise
@@ -113,7 +136,7 @@ class ConversationStore:
     def create(self, model: str, title: str = "New chat", system: str = "",
                params: dict[str, Any] | None = None) -> Conversation:
         now = _now()
-        with self.db:
+        with _saving("the new conversation"), self.db:
             cur = self.db.execute(
                 "INSERT INTO conversations (title, model, system, params, created_at, updated_at)"
                 " VALUES (?, ?, ?, ?, ?, ?)", (title, model, system, json.dumps(params or {}), now,
@@ -140,7 +163,7 @@ class ConversationStore:
 
     def update(self, conversation: Conversation) -> None:
         conversation.updated_at = _now()
-        with self.db:
+        with _saving("the conversation's changes"), self.db:
             self.db.execute(
                 "UPDATE conversations SET title = ?, model = ?, system = ?, params = ?,"
                 " updated_at = ? WHERE id = ?",
@@ -148,7 +171,7 @@ class ConversationStore:
                  json.dumps(conversation.params), conversation.updated_at, conversation.id))
 
     def delete(self, conversation_id: int) -> None:
-        with self.db:
+        with _saving("the deletion"), self.db:
             self.db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     # ---------------------------------------------------------------- messages
@@ -156,17 +179,18 @@ class ConversationStore:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
                                (conversation_id,))
         return [StoredMessage(r["role"], r["content"],
-                              json.loads(r["figures"]) if r["figures"] else None, r["id"])
+                              json.loads(r["figures"]) if r["figures"] else None, r["id"],
+                              r["model"])
                 for r in rows]
 
     def add(self, conversation_id: int, message: StoredMessage) -> StoredMessage:
         now = _now()
-        with self.db:
+        with _saving(f"the {'reply' if message.role == 'assistant' else 'message'}"), self.db:
             cur = self.db.execute(
-                "INSERT INTO messages (conversation_id, role, content, figures, created_at)"
-                " VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO messages (conversation_id, role, content, figures, created_at,"
+                " model) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation_id, message.role, message.content,
-                 json.dumps(message.figures) if message.figures else None, now))
+                 json.dumps(message.figures) if message.figures else None, now, message.model))
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?",
                             (now, conversation_id))
         message.id = cur.lastrowid
@@ -174,16 +198,23 @@ class ConversationStore:
 
     def delete_from(self, conversation_id: int, message_id: int) -> None:
         """Forget this message and every later one (edit and regenerate rewrite the tail)."""
-        with self.db:
+        with _saving("the change"), self.db:
             self.db.execute("DELETE FROM messages WHERE conversation_id = ? AND id >= ?",
                             (conversation_id, message_id))
 
 
 def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> str:
-    lines = [f"# {conversation.title}", "", f"Model: `{conversation.model}`"]
+    """The conversation as Markdown; each reply names the model that wrote it when more than
+    one did."""
+    writers = list(dict.fromkeys(m.model or conversation.model for m in messages
+                                 if m.role == "assistant")) or [conversation.model]
+    models = ", ".join(f"`{m}`" for m in writers)
+    lines = [f"# {conversation.title}", "", f"Model{'s' if len(writers) > 1 else ''}: {models}"]
     if conversation.system:
         lines += ["", "**System:**", "", conversation.system]
     for message in messages:
-        lines += ["", f"## {'You' if message.role == 'user' else 'Assistant'}", "",
-                  message.content]
+        heading = "You" if message.role == "user" else "Assistant"
+        if message.role == "assistant" and len(writers) > 1:
+            heading += f" ({message.model or conversation.model})"
+        lines += ["", f"## {heading}", "", message.content]
     return "\n".join(lines) + "\n"

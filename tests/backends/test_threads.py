@@ -3,7 +3,6 @@ threads 8 ms a step and 1 thread 11 ms; beside one busy process, 2 threads 25 ms
 
 from __future__ import annotations
 
-import pytest
 
 from localinfer.backends.threads import ThreadTuner, free_cores
 

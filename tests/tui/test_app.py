@@ -98,6 +98,8 @@ async def test_escape_stops_the_reply_and_keeps_what_was_written(_private_home):
         assert partial.role == "assistant" and len(partial.content) > 20
         assert partial.figures["finish_reason"] == "stopped"
         assert partial.figures["generated_tokens"] < 400
+        # the engine's own figures, its prompt count among them, not the app's stopwatch
+        assert partial.figures["prompt_tokens"] > 5 and partial.figures["ttft_s"] > 0
         assert app.store.messages(app.conversation.id)[-1].content == partial.content
         assert "stopped" in app.query(MessageBox).last().figures_label.render().plain
         backend = app.client.backend
@@ -147,6 +149,86 @@ async def test_settings_screen_sets_the_system_prompt_and_parameters(_private_ho
         assert saved.system == "Answer in one word."
         assert saved.params == {"temperature": 0.0, "max_tokens": 5}
         assert app.history[-1].figures["generated_tokens"] <= 5
+
+
+async def test_a_context_the_model_cannot_run_with_is_refused_in_settings(_private_home):
+    app = make_app(_private_home)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        loaded = app.client.backend
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        screen = app.screen
+        screen.query_one("#temperature").value = "7"
+        await pilot.press("ctrl+s")
+        assert "from 0.0 to 2.0" in str(screen.query_one("#error").render())
+        screen.query_one("#temperature").value = "0.5"
+        screen.query_one("#n_ctx").value = "99999999"
+        await pilot.press("ctrl+s")
+        await wait_until(pilot, lambda: "context tokens:" in str(screen.query_one("#error")
+                                                                 .render()))
+        assert "trained" in str(screen.query_one("#error").render())  # the planner's reason
+        assert app.screen is screen  # refused in place: nothing saved, nothing reloaded
+        await pilot.press("escape")
+        assert app.pending_settings["params"] == {}
+        assert app.client.backend is loaded and app.model_ready.is_set()
+        await ask(app, pilot, "Hi")  # the model loaded before is still in use
+
+
+async def test_a_model_that_cannot_be_loaded_leaves_the_current_one_in_use(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        models = _private_home / "models"
+        models.mkdir(parents=True, exist_ok=True)
+        models.rename(_private_home / "models-aside")
+        models.write_text("a file where the models folder should be")
+        app.load_model("gemma3:270m")  # needs models/embedded to join its pieces into
+        await wait_until(pilot, lambda: not app.loading and app._notifications)
+        (note,) = list(app._notifications)
+        assert "cannot use" in note.message and "still using smollm2:135m" in note.message
+        assert "\n" not in note.message
+        assert app.model_ready.is_set() and app.model_name == "smollm2:135m"
+        assert app.status_bar.render().startswith("smollm2:135m")
+        assert "loading" not in app.status_bar.render()
+        await ask(app, pilot, "Hi")
+        assert app.history[-1].content
+
+
+async def test_a_full_disk_loses_no_message_and_no_reply(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = {"system": "", "params": {"temperature": 0, "max_tokens": 48}}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "Hi")
+        db = app.store.db
+        pages = db.execute("PRAGMA page_count").fetchone()[0]
+        db.execute(f"PRAGMA max_page_count = {pages}")  # the disk is full from here on
+        question = "Please read this: " + "a long message that needs new pages " * 150
+        app.prompt.load_text(question)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app._notifications)
+        (note,) = list(app._notifications)
+        assert "could not save the message" in note.message and "full" in note.message
+        assert app.prompt.text == question and len(app.history) == 2  # as typed
+        assert not app.replying
+        db.execute("PRAGMA max_page_count = 1073741823")
+
+        # a reply that cannot be saved stays on screen and in the chat
+        app.prompt.load_text("Name a colour.")
+        app.prompt.post_message(PromptArea.Submitted(app.prompt.text))  # not press: see above
+        await wait_until(pilot, lambda: app.replying)
+        db.execute("PRAGMA query_only = ON")  # a read-only file, this time
+        await wait_until(pilot, lambda: not app.replying and len(app.history) == 4)
+        reply = app.history[-1]
+        assert reply.role == "assistant" and reply.content and reply.id is None
+        assert app.query(MessageBox).last().content == reply.content
+        assert any("not saved" in n.message for n in app._notifications)
+        db.execute("PRAGMA query_only = OFF")
+        assert [m.role for m in app.store.messages(app.conversation.id)] == \
+            ["user", "assistant", "user"]
+        await ask(app, pilot, "Thanks")  # and the chat goes on
+        assert len(app.store.messages(app.conversation.id)) == 5
 
 
 async def test_conversations_survive_a_restart(_private_home):
@@ -239,6 +321,21 @@ async def test_export_writes_markdown(_private_home):
         assert path != again and path.parent == _private_home  # never overwritten
         text = path.read_text()
         assert text.startswith("# Say hi.") and app.history[-1].content in text
+        assert "Model: `smollm2:135m`" in text
+
+
+async def test_export_names_the_model_of_each_reply(_private_home):
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "Say hi.")
+        app.load_model("gemma3:270m")
+        await ask(app, pilot, "Say bye.")
+        assert [m.model for m in app.history if m.role == "assistant"] == [
+            "smollm2:135m", "gemma3:270m"]
+        text = app.export_conversation().read_text()
+        assert "Models: `smollm2:135m`, `gemma3:270m`" in text
+        assert text.index("## Assistant (smollm2:135m)") < text.index("## Assistant (gemma3:270m)")
 
 
 async def test_keys_help_theme_and_command_palette(_private_home):

@@ -130,3 +130,22 @@ async def test_the_servers_own_error_reaches_the_user(served, _private_home):
         (note,) = list(app._notifications)
         assert "no-such-model" in note.message and "not found" in note.message
         assert note.severity == "error" and not app.model_ready.is_set()
+
+
+async def test_a_pull_that_fails_says_so_in_the_picker(_private_home, monkeypatch):
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens
+    monkeypatch.setenv("HF_HOME", str(_private_home.parent / "hf"))
+    app = ChatApp(LocalClient(Settings(), LoadOptions(n_ctx=512)),
+                  ConversationStore(_private_home / "chats.db"), "smollm2:135m")
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
+        picker = app.screen
+        await pilot.press("p")
+        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+        await pilot.press(*f"hf.co/{REPO}:Q8_0", "enter")
+        detail = picker.query_one("#detail")
+        await wait_until(pilot, lambda: "was not pulled" in str(detail.render()), timeout=60)
+        assert "pulling" not in str(detail.render())
+        assert not picker.query_one("#progress").display

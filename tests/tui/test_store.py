@@ -108,3 +108,42 @@ def test_no_place_to_save_still_starts_and_says_so(tmp_path: Path):
     store.add(chat.id, StoredMessage("user", "hi"))
     assert [m.content for m in store.messages(chat.id)] == ["hi"]
     assert blocker.read_text() == "a file where the data folder should be"
+
+
+def test_a_file_from_before_replies_named_their_model_is_brought_up_to_date(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    with sqlite3.connect(path) as db:  # the schema as it was, with one chat in it
+        db.executescript("""
+            CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+                model TEXT NOT NULL, system TEXT NOT NULL DEFAULT '',
+                params TEXT NOT NULL DEFAULT '{}', created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL);
+            CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL,
+                role TEXT NOT NULL, content TEXT NOT NULL, figures TEXT,
+                created_at TEXT NOT NULL);
+            INSERT INTO conversations VALUES (1, 'old', 'smollm2:135m', '', '{}', 'x', 'x');
+            INSERT INTO messages VALUES (1, 1, 'assistant', 'Paris.', NULL, 'x');
+        """)
+    store = ConversationStore(path)
+    assert store.notice is None
+    (old,) = store.messages(1)
+    assert old.content == "Paris." and old.model is None
+    store.add(1, StoredMessage("assistant", "Rome.", model="gemma3:270m"))
+    assert [m.model for m in store.messages(1)] == [None, "gemma3:270m"]
+    text = to_markdown(store.get(1), store.messages(1))  # an unnamed reply: the chat's model
+    assert "## Assistant (smollm2:135m)\n\nParis." in text
+    assert "## Assistant (gemma3:270m)\n\nRome." in text
+
+
+def test_a_write_that_fails_is_one_clear_error(tmp_path: Path):
+    import pytest
+
+    from localinfer.tui.store import SaveFailed
+
+    store = ConversationStore(tmp_path / "chats.db")
+    chat = store.create("m", "t")
+    store.db.execute("PRAGMA query_only = ON")
+    with pytest.raises(SaveFailed, match="could not save the message: .*readonly"):
+        store.add(chat.id, StoredMessage("user", "hi"))
+    with pytest.raises(SaveFailed, match="could not save the conversation's changes"):
+        store.update(chat)
