@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -17,6 +19,7 @@ from localinfer.errors import (
     ModelError,
     ModelFileMissing,
     ModelNotFound,
+    user_message,
 )
 
 __all__ = ["ApiError", "error_response", "install_handlers", "status_for"]
@@ -85,6 +88,13 @@ def install_handlers(app) -> None:
         # JSON may spell a lone surrogate ("\ud800"), which no UTF-8 text can hold
         return error_response(request, 400, "the request holds text that is not valid "
                                             f"Unicode ({exc.reason}) — send UTF-8 text")
+
+    @app.exception_handler(OSError)
+    async def _disk(request: Request, exc: OSError) -> JSONResponse:
+        if not exc.filename:  # not the disk's: a bug, logged as one
+            return await _unexpected(request, exc)
+        return error_response(request, 507 if exc.errno == errno.ENOSPC else 500,
+                              user_message(exc), "server_error")
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, exc: HTTPException) -> JSONResponse:

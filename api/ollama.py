@@ -23,12 +23,13 @@ from localinfer import __version__
 from localinfer.api import core
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
+from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
 from localinfer.backends.chat_template import fallback_template
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import InvalidRequest, LocalinferError
+from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store import store
 from localinfer.model_store.sources import EMBEDDED, is_embedded
@@ -343,19 +344,31 @@ async def ps(request: Request) -> dict[str, Any]:
 
 @router.post("/pull")
 async def pull(body: NameRequest, request: Request):
-    """Embedded models come from their packages; hub models are downloaded and verified."""
+    """Embedded models come from their packages; hub models are downloaded and verified.
+    Streamed (the default), the download's bytes are reported as Ollama does: `total` and
+    `completed` on "pulling …" lines."""
     name = core.check_model_name(body.which)
-    got = await asyncio.to_thread(pull_model, name, request.app.state.settings, None, False)
-    done = (f"using {got.file} ({got.quant}), sha256 verified" if isinstance(got, Manifest)
-            else f"using {got.path.name}")
-    lines = [{"status": "pulling manifest"}, {"status": done}, {"status": "success"}]
+    settings = request.app.state.settings
+    job = PullJob(lambda progress: pull_model(name, settings, progress, False))
     if getattr(body, "stream", True) is False:
-        return lines[-1]
+        await job.task
+        return {"status": "success"}
+    await job.started()  # a pull that fails before any byte is a 4xx/502, not a stream
+    return StreamingResponse(_ndjson(_pull_lines(name, job)), media_type=NDJSON)
 
-    async def gen() -> AsyncIterator[dict[str, Any]]:
-        for line in lines:
-            yield line
-    return StreamingResponse(_ndjson(gen()), media_type=NDJSON)
+
+async def _pull_lines(name: str, job: PullJob) -> AsyncIterator[dict[str, Any]]:
+    yield {"status": "pulling manifest"}
+    async for done, total in job.progress():
+        yield {"status": f"pulling {name}", "total": total, "completed": done}
+    try:
+        got = job.task.result()
+    except (LocalinferError, OSError) as exc:  # mid-download: the stream is under way
+        yield {"error": user_message(exc)}
+        return
+    yield {"status": f"using {got.file} ({got.quant}), sha256 verified"
+           if isinstance(got, Manifest) else f"using {got.path.name}"}
+    yield {"status": "success"}
 
 
 @router.delete("/delete")

@@ -9,6 +9,7 @@ from ..fake_hub import FakeHub
 from .conftest import start_server, stop_server
 
 REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
+BAD_REPO = "testorg/corrupted-GGUF"
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +17,7 @@ def hub_server(quant_files, tmp_path_factory):
     hub = FakeHub()
     for label, path in quant_files.items():
         hub.add(REPO, f"SmolLM2-135M-Instruct-{label}.gguf", path)
+    hub.add(BAD_REPO, "SmolLM2-135M-Instruct-Q8_0.gguf", quant_files["Q8_0"]).corrupt = True
     hub.start()
     home = tmp_path_factory.mktemp("pull-home")
     srv = start_server(home, "--parallel", "1", "--ctx", "256",
@@ -31,8 +33,13 @@ def test_pull_list_chat_delete(hub_server):
     server, hub = hub_server
     client = ollama.Client(host=server.url)
     name = f"hf.co/{REPO}:Q4_1"
-    statuses = [p.status for p in client.pull(name, stream=True)]
+    lines = list(client.pull(name, stream=True))
+    statuses = [p.status for p in lines]
     assert statuses[-1] == "success" and any("sha256 verified" in s for s in statuses)
+    size = hub.repos[REPO]["SmolLM2-135M-Instruct-Q4_1.gguf"].size
+    progress = [(p.completed, p.total) for p in lines if p.total]
+    assert progress and progress[-1] == (size, size)  # the bytes, as Ollama reports them
+    assert [done for done, _ in progress] == sorted(done for done, _ in progress)
     assert name in [m.model for m in client.list().models]
     reply = client.chat(model=name, messages=[{"role": "user", "content": "Hi"}],
                         options={"num_predict": 3})
@@ -45,6 +52,18 @@ def test_pull_list_chat_delete(hub_server):
     with pytest.raises(ollama.ResponseError) as err:
         client.pull(f"hf.co/{REPO}:Q3_K_M")
     assert "Q4_1" in str(err.value)
+
+
+@pytest.mark.slow
+def test_a_download_that_fails_midway_ends_the_stream_with_the_error(hub_server):
+    server, _ = hub_server
+    client = ollama.Client(host=server.url)
+    seen = []
+    with pytest.raises(ollama.ResponseError, match="checksum"):
+        for line in client.pull(f"hf.co/{BAD_REPO}:Q8_0", stream=True):
+            seen.append(line)
+    assert any(line.completed for line in seen)  # it had begun: a 200 stream, then the error
+    assert f"hf.co/{BAD_REPO}:Q8_0" not in [m.model for m in client.list().models]
 
 
 @pytest.fixture(scope="module")
