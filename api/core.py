@@ -13,7 +13,7 @@ import contextlib
 import re
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -96,8 +96,11 @@ async def start(
     prompt: str | Sequence[int] | None = None,
     keep_alive: str | float | None = None,
     tools: ToolSpec | None = None,
+    limit_given: bool = False,
 ) -> Job:
-    """Load (or wait for) the model, build the prompt, queue the request."""
+    """Load (or wait for) the model, build the prompt, queue the request.
+    A request that sets no limit (`limit_given` False and no max_tokens) gets the settings'
+    reply cap; its reply still ends sooner if the context fills."""
     began = time.monotonic()
     stack = contextlib.AsyncExitStack()
     try:
@@ -107,6 +110,8 @@ async def start(
         if max_tokens_too_big(params, loaded):
             raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
                                 f"({backend.info.n_ctx} tokens) — ask for fewer")
+        if params.max_tokens is None and not limit_given:
+            params = replace(params, max_tokens=pool.settings.reply_cap, context_shift=False)
         # templating and tokenizing a long body takes seconds: off the loop, which keeps
         # serving every other stream meanwhile; queueing stays here, so a request cancelled
         # while its prompt is read never reaches the engine

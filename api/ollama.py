@@ -249,7 +249,8 @@ async def chat(body: ChatRequest, request: Request):
                 for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
-                           messages=messages, keep_alive=body.keep_alive, tools=tools)
+                           messages=messages, keep_alive=body.keep_alive, tools=tools,
+                           limit_given=body.options.num_predict is not None)
     return await _respond(job, body, "message")
 
 
@@ -259,14 +260,16 @@ async def generate(body: GenerateRequest, request: Request):
         return await _load_only(request, body, "response")
     _images_refused(body.images)
     params = body.options.params(body.grammar())
+    limit_given = body.options.num_predict is not None  # -1: none, ended by the context
     pool = request.app.state.pool
     if body.raw:
-        job = await core.start(pool, body.model, params, prompt=body.prompt, keep_alive=body.keep_alive)
+        job = await core.start(pool, body.model, params, prompt=body.prompt,
+                               keep_alive=body.keep_alive, limit_given=limit_given)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
-                               keep_alive=body.keep_alive)
+                               keep_alive=body.keep_alive, limit_given=limit_given)
     return await _respond(job, body, "response")
 
 

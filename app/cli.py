@@ -102,7 +102,8 @@ def run(
     seed: Annotated[Optional[int], typer.Option(
         min=0, help="Fix the random seed to reproduce a reply.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(
-        min=1, help="Stop after this many generated tokens.")] = None,
+        min=0, help="Stop after this many generated tokens; 0: only a full context stops a "
+                    "reply [2048, LOCALINFER_MAX_TOKENS].")] = None,
     stop: Annotated[Optional[list[str]], typer.Option(
         help="Stop when this text appears (repeatable).")] = None,
     ctx: Annotated[Optional[int], typer.Option(
@@ -127,11 +128,13 @@ def run(
     """Chat with a model in the terminal, or answer one prompt."""
     from localinfer.chat import answer_once, interactive
     from localinfer.service import load_model
+    from localinfer.settings import Settings
 
     _setup_logging(verbose)
     with _user_errors():
+        cap = Settings().reply_cap if max_tokens is None else max_tokens or None
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                max_tokens=max_tokens, stop=tuple(stop or ()))
+                                max_tokens=cap, stop=tuple(stop or ()))
         one_shot = prompt
         if not sys.stdin.isatty():
             piped = _read_piped_text()

@@ -140,9 +140,7 @@ class ModelPool:
 
     async def canonical(self, ref: str | None) -> str:
         """The name a model is loaded under, without loading it."""
-        ref = ref or self.default
-        ref = self._aliases.get(ref or "", ref) or self.settings.default_model
-        return (await asyncio.to_thread(resolve, ref, self.settings.models_dir, False)).name
+        return (await asyncio.to_thread(self._resolve, ref)).name
 
     def _target(self, ref: str | None) -> tuple[str | None, bool]:
         """What to resolve for a request's model name, and whether it may be a path: only
@@ -150,11 +148,15 @@ class ModelPool:
         alias = self._aliases.get(ref or "")
         return alias or ref, alias is not None
 
+    def _resolve(self, ref: str | None) -> ResolvedModel:
+        """A request's model name to its file, without loading it (blocking)."""
+        target, allow_paths = self._target(ref or self.default)
+        return resolve(target or self.settings.default_model, self.settings.models_dir,
+                       allow_paths)
+
     def describe(self, ref: str | None) -> tuple[ResolvedModel, GGUFInfo]:
         """A model's file and header, loaded or not (blocking: call from a thread)."""
-        target, allow_paths = self._target(ref or self.default)
-        resolved = resolve(target or self.settings.default_model, self.settings.models_dir,
-                           allow_paths)
+        resolved = self._resolve(ref)
         return resolved, read_gguf_info(resolved.path)
 
     async def get(self, ref: str | None) -> LoadedModel:

@@ -23,6 +23,14 @@ class Settings(BaseSettings):
     )
     default_model: str = Field(DEFAULT_MODEL, description="the model `run` uses when none is named")
     default_ctx: int = Field(4096, ge=16, description="context tokens per chat when --ctx is not given")
+    # a base model, or a model caught in a loop, writes until the context is full: minutes
+    # of junk. 0: no cap, a reply ends when the context is full
+    max_tokens: int = Field(2048, ge=0, description="the longest reply when a client sets "
+                                                    "no limit (LOCALINFER_MAX_TOKENS)")
+
+    @property
+    def reply_cap(self) -> int | None:
+        return self.max_tokens or None
 
     @property
     def models_dir(self) -> Path:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ import pytest
 RUN = [sys.executable, "-m", "localinfer", "run"]
 
 
-def _run(*args: str, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(*args: str, stdin: str | None = None, timeout: float = 120,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*RUN, *args], input=stdin if stdin is not None else "",
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
 
 
 def test_console_script_answers_with_a_stats_line():
@@ -40,6 +43,20 @@ def test_gemma3_by_name():
                   "--temperature", "0")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
+
+
+def test_a_reply_without_a_limit_stops_at_the_default_cap():
+    """A base model writes until the context is full: minutes of it, without a cap."""
+    result = _run("gemma3:270m", "-p", "Once upon a time", "--temperature", "0",
+                  env={"LOCALINFER_MAX_TOKENS": "6"})
+    assert result.returncode == 0, result.stderr
+    assert "generated 6 tok" in result.stderr and "finish: length" in result.stderr
+    result = _run("gemma3:270m", "-p", "Once upon a time", "--temperature", "0",
+                  "--max-tokens", "9", env={"LOCALINFER_MAX_TOKENS": "6"})
+    assert "generated 9 tok" in result.stderr  # the option wins
+    result = _run("-p", "Hi", env={"LOCALINFER_MAX_TOKENS": "lots"})
+    assert result.returncode == 1 and len(result.stderr.strip().splitlines()) == 1
+    assert "LOCALINFER_MAX_TOKENS" in result.stderr
 
 
 def test_verbose_shows_llama_cpp_log():

@@ -68,6 +68,9 @@ def test_a_startup_model_given_as_a_path_is_loaded_before_the_first_request(
             "model": smollm2_path.stem, "max_tokens": 2,
             "messages": [{"role": "user", "content": "Hi"}]})
         assert reply.status_code == 200, reply.text
+        unload = server.post("/api/generate", json={"model": smollm2_path.stem, "keep_alive": 0})
+        assert unload.status_code == 200 and unload.json()["done_reason"] == "unload", unload.text
+        assert server.get("/api/ps").json()["models"] == []
     finally:
         stop_server(server)
     log = server.log.read_text()

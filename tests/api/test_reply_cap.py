@@ -1,0 +1,43 @@
+"""A request that sets no limit gets the server's reply cap (LOCALINFER_MAX_TOKENS); one that
+sets a limit, or asks for none (Ollama's num_predict -1), gets what it asked for."""
+
+from __future__ import annotations
+
+import ollama
+import openai
+import pytest
+
+from .conftest import start_server, stop_server
+
+CAP = 5
+STORY = "Write a long story about a lighthouse keeper and the sea."
+
+
+@pytest.fixture(scope="module")
+def capped(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("capped"), "--model", "smollm2:135m",
+                          "--parallel", "1", "--ctx", "256",
+                          env={"LOCALINFER_MAX_TOKENS": str(CAP)})
+    yield server
+    stop_server(server)
+
+
+def test_openai_requests_without_max_tokens_get_the_cap(capped):
+    client = openai.OpenAI(base_url=capped.url + "/v1", api_key="x")
+    messages = [{"role": "user", "content": STORY}]
+    reply = client.chat.completions.create(model="smollm2:135m", messages=messages,
+                                           temperature=0)
+    assert reply.usage.completion_tokens == CAP and reply.choices[0].finish_reason == "length"
+    reply = client.chat.completions.create(model="smollm2:135m", messages=messages,
+                                           temperature=0, max_tokens=CAP + 4)
+    assert reply.usage.completion_tokens == CAP + 4
+
+
+def test_ollama_requests_without_num_predict_get_the_cap(capped):
+    client = ollama.Client(host=capped.url)
+    reply = client.generate(model="smollm2:135m", prompt=STORY, options={"temperature": 0})
+    assert reply.eval_count == CAP and reply.done_reason == "length"
+    # -1: no limit; the reply runs until it ends or the context is full
+    reply = client.generate(model="smollm2:135m", prompt=STORY,
+                            options={"temperature": 0, "num_predict": -1})
+    assert reply.eval_count > CAP
