@@ -220,8 +220,7 @@ def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")])
     with _user_errors():
         if is_embedded(model):
             raise LocalinferError(f"{model} ships with localinfer and cannot be removed")
-        store.remove(Settings().models_dir, model)
-        print(f"deleted {model}")
+        print(f"deleted {store.remove(Settings().models_dir, model)}")
 
 
 @app.command()

@@ -164,7 +164,7 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
             parts = {"weights": files[quant], "kv_cache": kv, "compute": compute, "runtime": 0,
                      "margin": margin}
             return Plan(quant, "cpu", 0, memory_bytes=need + margin, **common, parts=parts,
-                        reason=f"{where}; {quant} runs on the CPU in {gib(need)} of "
+                        reason=f"{where}; {quant} runs on the CPU in {gib(need + margin)} of "
                                f"{gib(ram_available)} available RAM")
     smallest = min(files, key=files.get)
     room = max(free_memory(gpu) if gpu else 0, ram_available)

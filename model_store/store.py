@@ -20,7 +20,7 @@ from filelock import FileLock
 from localinfer.errors import ModelNotFound
 from localinfer.files import write_atomically
 from localinfer.model_store import hub
-from localinfer.model_store.catalog import HubRef
+from localinfer.model_store.catalog import HubRef, parse_hub_ref
 
 __all__ = ["Manifest", "find", "installed", "pull", "remove"]
 
@@ -99,8 +99,16 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
 
 
 def remove(models_dir: Path, name: str) -> str:
-    """Forget the model; delete its file unless another installed name uses it."""
+    """Forget the model; delete its file unless another installed name uses it. `name` may
+    be spelled as `pull` takes it (`owner/repo:Q8_0` for `hf.co/owner/repo:Q8_0`)."""
     path = _manifest_path(models_dir, name)
+    if not path.is_file():
+        try:
+            ref = parse_hub_ref(name)
+        except ModelNotFound:
+            ref = None
+        if ref is not None:
+            name, path = ref.installed_name, _manifest_path(models_dir, ref.installed_name)
     if not path.is_file():
         raise ModelNotFound(name, known=[m.name for m in installed(models_dir)])
     try:

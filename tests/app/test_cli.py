@@ -144,6 +144,8 @@ def test_show_lists_the_plans_memory_part_by_part():
     assert sum(plan["memory"].values()) == plan["memory_bytes"]
     assert plan["memory"]["kv_cache"] == facts["kv_bytes_per_token"] * 2048
     assert plan["device"] == "cpu" and plan["gpu_bytes"] == 0 and plan["memory"]["runtime"] == 0
+    # the sentence and the figure are one number (it said 0.3 GiB of a 0.55 GiB plan)
+    assert f"in {plan['memory_bytes'] / 2**30:.1f} GiB of" in plan["reason"]
     text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "memory: weights" in text and "kv cache" in text

@@ -127,6 +127,11 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     assert removed.returncode == 0, removed.stderr
     assert not file.exists() and manifests(_private_home) == []
     one_line_error(cli(hub, "rm", f"{REF}:Q4_1"), "not found")
+    assert cli(hub, "pull", f"{REPO}:Q4_1").returncode == 0  # spelled without hf.co/
+    removed = cli(hub, "rm", f"{REPO}:Q4_1")
+    assert removed.returncode == 0 and f"deleted hf.co/{REPO}:Q4_1" in removed.stdout, \
+        removed.stderr
+    assert not file.exists() and manifests(_private_home) == []
     one_line_error(cli(hub, "rm", "smollm2:135m"), "cannot be removed")
     one_line_error(cli(hub, "rm", "smollm2"), "cannot be removed")  # the short name too
 
