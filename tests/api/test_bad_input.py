@@ -38,6 +38,10 @@ CASES = [
     ("/v1/chat/completions", b'{"model": "smollm2:135m", "max_tokens": 2, "messages": '
                              b'[{"role": "user", "content": "\\ud800 hi"}]}', 400),
     ("/api/generate", b'{"model": "smollm2:135m", "prompt": "\\udfff", "stream": false}', 400),
+    ("/api/generate", {"model": "smollm2:135m", "prompt": "hi", "options": {"num_predict": 0}},
+     400),
+    ("/api/pull", {}, 400),
+    ("/api/pull", {"model": "hf.co/owner/repo:banana"}, 404),
 ]
 
 
