@@ -20,6 +20,7 @@ from localinfer.api.security import Guard
 from localinfer.model_store import store
 from localinfer.model_store.sources import EMBEDDED
 from localinfer.pool import ModelPool
+from localinfer import web
 from localinfer.settings import ServeSettings, Settings
 
 __all__ = ["create_app"]
@@ -50,6 +51,7 @@ def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
     app.include_router(openai.router)
     app.include_router(ollama.router)
     app.include_router(ollama.root)
+    web.install(app)
     track_pool(pool)
 
     @app.get("/health", tags=["operations"])

@@ -427,11 +427,6 @@ async def version() -> dict[str, str]:
 root = APIRouter(tags=["ollama"])
 
 
-@root.get("/")
-async def alive() -> Response:
-    return Response("localinfer is running", media_type="text/plain")
-
-
-@root.head("/")
+@root.head("/")  # GET / is the web app's: the page for a browser, this text for the rest
 async def alive_head() -> Response:
     return Response(media_type="text/plain")

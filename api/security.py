@@ -27,6 +27,12 @@ __all__ = ["Guard", "is_loopback"]
 _OPEN_PATHS = {"/", "/health"}
 
 
+def _open(path: str) -> bool:
+    """Paths without an API key: liveness, and the web app's own files (no secrets in
+    them; the page then calls the API with the key)."""
+    return path in _OPEN_PATHS or path.startswith("/ui/")
+
+
 def is_loopback(host: str) -> bool:
     host = host.strip("[]").lower()
     if host == "localhost" or host.endswith(".localhost"):
@@ -94,7 +100,7 @@ class Guard:
         if origin is not None and not self._origin_ok(origin):
             return 403, (f"requests from pages at '{origin[:100]}' are not allowed — start the "
                          f"server with --allow-origin {origin[:100]} to let that site use it")
-        if self.api_key and scope["path"] not in _OPEN_PATHS:
+        if self.api_key and not _open(scope["path"]):
             given = headers.get("authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
                 return 401, "missing or wrong API key — send 'Authorization: Bearer <key>'"

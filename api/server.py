@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import socket
 import sys
+import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -17,7 +19,7 @@ from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.service import prepare
 from localinfer.settings import ServeSettings, Settings
 
-__all__ = ["serve"]
+__all__ = ["serve", "serve_in_thread"]
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -37,6 +39,32 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
           verbose: bool = False) -> None:
+    server, sock = _prepare_server(serve_settings, options, model, verbose)
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
+          f"— OpenAI API at /v1, Ollama API at /api", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+
+
+def serve_in_thread(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+                    verbose: bool = False) -> tuple[str, _Server, threading.Thread]:
+    """The same server on a thread of this process (`localinfer app`): its URL, the server
+    (set `should_exit` to stop it) and the thread. Returns once it answers."""
+    server, sock = _prepare_server(serve_settings, options, model, verbose)
+    host, port = sock.getsockname()[:2]
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                              name="localinfer-server")
+    thread.start()
+    while not server.started and thread.is_alive():
+        time.sleep(0.02)
+    if not thread.is_alive():
+        raise LocalinferError("the server stopped as it started — run with --verbose to see why")
+    return f"http://{host}:{port}", server, thread
+
+
+def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+                    verbose: bool) -> tuple[_Server, socket.socket]:
     if not is_loopback(serve_settings.host) and not serve_settings.api_key:
         raise LocalinferError(
             f"listening on {serve_settings.host} would expose your models to the network — "
@@ -54,13 +82,9 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     pool.default = preload  # a request that names no model gets the one being served
     app = create_app(pool, serve_settings, settings, preload=preload)
     sock = _bind(serve_settings.host, serve_settings.port)
-    host, port = sock.getsockname()[:2]
-    shown = f"[{host}]" if ":" in host else host
-    print(f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
-          f"— OpenAI API at /v1, Ollama API at /api", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5, access_log=verbose)
-    _Server(config, on_exit=pool.cancel_all).run(sockets=[sock])
+    return _Server(config, on_exit=pool.cancel_all), sock
 
 
 class _Server(uvicorn.Server):

@@ -451,6 +451,31 @@ def serve(
         run_server(settings, options, model, verbose)
 
 
+@app.command(name="app")
+def desktop_app(
+    model: Annotated[Optional[str], typer.Argument(
+        help="Model to load at start (default smollm2:135m); the page picks others.")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=16, help="Context size in tokens per chat [4096].")] = None,
+    parallel: Annotated[int, typer.Option(min=1, max=64, help="Chats decoded together.")] = 4,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
+    browser: Annotated[bool, typer.Option(
+        "--browser/--no-browser", help="Open a window or the system browser [yes]; without, "
+                                       "only print the page's address.")] = True,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log requests and llama.cpp.")
+                       ] = False,
+) -> None:
+    """The chat app in a window: streaming replies, models with fit badges, saved chats."""
+    from localinfer.desktop import run_app
+    from localinfer.settings import Settings
+
+    _setup_logging(verbose)
+    with _user_errors():
+        run_app(model or Settings().default_model,
+                LoadOptions(n_ctx=ctx, n_slots=parallel, n_threads=threads), browser, verbose)
+
+
 @app.command()
 def hw(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

@@ -99,7 +99,7 @@ class ModelPool:
         self.default: str | None = None  # for requests that name no model (serve --model)
         self._hw: Hardware | None = None
 
-    def _hardware(self) -> Hardware:
+    def hardware(self) -> Hardware:
         if self._hw is None:  # probing runs vendor tools: once per process is enough
             self._hw = detect()
         return self._hw
@@ -168,7 +168,7 @@ class ModelPool:
         target, allow_paths = self._target(ref)
         resolved, info, options = await asyncio.to_thread(
             prepare, target, self.options, self.settings, lambda: 1 << 62, allow_paths,
-            self._hardware)
+            self.hardware)
         name = resolved.name
         self._names[ref or ""] = name
         async with self._lock:

@@ -127,6 +127,21 @@ def test_api_key_is_required_when_set(keyed_server):
     assert keyed_server.get("/health").status_code == 200  # probes need no key
 
 
+def test_the_web_apps_files_are_open_and_its_data_needs_the_key(keyed_server):
+    page = keyed_server.get("/", headers={"Accept": "text/html,application/xhtml+xml"})
+    assert page.status_code == 200 and "<title>localinfer</title>" in page.text
+    assert keyed_server.get("/").text == "localinfer is running"  # as Ollama's root, to programs
+    script = keyed_server.get("/ui/app.js")
+    assert script.status_code == 200 and "chat/completions" in script.text
+    assert keyed_server.get("/ui/vendor/purify.min.js").status_code == 200
+    assert keyed_server.get("/localinfer/models").status_code == 401
+    rows = keyed_server.get("/localinfer/models", headers={"Authorization": "Bearer s3cret"})
+    assert rows.status_code == 200
+    smollm2 = next(r for r in rows.json()["models"] if r["name"] == "smollm2:135m")
+    assert smollm2["installed"] and smollm2["fit"] == "CPU" and smollm2["quant"] == "Q4_1"
+    assert keyed_server.get("/ui/../api/tags").status_code in (401, 404)  # no way around
+
+
 def test_a_configured_origin_may_post(keyed_server):
     ok = keyed_server.post("/v1/chat/completions", json=CHAT, headers={
         "Origin": "https://ok.example", "Authorization": "Bearer s3cret"})

@@ -1,0 +1,129 @@
+"""The web chat app in a real browser (Debian's chromium, driven by Playwright), on
+`localinfer app` as a user starts it: a real server in-process, the real models.
+
+Screenshots land in build/screenshots/ for a person to look at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
+CHROMIUM = os.environ.get("LOCALINFER_CHROMIUM") or shutil.which("chromium") or \
+    shutil.which("chromium-browser")
+# chromium's own calls home are refused on a closed network, many at a time: turn them off
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if CHROMIUM is None:
+        if os.environ.get("LOCALINFER_REQUIRE_BROWSER"):
+            pytest.fail("no chromium: install it (apt-get install chromium)")
+        pytest.skip("no chromium on this machine: apt-get install chromium to run the "
+                    "browser tests")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def desktop_app(tmp_path_factory):
+    """`localinfer app --no-browser`: the page's address, with this launch's key."""
+    home = tmp_path_factory.mktemp("app-home")
+    env = {**os.environ, "LOCALINFER_HOME": str(home), "LOCALINFER_MAX_TOKENS": "24"}
+    env.pop("LOCALINFER_API_KEY", None)
+    process = subprocess.Popen([sys.executable, "-m", "localinfer", "app", "--no-browser",
+                                "--ctx", "512", "--parallel", "2"], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline, page = time.monotonic() + 60, None
+    while page is None and time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line and process.poll() is not None:
+            break
+        found = re.search(r"(http://127\.0\.0\.1:\d+/#key=\S+)", line)
+        page = found.group(1) if found else None
+    if page is None:
+        process.kill()
+        pytest.fail(f"localinfer app did not print its address:\n{process.stdout.read()}")
+    yield page
+    process.terminate()
+    assert process.wait(timeout=20) == 0
+
+
+def _shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def _ask(page, text: str, replies: int) -> None:
+    page.fill("#prompt", text)
+    page.press("#prompt", "Enter")
+    page.wait_for_function(
+        f"document.querySelectorAll('.message.assistant').length === {replies} && "
+        "document.querySelector('#stop').hidden", timeout=60_000)
+
+
+def test_chat_switch_model_and_find_the_chat_after_a_reload(browser, desktop_app):
+    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    page = context.new_page()
+    page.goto(desktop_app)
+    assert "#key=" not in page.url  # the key leaves the address bar at once
+    page.wait_for_function("document.querySelector('#model').value === 'smollm2:135m'")
+    assert page.text_content("#fit") == "CPU"
+    options = page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
+    assert "gemma3:270m" in options and "llama3.2:3b" in options  # installed, and to pull
+
+    # count the reply's redraws while it streams
+    page.evaluate("""() => { window.draws = 0; new MutationObserver(() => window.draws++)
+        .observe(document.querySelector('#messages'), {subtree: true, childList: true,
+                                                       characterData: true}); }""")
+    _ask(page, "Name three colours.", replies=1)
+    reply = page.locator(".message.assistant").last
+    assert reply.locator(".content").inner_text().strip()
+    figures = reply.locator(".figures").inner_text()
+    shown = re.search(r"TTFT \d[\d,]* ms · [\d.]+ tok/s · prompt \d+ tok @ [\d.]+ tok/s · "
+                      r"(\d+) tok", figures)
+    assert shown and 1 < int(shown.group(1)) <= 24, figures  # the engine's numbers; the cap
+    assert page.evaluate("window.draws") > 3, "the reply should appear piece by piece"
+    assert "tok/s" in page.text_content("#status")
+    _shot(page, "web-chat")
+
+    page.select_option("#model", "gemma3:270m")
+    page.wait_for_function("document.querySelector('#status').textContent"
+                           ".includes('gemma3:270m ready')", timeout=60_000)
+    _ask(page, "The capital of France is", replies=2)
+    assert "gemma3:270m" in page.locator(".message.assistant .who").last.inner_text()
+
+    page.reload()
+    page.wait_for_selector("#chats li")
+    assert page.locator("#chats li").count() == 1
+    assert page.locator("#chats li a").inner_text() == "Name three colours."
+    assert page.locator(".message").count() == 4
+    assert "TTFT" in page.locator(".message.assistant .figures").first.inner_text()
+    page.wait_for_function("document.querySelector('#model').value === 'gemma3:270m'")
+    _shot(page, "web-after-reload")
+    context.close()
+
+
+def test_without_the_launch_key_the_page_gets_nothing(browser, desktop_app):
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(desktop_app.split("#", 1)[0])
+    page.wait_for_function("document.querySelector('#status').textContent.includes('API key')")
+    assert page.locator("#model option").count() == 0
+    context.close()

@@ -1,0 +1,411 @@
+// The web chat app: one page on the server's own OpenAI and Ollama APIs.
+// Conversations live in this browser (localStorage); replies stream over SSE and carry the
+// engine's own figures (the `timings` of the last chunk), shown under each reply.
+
+const $ = (selector) => document.querySelector(selector);
+const STORE_KEY = "localinfer.chats.v1";
+
+// ------------------------------------------------------------------ the API key
+// `localinfer app` opens the page as /#key=…: kept for this tab, dropped from the address bar.
+const fragment = new URLSearchParams(location.hash.slice(1));
+if (fragment.get("key")) {
+  sessionStorage.setItem("localinfer.key", fragment.get("key"));
+  history.replaceState(null, "", location.pathname);
+}
+
+function headers(extra = {}) {
+  const key = sessionStorage.getItem("localinfer.key");
+  return { "Content-Type": "application/json", ...(key ? { Authorization: `Bearer ${key}` } : {}), ...extra };
+}
+
+async function errorText(response) {
+  try {
+    const body = await response.json();
+    const error = body.error;
+    return typeof error === "string" ? error : error?.message || `the server answered ${response.status}`;
+  } catch {
+    return `the server answered ${response.status}`;
+  }
+}
+
+// ------------------------------------------------------------------ state
+const state = {
+  chats: loadChats(),
+  current: null,     // the open conversation
+  models: [],        // rows from /localinfer/models
+  model: null,       // the model picked
+  controller: null,  // aborts the reply being written
+};
+
+function loadChats() {
+  try {
+    return JSON.parse(localStorage.getItem(STORE_KEY)) || [];
+  } catch {
+    return [];
+  }
+}
+
+function saveChats() {
+  try {
+    localStorage.setItem(STORE_KEY, JSON.stringify(state.chats));
+  } catch (error) {
+    status(`Not saved in this browser: ${error.message}`, true);
+  }
+}
+
+function status(text, isError = false) {
+  const bar = $("#status");
+  bar.textContent = text;
+  bar.classList.toggle("error", isError);
+}
+
+// ------------------------------------------------------------------ figures
+export function figuresText(f) {
+  if (!f) return "";
+  const parts = [];
+  if (f.ttft_ms != null) parts.push(`TTFT ${Math.round(f.ttft_ms).toLocaleString()} ms`);
+  if (f.decode_tps) parts.push(`${f.decode_tps.toFixed(1)} tok/s`);
+  if (f.prompt_n != null) {
+    parts.push(`prompt ${f.prompt_n} tok` + (f.cached_n ? ` (${f.cached_n} cached)` : "") +
+               (f.prefill_tps ? ` @ ${f.prefill_tps.toFixed(1)} tok/s` : ""));
+  }
+  if (f.predicted_n != null) parts.push(`${f.predicted_n} tok`);
+  if (f.finish_reason && f.finish_reason !== "stop") parts.push(f.finish_reason);
+  return parts.join(" · ");
+}
+
+// ------------------------------------------------------------------ rendering
+function renderMarkdown(text) {
+  return DOMPurify.sanitize(marked.parse(text));
+}
+
+function messageElement(message) {
+  const box = document.createElement("div");
+  box.className = `message ${message.role}`;
+  const who = document.createElement("div");
+  who.className = "who";
+  who.textContent = message.role === "user" ? "You" : `Assistant${message.model ? ` · ${message.model}` : ""}`;
+  const content = document.createElement("div");
+  content.className = "content";
+  if (message.role === "user") content.textContent = message.content;
+  else content.innerHTML = renderMarkdown(message.content);
+  const figures = document.createElement("div");
+  figures.className = "figures";
+  figures.textContent = figuresText(message.figures);
+  box.append(who, content, figures);
+  return box;
+}
+
+function showConversation() {
+  const list = $("#messages");
+  list.replaceChildren();
+  const chat = state.current;
+  if (!chat || chat.messages.length === 0) {
+    const welcome = document.createElement("p");
+    welcome.id = "welcome";
+    welcome.textContent = "Type a message and press Enter (Shift+Enter for a new line).";
+    list.append(welcome);
+  } else {
+    for (const message of chat.messages) list.append(messageElement(message));
+  }
+  list.scrollTop = list.scrollHeight;
+  showChatList();
+}
+
+function showChatList() {
+  const list = $("#chats");
+  list.replaceChildren();
+  for (const chat of [...state.chats].sort((a, b) => b.updated - a.updated)) {
+    const item = document.createElement("li");
+    if (chat === state.current) item.classList.add("current");
+    const link = document.createElement("a");
+    link.textContent = chat.title;
+    link.title = `${chat.title} (${chat.model})`;
+    link.addEventListener("click", () => openChat(chat));
+    const remove = document.createElement("button");
+    remove.textContent = "×";
+    remove.title = "Delete this conversation";
+    remove.addEventListener("click", () => deleteChat(chat));
+    item.append(link, remove);
+    list.append(item);
+  }
+}
+
+function openChat(chat) {
+  if (state.controller) return;
+  state.current = chat;
+  if (chat.model && chat.model !== state.model) chooseModel(chat.model);
+  showConversation();
+}
+
+function deleteChat(chat) {
+  if (!confirm(`Delete “${chat.title}”?`)) return;
+  state.chats = state.chats.filter((c) => c !== chat);
+  if (state.current === chat) state.current = null;
+  saveChats();
+  showConversation();
+}
+
+function newChat() {
+  if (state.controller) return;
+  state.current = null;
+  showConversation();
+  $("#prompt").focus();
+}
+
+// ------------------------------------------------------------------ models
+async function refreshModels() {
+  const response = await fetch("/localinfer/models", { headers: headers() });
+  if (!response.ok) {
+    status(await errorText(response), true);
+    return;
+  }
+  const body = await response.json();
+  state.models = body.models;
+  const select = $("#model");
+  select.replaceChildren();
+  const installed = document.createElement("optgroup");
+  installed.label = "On this machine";
+  const available = document.createElement("optgroup");
+  available.label = "To pull";
+  for (const row of body.models) {
+    const option = document.createElement("option");
+    option.value = row.name;
+    option.textContent = `${row.name} — ${row.fit}${row.quant ? ` · ${row.quant}` : ""}`;
+    (row.installed ? installed : available).append(option);
+  }
+  select.append(installed, available);
+  state.model = state.model || state.current?.model || body.loaded[0] || body.default;
+  select.value = state.model;
+  showFit();
+}
+
+function showFit() {
+  const row = state.models.find((r) => r.name === state.model);
+  const badge = $("#fit");
+  badge.textContent = row ? row.fit : "";
+  badge.title = row ? row.detail : "";
+  badge.className = `badge ${row ? row.fit.replace(/[^A-Za-z]+/g, "-") : ""}`;
+}
+
+async function chooseModel(name) {
+  const row = state.models.find((r) => r.name === name);
+  const previous = state.model;
+  state.model = name;
+  $("#model").value = name;
+  showFit();
+  if (row && !row.installed && !(await pull(name))) {
+    state.model = previous;
+    $("#model").value = previous;
+    showFit();
+    return;
+  }
+  if (state.current) {
+    state.current.model = name;
+    saveChats();
+  }
+  status(`loading ${name} …`);
+  const response = await fetch("/api/generate", {
+    method: "POST", headers: headers(), body: JSON.stringify({ model: name, prompt: "", stream: false }),
+  });
+  status(response.ok ? `${name} ready` : await errorText(response), !response.ok);
+}
+
+async function pull(name) {
+  const bar = $("#pull-progress");
+  bar.hidden = false;
+  bar.removeAttribute("value");
+  status(`pulling ${name} …`);
+  try {
+    const response = await fetch("/api/pull", {
+      method: "POST", headers: headers(), body: JSON.stringify({ model: name, stream: true }),
+    });
+    if (!response.ok) throw new Error(await errorText(response));
+    for await (const line of lines(response, "\n")) {
+      if (!line.trim()) continue;
+      const update = JSON.parse(line);
+      if (update.error) throw new Error(update.error);
+      if (update.total) {
+        bar.max = update.total;
+        bar.value = update.completed;
+        status(`pulling ${name}: ${(update.completed / 2 ** 20).toFixed(0)} of ${(update.total / 2 ** 20).toFixed(0)} MiB`);
+      }
+    }
+    await refreshModels();
+    return true;
+  } catch (error) {
+    status(`${name} was not pulled: ${error.message}`, true);
+    return false;
+  } finally {
+    bar.hidden = true;
+  }
+}
+
+// Text pieces of a streamed body, split on `separator`.
+async function* lines(response, separator) {
+  const reader = response.body.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buffer += decoder.decode(value, { stream: true });
+    const parts = buffer.split(separator);
+    buffer = parts.pop();
+    yield* parts;
+  }
+  if (buffer) yield buffer;
+}
+
+// ------------------------------------------------------------------ chatting
+function messagesForModel(chat) {
+  const turns = chat.messages.map(({ role, content }) => ({ role, content }));
+  return chat.system ? [{ role: "system", content: chat.system }, ...turns] : turns;
+}
+
+async function send(text) {
+  if (!state.model) {
+    status("Pick a model first.", true);
+    return;
+  }
+  if (!state.current) {
+    state.current = {
+      id: crypto.randomUUID ? crypto.randomUUID() : String(Date.now()),
+      title: text.replace(/\s+/g, " ").slice(0, 48), model: state.model, system: "",
+      params: {}, messages: [], updated: Date.now(),
+    };
+    state.chats.push(state.current);
+  }
+  const chat = state.current;
+  chat.messages.push({ role: "user", content: text });
+  chat.updated = Date.now();
+  saveChats();
+  showConversation();
+  await reply(chat);
+}
+
+async function reply(chat) {
+  const answer = { role: "assistant", content: "", model: state.model, figures: null };
+  const box = messageElement(answer);
+  $("#messages").append(box);
+  const content = box.querySelector(".content");
+  const figures = box.querySelector(".figures");
+  state.controller = new AbortController();
+  $("#send").hidden = true;
+  $("#stop").hidden = false;
+  const sent = performance.now();
+  let first = null;
+  let pieces = 0;
+  let drawing = false;
+  let finished = false;  // a frame asked for before the end must not draw over the final figures
+  const draw = () => {
+    drawing = false;
+    if (finished) return;
+    content.innerHTML = renderMarkdown(answer.content);
+    const now = performance.now();
+    const live = { ttft_ms: first - sent, decode_tps: pieces > 1 ? (pieces - 1) / ((now - first) / 1000) : null };
+    figures.textContent = figuresText(live);
+    status(`${answer.model} · ${figuresText(live)}`);
+    $("#messages").scrollTop = $("#messages").scrollHeight;
+  };
+  try {
+    const response = await fetch("/v1/chat/completions", {
+      method: "POST", headers: headers(), signal: state.controller.signal,
+      body: JSON.stringify({
+        model: state.model, messages: messagesForModel(chat), stream: true,
+        temperature: chat.params.temperature, max_tokens: chat.params.max_tokens,
+      }),
+    });
+    if (!response.ok) throw new Error(await errorText(response));
+    for await (const event of lines(response, "\n\n")) {
+      const data = event.replace(/^data: /, "");
+      if (!data || data === "[DONE]") continue;
+      const chunk = JSON.parse(data);
+      const choice = chunk.choices?.[0];
+      if (choice?.delta?.content) {
+        first ??= performance.now();
+        pieces += 1;
+        answer.content += choice.delta.content;
+        if (!drawing) {
+          drawing = true;
+          requestAnimationFrame(draw);
+        }
+      }
+      if (chunk.timings) answer.figures = { ...chunk.timings, finish_reason: choice?.finish_reason };
+    }
+  } catch (error) {
+    if (error.name !== "AbortError") {
+      box.remove();
+      const question = chat.messages.pop();  // the question goes back into the prompt
+      saveChats();
+      showConversation();
+      $("#prompt").value = question.content;
+      status(`Reply failed: ${error.message}`, true);
+      return;
+    }
+    answer.figures = { ttft_ms: first ? first - sent : null, predicted_n: pieces, finish_reason: "stopped" };
+  } finally {
+    finished = true;
+    state.controller = null;
+    $("#send").hidden = false;
+    $("#stop").hidden = true;
+  }
+  content.innerHTML = renderMarkdown(answer.content);
+  figures.textContent = figuresText(answer.figures);
+  status(`${answer.model} · ${figuresText(answer.figures)}`);
+  chat.messages.push(answer);
+  chat.updated = Date.now();
+  saveChats();
+  showChatList();
+}
+
+// ------------------------------------------------------------------ settings
+function openSettings() {
+  const chat = state.current;
+  $("#system").value = chat?.system || "";
+  $("#temperature").value = chat?.params.temperature ?? "";
+  $("#max-tokens").value = chat?.params.max_tokens ?? "";
+  $("#settings-error").textContent = chat ? "" : "Settings belong to a conversation: send a first message.";
+  $("#settings").showModal();
+}
+
+function saveSettings(event) {
+  const chat = state.current;
+  if (!chat) return;
+  const temperature = $("#temperature").value, maxTokens = $("#max-tokens").value;
+  if (!$("#temperature").checkValidity() || !$("#max-tokens").checkValidity()) {
+    event.preventDefault();
+    $("#settings-error").textContent = "Temperature is 0 to 2; max tokens a whole number from 1.";
+    return;
+  }
+  chat.system = $("#system").value;
+  chat.params = {
+    ...(temperature !== "" ? { temperature: Number(temperature) } : {}),
+    ...(maxTokens !== "" ? { max_tokens: Number(maxTokens) } : {}),
+  };
+  saveChats();
+}
+
+// ------------------------------------------------------------------ wiring
+$("#composer").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = $("#prompt").value.trim();
+  if (!text || state.controller) return;
+  $("#prompt").value = "";
+  send(text);
+});
+$("#prompt").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("#composer").requestSubmit();
+  }
+});
+$("#stop").addEventListener("click", () => state.controller?.abort());
+$("#new-chat").addEventListener("click", newChat);
+$("#model").addEventListener("change", (event) => chooseModel(event.target.value));
+$("#open-settings").addEventListener("click", openSettings);
+$("#save-settings").addEventListener("click", saveSettings);
+
+state.current = [...state.chats].sort((a, b) => b.updated - a.updated)[0] || null;
+showConversation();
+refreshModels().catch((error) => status(`No answer from the server: ${error.message}`, true));
