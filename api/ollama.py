@@ -56,6 +56,11 @@ class Options(core.Lenient):
     num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None
 
+    @property
+    def limit_given(self) -> bool:
+        """num_predict set, -1 ("no limit, the context ends it") included: no reply cap."""
+        return self.num_predict is not None
+
     def params(self, grammar: str | None) -> SamplingParams:
         if self.num_predict == 0:
             raise ApiError(400, "num_predict must be a positive number of tokens, or -1 for "
@@ -250,7 +255,7 @@ async def chat(body: ChatRequest, request: Request):
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
-                           limit_given=body.options.num_predict is not None)
+                           limit_given=body.options.limit_given)
     return await _respond(job, body, "message")
 
 
@@ -260,16 +265,15 @@ async def generate(body: GenerateRequest, request: Request):
         return await _load_only(request, body, "response")
     _images_refused(body.images)
     params = body.options.params(body.grammar())
-    limit_given = body.options.num_predict is not None  # -1: none, ended by the context
     pool = request.app.state.pool
     if body.raw:
         job = await core.start(pool, body.model, params, prompt=body.prompt,
-                               keep_alive=body.keep_alive, limit_given=limit_given)
+                               keep_alive=body.keep_alive, limit_given=body.options.limit_given)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
-                               keep_alive=body.keep_alive, limit_given=limit_given)
+                               keep_alive=body.keep_alive, limit_given=body.options.limit_given)
     return await _respond(job, body, "response")
 
 

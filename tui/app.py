@@ -259,13 +259,10 @@ class ChatApp(App):
 
     def _keep_reply(self, box: MessageBox, text: str, figures: dict[str, Any] | None) -> None:
         assert self.conversation is not None
-        reply = StoredMessage("assistant", text, figures, model=self.model_name)
-        try:
-            saved = self.store.add(self.conversation.id, reply)
-        except SaveFailed as exc:  # shown and kept for this session, only not on disk
-            saved = reply
-            self.notify(f"{exc}. The reply stays on screen but is not saved.",
-                        title="Not saved", severity="error", timeout=10)
+        saved = StoredMessage("assistant", text, figures, model=self.model_name)
+        # not saved: shown and kept for this session, only not on disk (its id stays None)
+        self.save(self.store.add, self.conversation.id, saved,
+                  after="The reply stays on screen but is not saved.")
         self.history.append(saved)
         box.message_id, box.content = saved.id, text
         box.set_figures(figures)
@@ -278,7 +275,7 @@ class ChatApp(App):
         self.notify(error, title="Reply failed", severity="error", timeout=10)
         if self.history and self.history[-1].role == "user":
             question = self.history.pop()
-            self._save(self.store.delete_from, self.conversation.id, question.id or 0)
+            self.save(self.store.delete_from, self.conversation.id, question.id or 0)
             boxes = self.query(MessageBox)
             if boxes:
                 boxes.last().remove()
@@ -307,12 +304,13 @@ class ChatApp(App):
             await asyncio.sleep(0.02)
 
     # ---------------------------------------------------------------- actions
-    def _save(self, write, *args) -> bool:
+    def save(self, write, *args, after: str = "") -> bool:
         """Run one store write; a failure (a full disk) is a notice, not a crash."""
         try:
             write(*args)
         except SaveFailed as exc:
-            self.notify(str(exc), title="Not saved", severity="error", timeout=10)
+            self.notify(f"{exc}. {after}" if after else str(exc), title="Not saved",
+                        severity="error", timeout=10)
             return False
         return True
 
@@ -337,7 +335,7 @@ class ChatApp(App):
                 return
             if self.conversation is not None:
                 self.conversation.model = name
-                self._save(self.store.update, self.conversation)
+                self.save(self.store.update, self.conversation)
             self.load_model(name)
 
         self.push_screen(ModelPicker(self.client, self.model_name), chosen)
@@ -364,7 +362,7 @@ class ChatApp(App):
             else:
                 self.conversation.system = result["system"]
                 self.conversation.params = result["params"]
-                self._save(self.store.update, self.conversation)
+                self.save(self.store.update, self.conversation)
             if result["params"].get("n_ctx") != old_ctx:
                 self.load_model(self.model_name or "", result["params"].get("n_ctx"))
 
@@ -379,8 +377,8 @@ class ChatApp(App):
             return
         if self.history[-1].role == "assistant":
             last = self.history[-1]
-            if last.id is not None and not self._save(self.store.delete_from,
-                                                      self.conversation.id, last.id):
+            if last.id is not None and not self.save(self.store.delete_from,
+                                                     self.conversation.id, last.id):
                 return
             self.history.pop()
             await self.query(MessageBox).last().remove()
@@ -394,7 +392,7 @@ class ChatApp(App):
         if index is None:
             return
         question = self.history[index]
-        if not self._save(self.store.delete_from, self.conversation.id, question.id or 0):
+        if not self.save(self.store.delete_from, self.conversation.id, question.id or 0):
             return
         self.history = self.history[:index]
         for box in list(self.query(MessageBox))[index:]:

@@ -15,7 +15,7 @@ from textual.widgets import Button, DataTable, Input, Label, ProgressBar, Static
 
 from localinfer.errors import LocalinferError
 from localinfer.tui.client import ChatClient, ModelRow
-from localinfer.tui.store import Conversation, ConversationStore, SaveFailed
+from localinfer.tui.store import Conversation, ConversationStore
 
 __all__ = ["ConfirmScreen", "ConversationDeleted", "ConversationList", "ModelPicker",
            "SettingsScreen", "TextPrompt"]
@@ -244,7 +244,7 @@ class ConversationList(ModalScreen[int | None]):
         def renamed(title: str | None) -> None:
             if title:
                 chosen.title = title
-                if self._saved(self.store.update, chosen):
+                if self.app.save(self.store.update, chosen):  # type: ignore[attr-defined]
                     self.reload()
 
         self.app.push_screen(TextPrompt("New title", chosen.title), renamed)
@@ -255,19 +255,11 @@ class ConversationList(ModalScreen[int | None]):
             return
 
         def confirmed(yes: bool | None) -> None:
-            if yes and self._saved(self.store.delete, chosen.id):
+            if yes and self.app.save(self.store.delete, chosen.id):  # type: ignore[attr-defined]
                 self.app.post_message(ConversationDeleted(chosen.id))
                 self.reload()
 
         self.app.push_screen(ConfirmScreen(f"Delete “{chosen.title}”?"), confirmed)
-
-    def _saved(self, write, *args) -> bool:
-        try:
-            write(*args)
-        except SaveFailed as exc:
-            self.notify(str(exc), severity="error", timeout=10)
-            return False
-        return True
 
     def action_export(self) -> None:
         chosen = self._selected()
