@@ -90,6 +90,18 @@ def hub(quant_files, monkeypatch):
     fake.stop()
 
 
+async def _pull_by_name(app, pilot, name: str) -> ModelPicker:
+    """Open the picker, press p, type `name`: the pull starts; the picker is returned."""
+    await wait_until(pilot, app.model_ready.is_set)
+    await pilot.press("ctrl+t")
+    await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
+    picker = app.screen
+    await pilot.press("p")
+    await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
+    await pilot.press(*name, "enter")
+    return picker
+
+
 async def test_pull_from_the_picker_with_progress(hub, _private_home):
     client = LocalClient(Settings(), LoadOptions(n_ctx=512))
     app = ChatApp(client, ConversationStore(_private_home / "chats.db"), "smollm2:135m")
@@ -101,14 +113,8 @@ async def test_pull_from_the_picker_with_progress(hub, _private_home):
                                                      progress(done, total)))
     client.pull = recorded
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, app.model_ready.is_set)
-        await pilot.press("ctrl+t")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
-        picker = app.screen
-        await pilot.press("p")
-        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
-        await pilot.press(*f"hf.co/{REPO}:Q8_0", "enter")
         name = f"hf.co/{REPO}:Q8_0"
+        picker = await _pull_by_name(app, pilot, name)
         await wait_until(pilot, lambda: any(r.name == name for r in picker.rows))
         size = hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].size
         assert reports[-1] == (size, size)  # the bar saw every byte
@@ -138,13 +144,7 @@ async def test_a_pull_that_fails_says_so_in_the_picker(_private_home, monkeypatc
     app = ChatApp(LocalClient(Settings(), LoadOptions(n_ctx=512)),
                   ConversationStore(_private_home / "chats.db"), "smollm2:135m")
     async with app.run_test(size=(100, 30)) as pilot:
-        await wait_until(pilot, app.model_ready.is_set)
-        await pilot.press("ctrl+t")
-        await wait_until(pilot, lambda: isinstance(app.screen, ModelPicker) and app.screen.rows)
-        picker = app.screen
-        await pilot.press("p")
-        await wait_until(pilot, lambda: isinstance(app.screen, TextPrompt))
-        await pilot.press(*f"hf.co/{REPO}:Q8_0", "enter")
+        picker = await _pull_by_name(app, pilot, f"hf.co/{REPO}:Q8_0")
         detail = picker.query_one("#detail")
         await wait_until(pilot, lambda: "was not pulled" in str(detail.render()), timeout=60)
         assert "pulling" not in str(detail.render())
