@@ -26,6 +26,7 @@ from pathlib import Path
 import llama_cpp
 
 from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.ggml_backends import ensure_loaded
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import EngineStats, RequestStats
@@ -263,6 +264,7 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int,
     """llama-cpp-python's Llama, one request after another (how its server runs them)."""
     from llama_cpp import Llama
 
+    ensure_loaded()  # a build whose backends load at run time has none until then
     llm = Llama(str(path), n_ctx=work.max_prompt + work.max_output + 16, n_threads=threads,
                 n_gpu_layers=gpu_layers, verbose=False)
     helper = LlamaCppBackend(path, LoadOptions(n_ctx=256, n_threads=1, n_gpu_layers=0))

@@ -502,6 +502,13 @@ def hw(
         print("GPU   none found")
     print(f"llama.cpp backends: {', '.join(found.compute_backends) or 'unknown'} · GPU offload "
           f"{'yes' if found.gpu_offload else 'no (CPU-only build)'}")
+    for dev in found.devices:
+        memory = f" · {gib(dev.total_bytes)}, {gib(dev.free_bytes)} free" if dev.kind != "cpu" else ""
+        print(f"  device {dev.name} ({dev.backend}) · {dev.description} · {dev.kind.upper()}{memory}")
+    if found.backend_libraries:
+        state = {True: "loaded", False: "not loaded", None: "present"}
+        print("  loaded at run time from: " + ", ".join(
+            f"{lib.name} ({state[lib.loaded]})" for lib in found.backend_libraries))
     for probe in found.probes:
         print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
 

@@ -19,6 +19,9 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
+from localinfer.backends import ggml_backends
+from localinfer.backends.ggml_backends import BackendLibrary, Device
+
 __all__ = ["CPU", "GPU", "Hardware", "Probe", "detect", "parse_nvidia_smi", "parse_rocm_smi",
            "parse_system_info"]
 
@@ -63,6 +66,9 @@ class Hardware:
     gpu_offload: bool  # this llama-cpp-python build can offload layers to a GPU
     compute_backends: tuple[str, ...] = ()  # ggml backends in this build: CPU, CUDA, Metal, ...
     probes: tuple[Probe, ...] = field(default_factory=tuple)
+    devices: tuple[Device, ...] = ()  # what llama.cpp itself can run on, GPUs first
+    # a build whose backends load at run time (GGML_BACKEND_DL): each library, loaded or not
+    backend_libraries: tuple[BackendLibrary, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -217,6 +223,7 @@ def _compute_backends() -> tuple[str, ...]:
     try:
         import llama_cpp
 
+        ggml_backends.ensure_loaded()
         return parse_system_info(llama_cpp.llama_print_system_info().decode("utf-8", "replace"))
     except Exception:  # the native library did not load
         return ()
@@ -226,6 +233,7 @@ def _gpu_offload() -> bool:
     try:
         import llama_cpp
 
+        ggml_backends.ensure_loaded()
         return bool(llama_cpp.llama_supports_gpu_offload())
     except Exception:  # the native library did not load: nothing can offload
         return False
@@ -241,4 +249,11 @@ def detect(run: Runner = _run, system: str | None = None, machine: str | None = 
         probes.append(probe)
     memory = psutil.virtual_memory()
     return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
-                    _gpu_offload(), _compute_backends(), tuple(probes))
+                    _gpu_offload(), _compute_backends(), tuple(probes), *_llama_devices())
+
+
+def _llama_devices() -> tuple[tuple[Device, ...], tuple[BackendLibrary, ...]]:
+    try:
+        return ggml_backends.devices(), ggml_backends.backend_libraries()
+    except Exception:  # the native library did not load: it has no devices
+        return (), ()

@@ -128,3 +128,48 @@ def test_build_backends_from_system_info(text, backends):
 
 def test_this_build_reports_its_cpu_backend():
     assert "CPU" in detect().compute_backends
+
+
+def test_llama_cpp_runs_on_this_machines_cpu():
+    """The devices come from llama.cpp's own registry, read through ctypes."""
+    found = detect()
+    cpu = [d for d in found.devices if d.kind == "cpu"]
+    assert len(cpu) == 1 and cpu[0].backend == "CPU" and cpu[0].description
+    assert cpu[0].total_bytes > 0 and "CPU" in found.compute_backends
+
+
+def test_hw_lists_llama_cpps_devices(tmp_path):
+    found = _hw_json(tmp_path)
+    assert [d["backend"] for d in found["devices"]] == ["CPU"]
+    shown = subprocess.run([sys.executable, "-m", "localinfer", "hw"], capture_output=True,
+                           text=True, timeout=60).stdout
+    assert f"device CPU (CPU) · {found['devices'][0]['description']} · CPU" in shown
+
+
+# what a GGML_BACKEND_DL + GGML_CPU_ALL_VARIANTS build of llama-cpp-python 0.3.36 ships
+DL_BUILD = ["libggml-base.so", "libggml.so", "libllama.so", "libggml-cpu-haswell.so",
+            "libggml-cpu-sandybridge.so", "libggml-cpu-skylakex.so", "libggml-cpu-x64.so",
+            "libggml-cpu-zen4.so", "libggml-cuda.so"]
+
+
+def test_backend_libraries_say_which_were_loaded(tmp_path):
+    from localinfer.backends.ggml_backends import backend_libraries
+
+    for name in DL_BUILD:
+        (tmp_path / name).write_bytes(b"\x7fELF")
+    found = backend_libraries(tmp_path, lambda: {"libggml-cpu-zen4.so", "libggml-base.so"})
+    assert [lib.name for lib in found] == ["ggml-cpu-haswell", "ggml-cpu-sandybridge",
+                                           "ggml-cpu-skylakex", "ggml-cpu-x64",
+                                           "ggml-cpu-zen4", "ggml-cuda"]
+    assert [lib.name for lib in found if lib.loaded] == ["ggml-cpu-zen4"]
+    # where the platform cannot tell what is loaded, it says so rather than "not loaded"
+    assert {lib.loaded for lib in backend_libraries(tmp_path, lambda: None)} == {None}
+
+
+def test_a_backend_library_reached_by_a_link_counts_as_loaded(tmp_path):
+    from localinfer.backends.ggml_backends import backend_libraries
+
+    (tmp_path / "libggml-cuda.so.0.25.3").write_bytes(b"\x7fELF")
+    (tmp_path / "libggml-cuda.so").symlink_to("libggml-cuda.so.0.25.3")
+    found = backend_libraries(tmp_path, lambda: {"libggml-cuda.so.0.25.3"})
+    assert [(lib.name, lib.loaded) for lib in found] == [("ggml-cuda", True)]

@@ -1,0 +1,144 @@
+"""The compute backends of the running llama.cpp build, and the devices they drive.
+
+A build made with GGML_BACKEND_DL keeps each backend (CUDA, Vulkan, one CPU library per
+instruction-set level) in a library of its own, loaded at run time; until something loads
+them llama.cpp has no backend at all and refuses every model. llama.cpp looks beside the
+executable, which for Python (or a bundle) is not where the libraries are, so we load them
+from llama-cpp-python's library folder. A build with the backends linked in needs nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["BackendLibrary", "Device", "backend_libraries", "devices", "ensure_loaded",
+           "library_dir"]
+
+# enum ggml_backend_dev_type, in order
+_DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
+_CORE = {"ggml-base"}  # linked by every build; not a backend
+_state_lock = threading.Lock()
+_state: dict[str, bool | None] = {"at_run_time": None}
+
+
+@dataclass(frozen=True)
+class Device:
+    backend: str  # the ggml backend that drives it: "CPU", "CUDA", "Vulkan", "Metal"
+    name: str  # "CUDA0"
+    description: str  # "NVIDIA H100 80GB HBM3"
+    kind: str  # "cpu", "gpu", "igpu", "accel"
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class BackendLibrary:
+    name: str  # "ggml-cpu-haswell", "ggml-cuda"
+    loaded: bool | None  # None where the platform cannot tell
+
+
+def _ggml() -> ctypes.CDLL:
+    from llama_cpp import _ggml
+
+    lib = _ggml.libggml
+    lib.ggml_backend_reg_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_count.restype = ctypes.c_size_t
+    lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
+    lib.ggml_backend_dev_get.restype = ctypes.c_void_p
+    for fn in ("ggml_backend_dev_name", "ggml_backend_dev_description"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        getattr(lib, fn).restype = ctypes.c_char_p
+    lib.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_type.restype = ctypes.c_int
+    lib.ggml_backend_dev_backend_reg.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_backend_reg.restype = ctypes.c_void_p
+    lib.ggml_backend_reg_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_reg_name.restype = ctypes.c_char_p
+    lib.ggml_backend_dev_memory.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_size_t),
+                                            ctypes.POINTER(ctypes.c_size_t)]
+    lib.ggml_backend_dev_memory.restype = None
+    lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
+    lib.ggml_backend_load_all_from_path.restype = None
+    return lib
+
+
+def library_dir() -> Path:
+    """Where llama-cpp-python keeps llama.cpp's libraries (LLAMA_CPP_LIB_PATH if set)."""
+    from llama_cpp import llama_cpp
+
+    return Path(llama_cpp._base_path)
+
+
+def ensure_loaded() -> bool:
+    """Load the backend libraries of a GGML_BACKEND_DL build, once per process.
+
+    True when backends were loaded at run time, False when the build links them in.
+    """
+    with _state_lock:
+        if _state["at_run_time"] is None:
+            lib = _ggml()
+            dynamic = lib.ggml_backend_reg_count() == 0
+            if dynamic:
+                # the best CPU variant for this CPU, and each GPU backend whose driver loads
+                lib.ggml_backend_load_all_from_path(str(library_dir()).encode())
+            _state["at_run_time"] = dynamic
+        return bool(_state["at_run_time"])
+
+
+def devices() -> tuple[Device, ...]:
+    """Every device the loaded backends can run on, GPUs first as llama.cpp orders them."""
+    ensure_loaded()
+    lib = _ggml()
+    found = []
+    for index in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(index)
+        free, total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        lib.ggml_backend_dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        kind = lib.ggml_backend_dev_type(dev)
+        found.append(Device(
+            backend=_text(lib.ggml_backend_reg_name(lib.ggml_backend_dev_backend_reg(dev))),
+            name=_text(lib.ggml_backend_dev_name(dev)),
+            description=_text(lib.ggml_backend_dev_description(dev)),
+            kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else "other",
+            free_bytes=free.value, total_bytes=total.value))
+    return tuple(found)
+
+
+def _mapped_files() -> set[str] | None:
+    try:
+        text = Path("/proc/self/maps").read_text()
+    except OSError:  # not Linux: cannot tell which libraries are loaded
+        return None
+    return {Path(line.split(maxsplit=5)[5]).name for line in text.splitlines()
+            if len(line.split(maxsplit=5)) == 6}
+
+
+def backend_libraries(folder: Path | None = None,
+                      loaded_files: Callable[[], set[str] | None] = _mapped_files
+                      ) -> tuple[BackendLibrary, ...]:
+    """The backend libraries a GGML_BACKEND_DL build may load, and which of them it did.
+
+    Empty for a build with the backends linked in. `loaded_files`: the names of the files
+    this process has loaded, None where the platform cannot tell.
+    """
+    if not ensure_loaded() and folder is None:
+        return ()
+    folder = folder or library_dir()
+    prefix, suffix = ("ggml-", ".dll") if sys.platform == "win32" else ("libggml-", ".so")
+    mapped = loaded_files()
+    found = []
+    for path in sorted(folder.glob(f"{prefix}*{suffix}")):
+        name = path.stem.removeprefix("lib")
+        if name in _CORE:
+            continue
+        found.append(BackendLibrary(name, None if mapped is None else path.resolve().name in mapped))
+    return tuple(found)
+
+
+def _text(raw: bytes | None) -> str:
+    return (raw or b"").decode("utf-8", "replace")
