@@ -1,0 +1,14 @@
+"""The bundle's entry point: the `localinfer` command, as pip installs it.
+
+Opened from a file manager, the Dock or the Start menu (no arguments, no terminal on
+stdin), it starts the desktop app rather than printing the command's help to nowhere.
+"""
+
+import sys
+
+from localinfer.cli import main
+
+if __name__ == "__main__":
+    if len(sys.argv) == 1 and not (sys.stdin and sys.stdin.isatty()):
+        sys.argv.append("app")
+    main()
