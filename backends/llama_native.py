@@ -15,6 +15,7 @@ import llama_cpp
 import numpy
 
 from localinfer.backends.base import SamplingParams
+from localinfer.backends.ggml_backends import ensure_loaded
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
 __all__ = ["NativeModel", "SamplerChain", "grammar_sampler", "route_llama_log"]
@@ -56,6 +57,7 @@ class NativeModel:
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode."""
         route_llama_log()
+        ensure_loaded()
         llama_cpp.llama_backend_init()
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = n_gpu_layers
