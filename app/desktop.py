@@ -55,6 +55,8 @@ def _in_window(page: str) -> bool:
     except ImportError:
         return False
     try:
+        if hasattr(webview, "settings"):  # pywebview 5: Export saves a file, as in a browser
+            webview.settings["ALLOW_DOWNLOADS"] = True
         webview.create_window("localinfer", page, width=1100, height=760)
         webview.start()
     except Exception:  # no GUI toolkit on this machine: the browser will do

@@ -127,3 +127,33 @@ def test_without_the_launch_key_the_page_gets_nothing(browser, desktop_app):
     page.wait_for_function("document.querySelector('#status').textContent.includes('API key')")
     assert page.locator("#model option").count() == 0
     context.close()
+
+
+def test_rename_and_export_a_conversation(browser, desktop_app, tmp_path):
+    context = browser.new_context(accept_downloads=True)
+    page = context.new_page()
+    page.goto(desktop_app)
+    page.wait_for_function("document.querySelector('#model').value === 'smollm2:135m'")
+    _ask(page, "Say hello.", replies=1)
+
+    page.once("dialog", lambda dialog: dialog.accept("  Greetings   test "))
+    page.click("#chats li button[title='Rename this conversation']")
+    assert page.locator("#chats li a").inner_text() == "Greetings test"
+    page.once("dialog", lambda dialog: dialog.accept(""))  # nothing typed: the title stays
+    page.click("#chats li button[title='Rename this conversation']")
+    assert page.locator("#chats li a").inner_text() == "Greetings test"
+
+    with page.expect_download() as download:
+        page.click("#export")
+    assert download.value.suggested_filename == "Greetings test.md"
+    saved = tmp_path / "export.md"
+    download.value.save_as(saved)
+    text = saved.read_text()
+    reply = page.locator(".message.assistant .content").inner_text().strip()
+    assert text.startswith("# Greetings test\n\nModel: `smollm2:135m`\n\n## You\n\nSay hello.\n")
+    assert "## Assistant\n" in text and reply.split()[0] in text
+
+    page.reload()  # the new title was saved with the conversation
+    page.wait_for_selector("#chats li")
+    assert page.locator("#chats li a").inner_text() == "Greetings test"
+    context.close()

@@ -122,11 +122,15 @@ function showChatList() {
     link.textContent = chat.title;
     link.title = `${chat.title} (${chat.model})`;
     link.addEventListener("click", () => openChat(chat));
+    const rename = document.createElement("button");
+    rename.textContent = "✎";
+    rename.title = "Rename this conversation";
+    rename.addEventListener("click", () => renameChat(chat));
     const remove = document.createElement("button");
     remove.textContent = "×";
     remove.title = "Delete this conversation";
     remove.addEventListener("click", () => deleteChat(chat));
-    item.append(link, remove);
+    item.append(link, rename, remove);
     list.append(item);
   }
 }
@@ -144,6 +148,42 @@ function deleteChat(chat) {
   if (state.current === chat) state.current = null;
   saveChats();
   showConversation();
+}
+
+function renameChat(chat) {
+  const title = prompt("Rename the conversation", chat.title)?.replace(/\s+/g, " ").trim();
+  if (!title) return;  // cancelled, or nothing typed: the old title stays
+  chat.title = title;
+  saveChats();
+  showChatList();
+}
+
+// The conversation as Markdown, as the terminal chat app exports it: each reply names the
+// model that wrote it when more than one did.
+function chatMarkdown(chat) {
+  const writers = [...new Set(chat.messages.filter((m) => m.role === "assistant")
+    .map((m) => m.model || chat.model))];
+  if (!writers.length) writers.push(chat.model);
+  const lines = [`# ${chat.title}`, "",
+    `Model${writers.length > 1 ? "s" : ""}: ${writers.map((m) => `\`${m}\``).join(", ")}`];
+  if (chat.system) lines.push("", "**System:**", "", chat.system);
+  for (const message of chat.messages) {
+    let heading = message.role === "user" ? "You" : "Assistant";
+    if (message.role === "assistant" && writers.length > 1) heading += ` (${message.model || chat.model})`;
+    lines.push("", `## ${heading}`, "", message.content);
+  }
+  return lines.join("\n") + "\n";
+}
+
+function exportChat() {
+  const chat = state.current;
+  if (!chat) return status("Nothing to export yet: start a conversation first.", true);
+  const file = new Blob([chatMarkdown(chat)], { type: "text/markdown" });
+  const link = document.createElement("a");
+  link.href = URL.createObjectURL(file);
+  link.download = `${chat.title.replace(/[\\/:*?"<>|]+/g, "-").slice(0, 60) || "conversation"}.md`;
+  link.click();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10_000);  // once the download has it
 }
 
 function newChat() {
@@ -404,6 +444,7 @@ $("#stop").addEventListener("click", () => state.controller?.abort());
 $("#new-chat").addEventListener("click", newChat);
 $("#model").addEventListener("change", (event) => chooseModel(event.target.value));
 $("#open-settings").addEventListener("click", openSettings);
+$("#export").addEventListener("click", exportChat);
 $("#save-settings").addEventListener("click", saveSettings);
 
 state.current = [...state.chats].sort((a, b) => b.updated - a.updated)[0] || null;
