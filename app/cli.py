@@ -482,6 +482,7 @@ def hw(
 ) -> None:
     """Show the GPUs, CPU and memory localinfer sees, and what each probe found."""
     import json
+    import textwrap
 
     from localinfer.model_store.hardware import detect
 
@@ -505,10 +506,14 @@ def hw(
     for dev in found.devices:
         memory = f" · {gib(dev.total_bytes)}, {gib(dev.free_bytes)} free" if dev.kind != "cpu" else ""
         print(f"  device {dev.name} ({dev.backend}) · {dev.description} · {dev.kind.upper()}{memory}")
-    if found.backend_libraries:
-        state = {True: "loaded", False: "not loaded", None: "present"}
-        print("  loaded at run time from: " + ", ".join(
-            f"{lib.name} ({state[lib.loaded]})" for lib in found.backend_libraries))
+    if found.backend_libraries:  # a build whose backends are libraries loaded at start
+        # one CPU library loads, the best this CPU runs; a GPU one where its driver loads
+        for state, label in ((True, "loaded"), (False, "not loaded"), (None, "present")):
+            names = [lib.name for lib in found.backend_libraries if lib.loaded is state]
+            if names:
+                print(textwrap.fill(f"backend libraries {label}: {', '.join(names)}",
+                                    width=100, initial_indent="  ", subsequent_indent="    ",
+                                    break_on_hyphens=False))
     for probe in found.probes:
         print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
 

@@ -43,9 +43,14 @@ class BackendLibrary:
 
 
 def _ggml() -> ctypes.CDLL:
-    from llama_cpp import _ggml
+    """ggml's functions as libllama reaches them. A wheel holds libggml.so and libggml.so.0
+    as two copies of one file; loaded by name they would be two registries, and backends
+    loaded into the one libllama does not use would leave it with none."""
+    from llama_cpp import _ggml, llama_cpp
 
-    lib = _ggml.libggml
+    lib = llama_cpp._lib  # symbols looked up here come from libllama's own libggml
+    if not hasattr(lib, "ggml_backend_reg_count"):  # Windows: one ggml.dll, found by name
+        lib = _ggml.libggml
     lib.ggml_backend_reg_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_count.restype = ctypes.c_size_t
     lib.ggml_backend_dev_get.argtypes = [ctypes.c_size_t]
@@ -68,10 +73,23 @@ def _ggml() -> ctypes.CDLL:
 
 
 def library_dir() -> Path:
-    """Where llama-cpp-python keeps llama.cpp's libraries (LLAMA_CPP_LIB_PATH if set)."""
-    from llama_cpp import llama_cpp
+    """Where the backend libraries are: beside llama.cpp's own (llama-cpp-python's lib
+    folder, LLAMA_CPP_LIB_PATH if set; the bundle puts them there), or in the `bin` folder
+    beside the package, where a wheel built with GGML_BACKEND_DL installs them."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as bindings
 
-    return Path(llama_cpp._base_path)
+    own = Path(bindings._base_path)
+    for folder in (own, Path(llama_cpp.__file__).parent.parent / "bin"):
+        if _library_files(folder):
+            return folder
+    return own
+
+
+def _library_files(folder: Path) -> list[Path]:
+    prefix, suffix = ("ggml-", ".dll") if sys.platform == "win32" else ("libggml-", ".so")
+    return [path for path in sorted(folder.glob(f"{prefix}*{suffix}"))
+            if path.stem.removeprefix("lib") not in _CORE]
 
 
 def ensure_loaded() -> bool:
@@ -79,6 +97,9 @@ def ensure_loaded() -> bool:
 
     True when backends were loaded at run time, False when the build links them in.
     """
+    from localinfer.backends.llama_native import route_llama_log
+
+    route_llama_log()  # llama.cpp says which library it loaded: into our log, not stderr
     with _state_lock:
         if _state["at_run_time"] is None:
             lib = _ggml()
@@ -128,16 +149,10 @@ def backend_libraries(folder: Path | None = None,
     """
     if not ensure_loaded() and folder is None:
         return ()
-    folder = folder or library_dir()
-    prefix, suffix = ("ggml-", ".dll") if sys.platform == "win32" else ("libggml-", ".so")
     mapped = loaded_files()
-    found = []
-    for path in sorted(folder.glob(f"{prefix}*{suffix}")):
-        name = path.stem.removeprefix("lib")
-        if name in _CORE:
-            continue
-        found.append(BackendLibrary(name, None if mapped is None else path.resolve().name in mapped))
-    return tuple(found)
+    return tuple(BackendLibrary(path.stem.removeprefix("lib"),
+                                None if mapped is None else path.resolve().name in mapped)
+                 for path in _library_files(folder or library_dir()))
 
 
 def _text(raw: bytes | None) -> str:
