@@ -22,6 +22,7 @@ class ModelRow:
     size_bytes: int | None = None
     fit: str = "?"  # "GPU", "partial", "CPU", "won't fit" ("~" in front: an estimate)
     detail: str = ""
+    embedded: bool = False  # ships with localinfer: cannot be deleted
 
 
 def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
@@ -56,14 +57,15 @@ def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
              if model.available()]
     files += [(m.name, m.path(settings.models_dir)) for m in store.installed(settings.models_dir)]
     for name, path in files:
+        embedded = name in EMBEDDED
         if path is None or not path.is_file():  # an embedded package not unpacked yet
-            rows.append(ModelRow(name, True, detail="unpacked on first use"))
+            rows.append(ModelRow(name, True, detail="unpacked on first use", embedded=embedded))
             continue
         try:
             badge, reason, quant, size = _fit_of_file(path, hw, n_ctx)
         except LocalinferError as exc:
             badge, reason, quant, size = "?", str(exc), "", path.stat().st_size
-        rows.append(ModelRow(name, True, quant, size, badge, reason))
+        rows.append(ModelRow(name, True, quant, size, badge, reason, embedded))
     gpus = list(hw.gpus) if hw.gpu_offload else []
     labels = {"gpu": "~GPU", "partial": "~partial", "cpu": "~CPU", None: "~won't fit"}
     taken = {r.name for r in rows}

@@ -14,8 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from ..fake_hub import FakeHub
+
+HUB_REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
 CHROMIUM = os.environ.get("LOCALINFER_CHROMIUM") or shutil.which("chromium") or \
     shutil.which("chromium-browser")
@@ -42,10 +46,21 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def desktop_app(tmp_path_factory):
+def hub(smollm2_path):
+    """A fake hub over real HTTP with one repo to pull from."""
+    hub = FakeHub()
+    hub.add(HUB_REPO, "SmolLM2-135M-Instruct-Q4_1.gguf", smollm2_path)
+    yield hub.start()
+    hub.stop()
+
+
+@pytest.fixture(scope="module")
+def desktop_app(tmp_path_factory, hub):
     """`localinfer app --no-browser`: the page's address, with this launch's key."""
     home = tmp_path_factory.mktemp("app-home")
-    env = {**os.environ, "LOCALINFER_HOME": str(home), "LOCALINFER_MAX_TOKENS": "24"}
+    env = {**os.environ, "LOCALINFER_HOME": str(home), "LOCALINFER_MAX_TOKENS": "24",
+           "HF_ENDPOINT": hub.url, "HF_HOME": str(home / "hf"),
+           "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     env.pop("LOCALINFER_API_KEY", None)
     process = subprocess.Popen([sys.executable, "-m", "localinfer", "app", "--no-browser",
                                 "--ctx", "512", "--parallel", "2"], env=env,
@@ -156,4 +171,34 @@ def test_rename_and_export_a_conversation(browser, desktop_app, tmp_path):
     page.reload()  # the new title was saved with the conversation
     page.wait_for_selector("#chats li")
     assert page.locator("#chats li a").inner_text() == "Greetings test"
+    context.close()
+
+
+def test_remove_a_pulled_model_but_not_an_embedded_one(browser, desktop_app):
+    base, key = desktop_app.split("/#key=")
+    pulled = f"hf.co/{HUB_REPO}:Q4_1"
+    done = httpx.post(f"{base}/api/pull", json={"model": pulled, "stream": False},
+                      headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert done.status_code == 200, done.text
+    context = browser.new_context()
+    page = context.new_page()
+    page.goto(desktop_app)
+    page.wait_for_function("document.querySelector('#model').value === 'smollm2:135m'")
+    assert page.locator("#remove-model").is_hidden()  # ships with localinfer
+    installed = "#model optgroup[label='On this machine'] option"
+    assert pulled in page.eval_on_selector_all(installed, "os => os.map(o => o.value)")
+
+    page.select_option("#model", pulled)
+    page.wait_for_function(f"document.querySelector('#status').textContent === '{pulled} ready'",
+                           timeout=60_000)
+    page.once("dialog", lambda dialog: dialog.dismiss())  # changed their mind: nothing happens
+    page.click("#remove-model")
+    assert pulled in page.eval_on_selector_all(installed, "os => os.map(o => o.value)")
+    page.once("dialog", lambda dialog: dialog.accept())
+    page.click("#remove-model")
+    page.wait_for_function(f"document.querySelector('#status').textContent === '{pulled} deleted'")
+    assert pulled not in page.eval_on_selector_all("#model option", "os => os.map(o => o.value)")
+    assert page.input_value("#model") == "smollm2:135m"
+    tags = httpx.get(f"{base}/api/tags", headers={"Authorization": f"Bearer {key}"}).json()
+    assert pulled not in [m["name"] for m in tags["models"]]
     context.close()

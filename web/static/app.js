@@ -226,6 +226,24 @@ function showFit() {
   badge.textContent = row ? row.fit : "";
   badge.title = row ? row.detail : "";
   badge.className = `badge ${row ? row.fit.replace(/[^A-Za-z]+/g, "-") : ""}`;
+  $("#remove-model").hidden = !(row && row.installed && !row.embedded);
+}
+
+async function removeModel() {
+  const name = state.model;
+  if (state.controller || !confirm(`Delete ${name} from this machine? Pulling it again downloads it again.`)) return;
+  const response = await fetch("/api/delete", {
+    method: "DELETE", headers: headers(), body: JSON.stringify({ model: name }),
+  });
+  if (!response.ok) return status(await errorText(response), true);
+  if (state.current?.model === name) state.current.model = null;
+  state.model = null;
+  await refreshModels();  // the server's default, or a model still loaded
+  status(`${name} deleted`);
+  if (state.current) {
+    state.current.model = state.model;
+    saveChats();
+  }
 }
 
 async function chooseModel(name) {
@@ -445,6 +463,7 @@ $("#new-chat").addEventListener("click", newChat);
 $("#model").addEventListener("change", (event) => chooseModel(event.target.value));
 $("#open-settings").addEventListener("click", openSettings);
 $("#export").addEventListener("click", exportChat);
+$("#remove-model").addEventListener("click", removeModel);
 $("#save-settings").addEventListener("click", saveSettings);
 
 state.current = [...state.chats].sort((a, b) => b.updated - a.updated)[0] || null;
