@@ -57,7 +57,11 @@ def _in_window(page: str) -> bool:
     try:
         if hasattr(webview, "settings"):  # pywebview 5: Export saves a file, as in a browser
             webview.settings["ALLOW_DOWNLOADS"] = True
-        webview.create_window("localinfer", page, width=1100, height=760)
+        window = webview.create_window("localinfer", page, width=1100, height=760)
+        # stopped by the system or Ctrl-C: close the window, so start() returns and the
+        # server shuts down (an exception raised inside the toolkit's loop would not end it)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: window.destroy())
         webview.start()
     except Exception:  # no GUI toolkit on this machine: the browser will do
         return False
