@@ -15,7 +15,7 @@ import argparse
 import json
 import statistics
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import httpx
 
@@ -51,18 +51,37 @@ def one(client: httpx.Client, url: str, model: str, system: str, question: str,
     return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
 
 
+def _client_requests(url: str, model: str, system: str, i: int, per_client: int,
+                     max_tokens: int) -> list[dict]:
+    with httpx.Client(timeout=600) as client:
+        return [one(client, url, model, system, f"Question {i}-{j}: tell me a story.",
+                    max_tokens) for j in range(per_client)]
+
+
+def _clients(url: str, model: str, system: str, ids: list[int], per_client: int,
+             max_tokens: int) -> list[dict]:
+    """Some of the clients, one thread each, in this process."""
+    with ThreadPoolExecutor(len(ids)) as pool:
+        return [r for rs in pool.map(lambda i: _client_requests(url, model, system, i,
+                                                                per_client, max_tokens), ids)
+                for r in rs]
+
+
 def level(url: str, model: str, clients: int, per_client: int, max_tokens: int,
-          prefix_words: int) -> dict:
+          prefix_words: int, processes: int = 1) -> dict:
+    """`processes` > 1 spreads the client threads over that many processes: one Python
+    process parses SSE for at most ~1500 tokens a second (bench/stream_cost.py), which a
+    fast server outruns."""
     system = prefix_text(prefix_words) if prefix_words else ""
-
-    def run(i: int) -> list[dict]:
-        with httpx.Client(timeout=600) as client:
-            return [one(client, url, model, system, f"Question {i}-{j}: tell me a story.",
-                        max_tokens) for j in range(per_client)]
-
+    groups = [list(range(clients))[p::processes] for p in range(processes)]
     began = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        results = [r for rs in pool.map(run, range(clients)) for r in rs]
+    if processes == 1:
+        results = _clients(url, model, system, groups[0], per_client, max_tokens)
+    else:
+        with ProcessPoolExecutor(processes) as pool:
+            parts = pool.map(_clients, *zip(*[(url, model, system, g, per_client, max_tokens)
+                                              for g in groups if g]))
+            results = [r for part in parts for r in part]
     wall = time.perf_counter() - began
     ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     return {"clients": clients, "requests": len(results), "prefix_words": prefix_words,
@@ -83,13 +102,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prefix-words", type=int, default=0,
                         help="a shared system prompt of this many words before each question")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="spread the clients over this many processes (a fast server "
+                             "outruns one Python client process)")
     parser.add_argument("--label", default="")
     parser.add_argument("--out", help="append the results as JSON lines here")
     args = parser.parse_args()
     one(httpx.Client(timeout=600), args.url, args.model, "", "warm-up", 4)
     for n in (int(x) for x in args.levels.split(",")):
-        row = {"label": args.label, **level(args.url, args.model, n, args.requests_per_client,
-                                            args.max_tokens, args.prefix_words)}
+        row = {"label": args.label, "processes": args.processes,
+               **level(args.url, args.model, n, args.requests_per_client, args.max_tokens,
+                       args.prefix_words, args.processes)}
         print(f"{args.label:24s} clients={n:3d} prefix={args.prefix_words:4d}w: "
               f"{row['output_tps']:8.1f} tok/s  TTFT p50 {row['ttft_p50_s'] or 0:.3f} s "
               f"p99 {row['ttft_p99_s'] or 0:.3f} s  empty {row['empty']} errors {row['errors']}",
