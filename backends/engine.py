@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import llama_cpp
+import numpy
 
 from localinfer.backends.draft import DraftModel, common_prefix, ngram_draft
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
@@ -96,6 +97,7 @@ class Slot:
     n_prompt_done: int = 0
     next_token: int = -1  # sampled last step, fed to the model this step
     batch_index: int = -1  # where this slot's logits sit in the current batch, -1 if none
+    output_row: int = -1  # the row of those logits among the step's outputs
     sampler: SamplerChain | None = None
     decoder: codecs.IncrementalDecoder | None = None
     stop: StopMatcher | None = None
@@ -452,11 +454,15 @@ class Engine:
             raise EngineError(f"llama_decode returned {rc}")
         self._counters["steps"] += 1
         self._counters["evaluated"] += n_prompt
+        best = self._greedy_picks()
         for slot in self.slots:
             if slot.task and slot.draft:
                 self._verify(slot)
             elif slot.task and slot.batch_index >= 0:
-                token = slot.sampler.sample(self.native, slot.batch_index)
+                if best is not None and slot.sampler.argmax:
+                    token = int(best[slot.output_row])
+                else:
+                    token = slot.sampler.sample(self.native, slot.batch_index)
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
             elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
@@ -471,6 +477,17 @@ class Engine:
                 llama_cpp.llama_set_n_threads(self.native.ctx, count, count)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
+
+    def _greedy_picks(self) -> numpy.ndarray | None:
+        """The best token of every output row, in one pass, when several greedy streams
+        sample this step: per stream, reading its row costs more Python than the argmax."""
+        greedy = sum(1 for s in self.slots
+                     if s.task and s.batch_index >= 0 and not s.draft and s.sampler.argmax)
+        if greedy < 2:
+            return None
+        logits = llama_cpp.llama_get_logits(self.native.ctx)  # rows in batch order
+        rows = numpy.ctypeslib.as_array(logits, shape=(self._n_outputs, self.native.n_vocab))
+        return rows.argmax(axis=1)  # the first of the highest, as llama.cpp's greedy picks
 
     def _fill_batch(self) -> tuple[int, int]:
         """Fill the batch: every generating slot's next token, then prompt chunks."""
@@ -522,10 +539,10 @@ class Engine:
             slot.draft = self.drafter.propose(slot.cache, room)
         else:
             slot.draft = ngram_draft(slot.cache, max_draft=room)
-        index = slot.batch_index
+        index, row = slot.batch_index, slot.output_row
         for token in slot.draft:
             n = self._add(n, slot, token, logits=True)
-        slot.batch_index = index  # the real next token's logits come first
+        slot.batch_index, slot.output_row = index, row  # the real next token's come first
         return n
 
     def _verify(self, slot: Slot) -> None:
@@ -561,7 +578,7 @@ class Engine:
         b.logits[n] = logits
         slot.cache.append(token)
         if logits:
-            slot.batch_index = n
+            slot.batch_index, slot.output_row = n, self._n_outputs
             self._n_outputs += 1
         return n + 1
 

@@ -196,7 +196,7 @@ class SamplerChain:
         self.chain = llama_cpp.llama_sampler_chain_init(chain_params)
         penalised = (params.repeat_penalty, params.frequency_penalty,
                      params.presence_penalty) != (1, 0, 0)
-        self._argmax = (self.shortcuts and params.greedy and not penalised
+        self.argmax = (self.shortcuts and params.greedy and not penalised
                         and not params.logit_bias and not params.grammar)
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if params.logit_bias:
@@ -234,7 +234,7 @@ class SamplerChain:
 
     def sample(self, native: NativeModel, batch_index: int) -> int:
         """Sample from the logits at `batch_index` of the last decode (and accept the token)."""
-        if self._argmax:  # the first of the highest, as llama.cpp's greedy sampler picks
+        if self.argmax:  # the first of the highest, as llama.cpp's greedy sampler picks
             logits = llama_cpp.llama_get_logits_ith(native.ctx, batch_index)
             return int(numpy.ctypeslib.as_array(logits, shape=(native.n_vocab,)).argmax())
         return llama_cpp.llama_sampler_sample(self.chain, native.ctx, batch_index)

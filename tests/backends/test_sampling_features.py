@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from localinfer.backends import engine as engine_module
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
@@ -148,3 +149,31 @@ def test_async_events_match_the_threaded_stream(smollm2):
     events, generation = asyncio.run(collect())
     assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == expected
     assert isinstance(events[-1], DoneEvent) and generation.stats is events[-1].stats
+
+
+def test_greedy_streams_picked_together_match_llama_cpps_greedy(smollm2, monkeypatch):
+    """Several greedy streams in one step take their tokens from one argmax over all the
+    step's logits rows: each must get exactly what llama.cpp's own greedy sampler picks
+    from its own row (rows in batch order, prompt rows among them)."""
+    params = SamplingParams(temperature=0, max_tokens=24)
+    prompts = [smollm2.tokenize(f"{topic}: once upon a time") for topic in
+               ("A story about the sea", "Notes on Paris", "Recipe", "Why the sky is blue")]
+
+    def together() -> list[list[int]]:
+        generations = [smollm2.generate(p, params) for p in prompts]  # all queued at once
+        return [[e.token for e in g if isinstance(e, TokenEvent)] for g in generations]
+
+    shared = []
+    original = engine_module.Engine._greedy_picks
+
+    def counted(self):
+        picks = original(self)
+        shared.append(picks is not None)
+        return picks
+
+    monkeypatch.setattr(engine_module.Engine, "_greedy_picks", counted)
+    fast = together()
+    monkeypatch.setattr(SamplerChain, "shortcuts", False)
+    assert fast == together() and all(len(t) > 10 for t in fast)
+    assert len(set(map(tuple, fast))) == len(prompts)  # four different replies
+    assert sum(shared) > 10  # most steps picked for two streams at once
