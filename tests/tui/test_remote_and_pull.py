@@ -149,3 +149,32 @@ async def test_a_pull_that_fails_says_so_in_the_picker(_private_home, monkeypatc
         await wait_until(pilot, lambda: "was not pulled" in str(detail.render()), timeout=60)
         assert "pulling" not in str(detail.render())
         assert not picker.query_one("#progress").display
+
+
+async def test_a_file_llama_cpp_refuses_after_planning_brings_the_old_model_back(
+        smollm2_path, tmp_path):
+    """The planner reads only the header; a tensor that does not match it is found by
+    llama.cpp after the current model was closed: that model is loaded again."""
+    import struct
+
+    from localinfer.backends.base import SamplingParams
+    from localinfer.errors import ModelLoadFailed
+
+    data = bytearray(smollm2_path.read_bytes())
+    key = b"llama.embedding_length"
+    at = data.index(key) + len(key) + 4  # past the key and its value's type (uint32)
+    (width,) = struct.unpack_from("<I", data, at)
+    struct.pack_into("<I", data, at, width - 64)  # the embedding tensor no longer fits
+    bad = tmp_path / "wrong-shape.gguf"
+    bad.write_bytes(data)
+
+    client = LocalClient(Settings(), LoadOptions(n_ctx=256))
+    await client.load("smollm2:135m")
+    first = client.backend
+    with pytest.raises(ModelLoadFailed):
+        await client.load(str(bad))
+    assert client.backend is not None and client.backend is not first  # loaded again
+    assert client.backend.info.name == "smollm2:135m"
+    reply = client.backend.generate(client.backend.tokenize("Hi"), SamplingParams(max_tokens=4))
+    assert reply.text()
+    client.backend.close()
