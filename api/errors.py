@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from localinfer.model_store.hub import HubError
 from localinfer.errors import (
     ContextError,
+    DiskFull,
     EngineBusy,
     EngineClosed,
     InvalidRequest,
@@ -36,6 +37,8 @@ class ApiError(Exception):
 def status_for(exc: LocalinferError) -> tuple[int, str]:
     if isinstance(exc, HubError):  # the hub could not be reached, or said no: not our fault
         return 502, "upstream_error"
+    if isinstance(exc, DiskFull):
+        return 507, "insufficient_storage"
     if isinstance(exc, (ModelNotFound, ModelFileMissing)):
         return 404, "not_found_error"
     if isinstance(exc, (InvalidRequest, ContextError)):

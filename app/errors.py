@@ -112,6 +112,10 @@ class InvalidRequest(LocalinferError, ValueError):
     pass
 
 
+class DiskFull(LocalinferError):
+    """Not enough free disk for a file localinfer is about to write."""
+
+
 class EngineError(LocalinferError, RuntimeError):
     pass
 

@@ -27,7 +27,7 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers
 from tqdm.auto import tqdm
 
-from localinfer.errors import InvalidModelFile, ModelError, ModelNotFound
+from localinfer.errors import DiskFull, InvalidModelFile, ModelError, ModelNotFound
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header
 from localinfer.model_store.planner import QUALITY
 
@@ -166,8 +166,9 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main",
     staging.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(staging).free
     if file.size and free < file.size:
-        raise HubError(f"{file.path} needs {file.size / 2**30:.1f} GiB but the disk has "
-                       f"{free / 2**30:.1f} GiB free")
+        raise DiskFull(f"{file.path} needs {file.size / 2**30:.1f} GiB but the disk has "
+                       f"{free / 2**30:.1f} GiB free — free some space, or set "
+                       "LOCALINFER_HOME to a folder on a bigger disk")
     bar = _silent_bar(progress) if progress else None
     got = Path(_hub_call(repo, lambda: hf_hub_download(repo, file.path, revision=revision,
                                                        local_dir=staging, tqdm_class=bar)))

@@ -93,3 +93,35 @@ def test_pull_does_not_tell_whether_a_path_exists(offline_server):
                for name in ("bench/results/gpu_h100.md", "bench/results/no_such.md")]
     assert [a.status_code for a in answers] == [404, 404]
     assert all("is a local file" not in a.text for a in answers)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 4 MiB filesystem (tmpfs): a disk too small for any model."""
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_pull_onto_a_full_disk_is_a_507_that_says_what_to_do(hub_server, small_disk):
+    _, hub = hub_server
+    server = start_server(small_disk / "home", "--parallel", "1", "--ctx", "256",
+                          env={"HF_ENDPOINT": hub.url, "HF_HOME": str(small_disk / "hf")})
+    try:
+        name = f"hf.co/{REPO}:Q4_1"
+        response = server.post("/api/pull", json={"model": name, "stream": False})
+        assert response.status_code == 507, response.text
+        assert "free some space" in response.json()["error"]
+        with pytest.raises(ollama.ResponseError) as raised:  # streamed: refused before a byte
+            list(ollama.Client(host=server.url).pull(name, stream=True))
+        assert raised.value.status_code == 507
+        assert name not in [m.model for m in ollama.Client(host=server.url).list().models]
+    finally:
+        stop_server(server)
