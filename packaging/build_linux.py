@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -38,9 +39,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--llama-wheel", type=Path,
                         help="a llama-cpp-python wheel to bundle instead of building one")
+    parser.add_argument("--cmake-args", default="",
+                        help='more llama.cpp build flags, e.g. "-DGGML_CUDA=ON" for a bundle '
+                             "that also carries the CUDA backend (loaded where a driver is)")
     args = parser.parse_args()
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
-    wheel = args.llama_wheel or llama_wheel()
+    wheel = args.llama_wheel or llama_wheel(args.cmake_args)
     python = build_venv(wheel)
     bundle = pyinstaller(python)
     out = WORK / "out"
@@ -54,15 +58,16 @@ def run(*cmd: str | Path, **kw) -> None:
     subprocess.run([str(c) for c in cmd], check=True, **kw)
 
 
-def llama_wheel() -> Path:
-    """llama-cpp-python with run-time backends, built once (pip's cache would hand back a
-    wheel built with other flags, so it is built without it and kept here)."""
-    wheels = WORK / "wheels"
+def llama_wheel(extra_cmake_args: str = "") -> Path:
+    """llama-cpp-python with run-time backends, built once per set of flags (pip's cache
+    would hand back a wheel built with other flags, so it is built without it, kept here)."""
+    flavour = "-".join(re.findall(r"GGML_(\w+)=ON", extra_cmake_args, re.IGNORECASE)).lower()
+    wheels = WORK / ("wheels" + (f"-{flavour}" if flavour else ""))
     found = sorted(wheels.glob("llama_cpp_python-*.whl"))
     if found:
         return found[-1]
     version = next(d.split(">=")[1].strip('"') for d in _dependencies() if d.startswith("llama-cpp"))
-    env = {**os.environ, "CMAKE_ARGS": DL_CMAKE_ARGS,
+    env = {**os.environ, "CMAKE_ARGS": f"{DL_CMAKE_ARGS} {extra_cmake_args}".strip(),
            "CMAKE_BUILD_PARALLEL_LEVEL": str(os.cpu_count() or 2)}
     run(sys.executable, "-m", "pip", "wheel", "--no-cache-dir", "--no-deps", "--no-binary",
         "llama-cpp-python", "-w", wheels, f"llama-cpp-python=={version}", env=env)
