@@ -514,6 +514,9 @@ def hw(
                 print(textwrap.fill(f"backend libraries {label}: {', '.join(names)}",
                                     width=100, initial_indent="  ", subsequent_indent="    ",
                                     break_on_hyphens=False))
+        for lib in found.backend_libraries:
+            if lib.why_not:
+                print(f"  {lib.name} did not load: {lib.why_not}")
     for probe in found.probes:
         print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
 

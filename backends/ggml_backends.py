@@ -40,6 +40,7 @@ class Device:
 class BackendLibrary:
     name: str  # "ggml-cpu-haswell", "ggml-cuda"
     loaded: bool | None  # None where the platform cannot tell
+    why_not: str = ""  # a GPU library that did not load: what the system's loader says
 
 
 def _ggml() -> ctypes.CDLL:
@@ -150,9 +151,24 @@ def backend_libraries(folder: Path | None = None,
     if not ensure_loaded() and folder is None:
         return ()
     mapped = loaded_files()
-    return tuple(BackendLibrary(path.stem.removeprefix("lib"),
-                                None if mapped is None else path.resolve().name in mapped)
-                 for path in _library_files(folder or library_dir()))
+    found = []
+    for path in _library_files(folder or library_dir()):
+        name = path.stem.removeprefix("lib")
+        loaded = None if mapped is None else path.resolve().name in mapped
+        # one CPU library of many is meant to load; a GPU one that did not is worth a reason
+        gpu_missing = loaded is False and not name.startswith("ggml-cpu")
+        found.append(BackendLibrary(name, loaded, _why_not_loaded(path) if gpu_missing else ""))
+    return tuple(found)
+
+
+def _why_not_loaded(path: Path) -> str:
+    """llama.cpp's release builds load backends silently; the system's loader names what is
+    missing (a driver: "libcuda.so.1: cannot open shared object file")."""
+    try:
+        ctypes.CDLL(str(path))
+    except OSError as exc:
+        return str(exc)
+    return "it loads, but llama.cpp found no device for it"
 
 
 def _text(raw: bytes | None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -173,3 +174,26 @@ def test_a_backend_library_reached_by_a_link_counts_as_loaded(tmp_path):
     (tmp_path / "libggml-cuda.so").symlink_to("libggml-cuda.so.0.25.3")
     found = backend_libraries(tmp_path, lambda: {"libggml-cuda.so.0.25.3"})
     assert [(lib.name, lib.loaded) for lib in found] == [("ggml-cuda", True)]
+
+
+def test_a_gpu_library_that_did_not_load_says_why(tmp_path):
+    """A CUDA build on a machine without the driver: the library needs libcuda.so.1, which
+    is not there. llama.cpp's release build skips it silently; hw names what is missing."""
+    from localinfer.backends.ggml_backends import backend_libraries
+
+    if shutil.which("gcc") is None:
+        pytest.skip("no C compiler to build a library that needs a missing one")
+    source = tmp_path / "backend.c"
+    source.write_text("int driver_call(void);\n"  # used, so the link keeps the dependency
+                      "int ggml_backend_init(void) { return driver_call(); }\n")
+    (tmp_path / "driver.c").write_text("int driver_call(void) { return 1; }\n")
+    cc = ["gcc", "-shared", "-fPIC"]
+    subprocess.run([*cc, "-o", tmp_path / "libfakedriver.so", tmp_path / "driver.c"], check=True)
+    subprocess.run([*cc, "-o", tmp_path / "libggml-fakegpu.so", source, f"-L{tmp_path}",
+                    "-lfakedriver"], check=True)
+    (tmp_path / "libfakedriver.so").unlink()  # the driver is not installed here
+    (tmp_path / "libggml-cpu-sse42.so").write_bytes(b"\x7fELF")  # a CPU variant not chosen
+
+    found = {lib.name: lib for lib in backend_libraries(tmp_path, lambda: set())}
+    assert "libfakedriver.so: cannot open shared object file" in found["ggml-fakegpu"].why_not
+    assert found["ggml-cpu-sse42"].why_not == ""  # not chosen is not a failure
