@@ -116,3 +116,34 @@ def test_a_loaded_model_is_found_without_resolving_again(settings, monkeypatch):
         assert await pool.get("smollm2") is first
         await pool.close()
     asyncio.run(scenario())
+
+
+def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
+    """Start-up checks the served model against the machine; the preload then plans with the
+    same reading (each probe may run vendor tools that take seconds)."""
+    from localinfer import pool as pool_module
+    from localinfer import service
+    from localinfer.api import server
+    from localinfer.model_store.hardware import detect
+    from localinfer.settings import ServeSettings
+
+    probes = []
+
+    def counted():
+        probes.append(1)
+        return detect()
+
+    monkeypatch.setattr(pool_module, "detect", counted)
+    monkeypatch.setattr(service, "detect", counted)
+    uvicorn_server, sock = server._prepare_server(ServeSettings(host="127.0.0.1", port=0),
+                                                  LoadOptions(n_ctx=256), "smollm2:135m", False)
+    sock.close()
+    pool = uvicorn_server.config.app.state.pool
+
+    async def preload():
+        loaded = await pool.get(None)  # what the server's start does with its model
+        await pool.close()
+        return loaded.name
+
+    assert asyncio.run(preload()) == "smollm2:135m"
+    assert len(probes) == 1
