@@ -10,6 +10,7 @@ from llama-cpp-python's library folder. A build with the backends linked in need
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 import threading
 from collections.abc import Callable
@@ -43,8 +44,9 @@ class BackendLibrary:
     why_not: str = ""  # a GPU library that did not load: what the system's loader says
 
 
+@functools.cache
 def _ggml() -> ctypes.CDLL:
-    """ggml's functions as libllama reaches them. A wheel holds libggml.so and libggml.so.0
+    """ggml's functions as libllama reaches them, their signatures declared once. A wheel holds libggml.so and libggml.so.0
     as two copies of one file; loaded by name they would be two registries, and backends
     loaded into the one libllama does not use would leave it with none."""
     from llama_cpp import _ggml, llama_cpp
@@ -136,8 +138,8 @@ def _mapped_files() -> set[str] | None:
         text = Path("/proc/self/maps").read_text()
     except OSError:  # not Linux: cannot tell which libraries are loaded
         return None
-    return {Path(line.split(maxsplit=5)[5]).name for line in text.splitlines()
-            if len(line.split(maxsplit=5)) == 6}
+    fields = (line.split(maxsplit=5) for line in text.splitlines())
+    return {Path(f[5]).name for f in fields if len(f) == 6}  # the sixth: the mapped file
 
 
 def backend_libraries(folder: Path | None = None,
