@@ -95,6 +95,12 @@ class NativeModel:
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
         self._piece_buf = ctypes.create_string_buffer(256)
+        # What llama.cpp says of a token id never changes, and asking it is a ctypes call,
+        # which lets go of the GIL: at 32 streams, two a token, the engine thread waited
+        # ~20% of a fast (GPU-rate) step to get the GIL back from the event loop. So each
+        # id is asked once. Written by the engine thread only.
+        self._eog: dict[int, bool] = {}
+        self._pieces: dict[int, bytes] = {}
 
     # -- model facts
     def n_ctx(self) -> int:
@@ -127,7 +133,11 @@ class NativeModel:
         return llama_cpp.llama_vocab_eos(self.vocab)
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        """Whether a token ends generation (end of turn, end of text). Engine thread only."""
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return eog
 
     # -- text
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -145,7 +155,10 @@ class NativeModel:
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (special tokens render as nothing). Engine thread only."""
-        return self._piece(token, self._piece_buf)
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._piece(token, self._piece_buf)
+        return piece
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Any thread: uses its own buffer, not the engine's."""

@@ -198,3 +198,27 @@ def test_a_long_conversation_is_fitted_to_the_context_oldest_turns_first(smollm2
     assert len(prompt) <= smollm2.info.n_ctx - 256
     unchanged, none = fit_to_context(smollm2, [system, turns[0]], reserve=256)
     assert none == 0 and unchanged == [system, turns[0]]
+
+
+def test_the_engine_asks_llama_cpp_about_each_token_id_once(smollm2, monkeypatch):
+    """A token's end flag and bytes come from llama.cpp once per id: a ctypes call lets go of
+    the GIL, and at GPU step rates getting it back cost the engine thread ~20% of a step
+    (bench/step_profile.md). What is cached must still be llama.cpp's answer."""
+    import llama_cpp
+
+    prompt = smollm2.tokenize("List the days of the week:", add_special=False)
+    params = SamplingParams(temperature=0, max_tokens=16)
+    first = [e for e in smollm2.generate(prompt, params) if isinstance(e, TokenEvent)]
+    reply = [e.token for e in first]
+    # the cached bytes are what llama.cpp gives (detokenize asks it afresh, in its own buffer)
+    assert "".join(e.text for e in first) == smollm2.detokenize(reply)
+    native = smollm2.native
+    assert native.is_eog(native.eos()) and not any(native.is_eog(t) for t in reply)
+    calls = []
+    for name in ("llama_vocab_is_eog", "llama_token_to_piece"):
+        real = getattr(llama_cpp, name)
+        monkeypatch.setattr(llama_cpp, name,
+                            lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
+    again = [e.token for e in smollm2.generate(prompt, params) if isinstance(e, TokenEvent)]
+    assert again == reply
+    assert calls == []  # every token of the same reply was already known
