@@ -1,15 +1,21 @@
 """What a streamed token costs outside the engine: the server's event loop, and the client.
 
-`localinfer serve` answers N streaming clients (bench/serve_load.py, Python threads over
-httpx, in a process of its own). CPU time is read per thread of the server from /proc: the
-main thread runs the event loop (HTTP, SSE encoding, hand-over of the engine's events),
-the others llama.cpp and the engine. Divided by the tokens streamed, each gives CPU µs per
-token, and 1 s over that is the most tokens a second that part could carry on one core,
-whatever the engine's speed: the ceiling of the HTTP/SSE path, and of the client.
+`localinfer serve --parallel N` answers N streaming clients (bench/serve_load.py, in a
+process of its own). The model is bench/random_gguf.py's fast-step shape (one thin layer over
+smollm2's vocabulary): a CPU decodes it at GPU-like step rates, so the engine does not hide
+what surrounds it. CPU time is read per thread of the server from /proc: the main thread runs
+the event loop (HTTP, SSE encoding, hand-over of the engine's events), the others llama.cpp
+and the engine. Divided by the tokens streamed, each gives CPU µs per token.
 
-    python3 bench/stream_cost.py [--clients 32] [--tokens 64] [--model smollm2:135m]
+Three servers run side by side, measured in turns: the baseline (as localinfer was: a ctypes
+call per token for its end flag and bytes; uvicorn on h11 and asyncio's loop), then with the
+token facts cached, then also on httptools and uvloop (as localinfer is now). The load comes
+from serve_load's raw-socket client, cheap enough not to be the limit; its httpx client runs
+once per level against the current server, to show what a Python client costs.
 
-Writes bench/results/stream_cost.{json,md}.
+    python3 bench/stream_cost.py [--levels 8,32] [--tokens 256] [--model PATH|NAME] [--reps 3]
+
+Writes bench/results/stream_cost.{json,md,png}.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import json
 import os
 import resource
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,9 +34,31 @@ from pathlib import Path
 
 import httpx
 import psutil
+from random_gguf import fast_step_model  # bench/, the script's own folder
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+# The same `localinfer serve`, as it was before, a change at a time: the baseline asked
+# llama.cpp for each token's end-of-generation flag and bytes (a ctypes call each, which lets
+# go of the GIL), and ran uvicorn on its pure-Python HTTP parser and asyncio's own loop.
+_UNCACHED_TOKENS = (
+    "import llama_cpp\n"
+    "from localinfer.backends.llama_native import NativeModel\n"
+    "NativeModel.is_eog = lambda self, t: bool(llama_cpp.llama_vocab_is_eog(self.vocab, t))\n"
+    "NativeModel.piece = lambda self, t: self._piece(t, self._piece_buf)\n")
+_PURE_PYTHON_HTTP = (
+    "import uvicorn\n"
+    "init = uvicorn.Config.__init__\n"
+    "def pure(self, app, **kw):\n"
+    "    init(self, app, **{**kw, 'http': 'h11', 'loop': 'asyncio'})\n"
+    "uvicorn.Config.__init__ = pure\n")
+_MAIN = "from localinfer.cli import main\nmain()\n"
+VARIANTS = {
+    "before: ctypes per token, h11 + asyncio": ["-c", _UNCACHED_TOKENS + _PURE_PYTHON_HTTP + _MAIN],
+    "token facts cached, h11 + asyncio": ["-c", _PURE_PYTHON_HTTP + _MAIN],
+    "now: cached, httptools + uvloop": ["-m", "localinfer"],
+}
+BASELINE, NOW = "before: ctypes per token, h11 + asyncio", "now: cached, httptools + uvloop"
 
 
 def thread_seconds(pid: int) -> dict[int, float]:
@@ -43,12 +72,13 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model: str, clients: int, tokens: int, home: Path) -> tuple[subprocess.Popen, str]:
+def start_server(launch: list[str], model: str, slots: int, ctx: int,
+                 home: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = {**os.environ, "LOCALINFER_HOME": str(home)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "localinfer", "serve", "--model", model, "--port", str(port),
-         "--parallel", str(clients), "--ctx", str(clients * (tokens + 64))],
+        [sys.executable, *launch, "serve", "--model", model, "--port", str(port),
+         "--parallel", str(slots), "--ctx", str(ctx)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(600):
@@ -62,15 +92,15 @@ def start_server(model: str, clients: int, tokens: int, home: Path) -> tuple[sub
     raise SystemExit("the server did not load its model within 120 s")
 
 
-def measure(url: str, pid: int, model: str, clients: int, tokens: int, requests: int,
-            processes: int) -> dict:
+def measure(url: str, pid: int, model_name: str, clients: int, tokens: int, requests: int,
+            client: str) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
         before = thread_seconds(pid)
         client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         subprocess.run(
             [sys.executable, str(ROOT / "bench" / "serve_load.py"), "--url", url, "--model",
-             model, "--levels", str(clients), "--requests-per-client", str(requests),
-             "--max-tokens", str(tokens), "--processes", str(processes), "--out", out.name],
+             model_name, "--levels", str(clients), "--requests-per-client", str(requests),
+             "--max-tokens", str(tokens), "--client", client, "--out", out.name],
             check=True, capture_output=True)
         client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
         after = thread_seconds(pid)
@@ -80,90 +110,120 @@ def measure(url: str, pid: int, model: str, clients: int, tokens: int, requests:
     tokens_total = row["output_tokens"]  # content chunks: one a token, as the server sends them
     loop = after.get(pid, 0) - before.get(pid, 0)
     others = sum(after[t] - before.get(t, 0) for t in after if t != pid)
-    client = ((client_after.ru_utime + client_after.ru_stime)
-              - (client_before.ru_utime + client_before.ru_stime))
+    client_cpu = ((client_after.ru_utime + client_after.ru_stime)
+                  - (client_before.ru_utime + client_before.ru_stime))
     per_token = lambda s: 1e6 * s / tokens_total  # noqa: E731
-    return {"clients": clients, "client_processes": processes, "tokens": tokens_total,
-            "output_tps": row["output_tps"],
+    return {"clients": clients, "client": client, "tokens": tokens_total,
+            "output_tps": row["output_tps"], "ttft_p50_s": row["ttft_p50_s"],
             "loop_us_per_token": per_token(loop), "engine_us_per_token": per_token(others),
-            "client_us_per_token": per_token(client),
-            "loop_ceiling_tps": 1e6 / per_token(loop), "client_ceiling_tps": 1e6 / per_token(client)}
+            "client_us_per_token": per_token(client_cpu)}
+
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2:135m")
-    parser.add_argument("--clients", type=int, default=32)
-    parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--requests", type=int, default=2, help="per client")
+    parser.add_argument("--model", help="a GGUF path or model name [a fast-step random model]")
+    parser.add_argument("--levels", default="8,32", help="concurrent clients")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--requests", type=int, default=3, help="per client")
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as home:
-        server, url = start_server(args.model, args.clients, args.tokens, Path(home))
+        model = args.model or str(fast_step_model(Path(home)))
+        model_name = Path(model).stem if model.endswith(".gguf") else model
+        servers = {name: start_server(launch, model, max(levels), args.tokens + 128,
+                                         Path(home))
+                   for name, launch in VARIANTS.items()}
+        rows = []
         try:
-            rows = [measure(url, server.pid, args.model, args.clients, args.tokens,
-                            args.requests, processes)
-                    for _ in range(args.reps) for processes in (1, 2)]
+            for _ in range(args.reps):
+                for clients in levels:
+                    for name, (server, url) in servers.items():  # in turns: noise hits all
+                        for client in ("raw", "httpx") if name == NOW else ("raw",):
+                            row = measure(url, server.pid, model_name, clients, args.tokens,
+                                          args.requests, client)
+                            rows.append({"variant": name, **row})
+                            print(f"{name:40s} {clients:3d} {client:5s} clients: "
+                                  f"{row['output_tps']:6.0f} tok/s · CPU per token: loop "
+                                  f"{row['loop_us_per_token']:.0f} µs, client "
+                                  f"{row['client_us_per_token']:.0f} µs", flush=True)
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            for server, _ in servers.values():
+                server.terminate()
+                server.wait(timeout=30)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "stream_cost.json").write_text(json.dumps({"args": vars(args), "runs": rows},
-                                                         indent=2))
-    write_report(rows, args)
-    for r in rows:
-        print(f"{r['client_processes']} client process(es): ", end="")
-        print(f"{r['output_tps']:7.1f} tok/s streamed · CPU per token: server loop "
-              f"{r['loop_us_per_token']:.0f} µs (ceiling {r['loop_ceiling_tps']:.0f} tok/s), "
-              f"engine+llama {r['engine_us_per_token']:.0f} µs, client "
-              f"{r['client_us_per_token']:.0f} µs (ceiling {r['client_ceiling_tps']:.0f} tok/s)")
+    (RESULTS / "stream_cost.json").write_text(json.dumps(
+        {"args": {**vars(args), "model": model_name}, "runs": rows}, indent=2))
+    write_report(rows, args, model_name, levels)
 
 
-def write_report(rows: list[dict], args: argparse.Namespace) -> None:
-    import statistics
+def _median(rows: list[dict], key: str, **match) -> float:
+    return statistics.median(r[key] for r in rows
+                             if all(r[k] == v for k, v in match.items()))
 
+
+def write_report(rows: list[dict], args: argparse.Namespace, model_name: str,
+                 levels: list[int]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    med = lambda key, p=None: statistics.median(  # noqa: E731
-        r[key] for r in rows if p is None or r["client_processes"] == p)
-    loop, client = med("loop_us_per_token"), med("client_us_per_token")
+    top = max(levels)
+    tps = {(v, n): _median(rows, "output_tps", variant=v, clients=n, client="raw")
+           for v in VARIANTS for n in levels}
+    loop = {v: _median(rows, "loop_us_per_token", variant=v, clients=top, client="raw")
+            for v in VARIANTS}
     lines = [
-        "# What a streamed token costs outside the engine",
+        "# What a streamed token costs around the engine",
         "",
-        f"`python3 bench/stream_cost.py`: `localinfer serve --parallel {args.clients}` with "
-        f"{args.model}, {args.clients} streaming clients (bench/serve_load.py: Python threads over",
-        f"httpx), {args.tokens} tokens a request; CPU time per thread of the server from /proc, of",
-        f"the client from its rusage; medians of {len(rows)} runs.",
+        f"`python3 bench/stream_cost.py`: `localinfer serve --parallel {top}` with "
+        f"{model_name} (one thin layer: a CPU steps it at a GPU's rate), streaming clients "
+        f"of {args.tokens} tokens a request (bench/serve_load.py's raw-socket client); "
+        f"medians of {args.reps} runs, the servers in turns. {os.cpu_count()} CPUs, shared by "
+        "the server, llama.cpp and the client.",
         "",
-        "| part | CPU µs per streamed token | most tokens/s on one core |",
-        "|---|---|---|",
-        f"| server event loop (HTTP, SSE, event hand-over) | {loop:.0f} | {1e6 / loop:.0f} |",
-        f"| Python client (httpx, one JSON parse a chunk) | {client:.0f} | {1e6 / client:.0f} |",
-        f"| engine and llama.cpp (this CPU) | {med('engine_us_per_token'):.0f} | — |",
+        "| server | " + " | ".join(f"tok/s, {n} clients" for n in levels)
+        + f" | × before ({top}) | event loop CPU µs/token ({top}) |",
+        "|---|" + "---|" * (len(levels) + 2),
+    ]
+    for v in VARIANTS:
+        lines.append(f"| {v} | " + " | ".join(f"{tps[v, n]:.0f}" for n in levels)
+                     + f" | {tps[v, top] / tps[BASELINE, top]:.2f} | {loop[v]:.0f} |")
+    httpx_cost = _median(rows, "client_us_per_token", client="httpx")
+    raw_cost = _median(rows, "client_us_per_token", client="raw")
+    lines += [
         "",
-        f"Streamed: {med('output_tps', 1):.0f} tok/s with one client process, "
-        f"{med('output_tps', 2):.0f} with two (the engine is the limit on this CPU).",
-        "A Python client process tops out near a quarter of what the server's loop carries, so",
-        "a load from one such process measures the client on a fast engine: run bench/serve_load.py",
-        "with `--processes N` against a GPU. About half of the loop's time is the socket write of",
-        "each chunk (a sampling profile of the server under this load).",
+        "- **Token facts cached**: the engine asked llama.cpp, per token, whether it ends the "
+        "reply and what its bytes are. Each ctypes call lets go of the GIL, and at fast steps "
+        "the event loop takes it; getting it back cost the engine thread ~20% of a step "
+        "(a native profile of the server). Each token id is now asked once.",
+        "- **httptools + uvloop**: uvicorn's C HTTP parser and libuv loop, picked up when "
+        f"installed; the loop's CPU per token goes {loop[BASELINE]:.0f} → {loop[NOW]:.0f} µs.",
+        f"- A Python client on httpx (one JSON parse a chunk) costs ~{httpx_cost:.0f} µs of CPU "
+        f"per token, the raw client ~{raw_cost:.0f}: a load from one httpx process measures the "
+        "client, not a fast server (`bench/serve_load.py --client raw`, or `--processes N`).",
         "",
         "![stream cost](stream_cost.png)",
         "",
     ]
     (RESULTS / "stream_cost.md").write_text("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(6.5, 3.4))
-    names = ["server event loop", "Python client"]
-    values = [1e6 / loop, 1e6 / client]
-    ax.barh(names, values, color=["#1f4fd1", "#9aa4b2"])
-    for i, v in enumerate(values):
-        ax.text(v, i, f" {v:.0f}", va="center")
-    ax.set_xlabel("streamed tokens/s one core can carry")
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    names = list(VARIANTS)
+    width = 0.8 / len(levels)
+    for i, n in enumerate(levels):
+        values = [tps[v, n] for v in names]
+        ys = [y + i * width for y in range(len(names))]
+        ax.barh(ys, values, height=width, label=f"{n} clients")
+        for y, v in zip(ys, values):
+            ax.text(v, y, f" {v:.0f}", va="center", fontsize=8)
+    ax.set_yticks([y + width * (len(levels) - 1) / 2 for y in range(len(names))], names)
+    ax.invert_yaxis()
+    ax.set_xlabel("streamed tokens/s (raw client)")
     ax.margins(x=0.15)
-    ax.set_title(f"per-token CPU outside the engine ({args.clients} streams)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(f"localinfer serve at GPU-like step rates ({model_name})")
     fig.tight_layout()
     fig.savefig(RESULTS / "stream_cost.png", dpi=120)
 
