@@ -117,6 +117,10 @@ def check_serve(program: Path, env: dict[str, str]) -> None:
         base = f"http://127.0.0.1:{port}"
         _wait_until_up(f"{base}/api/version", server)
         print(f"   serve up in {time.monotonic() - started:.1f} s")
+        maps = Path(f"/proc/{server.pid}/maps")
+        if maps.exists():  # the bundle carries uvicorn's fast parts, and uvicorn took them
+            loaded = maps.read_text()
+            _expect("/httptools/" in loaded and "/uvloop/" in loaded, "httptools and uvloop")
         reply = _post(f"{base}/v1/chat/completions", {
             "model": "smollm2:135m", "max_tokens": 16, "temperature": 0,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
