@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 
 from localinfer.model_store.hub import HubError
 from localinfer.errors import (
+    Cancelled,
     ContextError,
     DiskFull,
     EngineBusy,
@@ -35,6 +36,8 @@ class ApiError(Exception):
 
 
 def status_for(exc: LocalinferError) -> tuple[int, str]:
+    if isinstance(exc, Cancelled):  # nobody reads it: the client went away
+        return 499, "client_closed_request"
     if isinstance(exc, HubError):  # the hub could not be reached, or said no: not our fault
         return 502, "upstream_error"
     if isinstance(exc, DiskFull):

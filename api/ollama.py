@@ -358,16 +358,29 @@ async def pull(body: NameRequest, request: Request):
     settings = request.app.state.settings
     job = PullJob(lambda progress: pull_model(name, settings, progress, False))
     if getattr(body, "stream", True) is False:
-        await job.task
+        await _unless_gone(job, request)
         return {"status": "success"}
     await job.started()  # a pull that fails before any byte is a 4xx/502, not a stream
     return StreamingResponse(_ndjson(_pull_lines(name, job)), media_type=NDJSON)
 
 
+async def _unless_gone(job: PullJob, request: Request) -> None:
+    """Wait for a pull whose answer is one JSON; a client that goes away meanwhile cancels it."""
+    while not job.task.done():
+        await asyncio.wait({job.task}, timeout=0.5)
+        if not job.task.done() and await request.is_disconnected():
+            job.cancel()
+    job.task.result()
+
+
 async def _pull_lines(name: str, job: PullJob) -> AsyncIterator[dict[str, Any]]:
-    yield {"status": "pulling manifest"}
-    async for done, total in job.progress():
-        yield {"status": f"pulling {name}", "total": total, "completed": done}
+    try:
+        yield {"status": "pulling manifest"}
+        async for done, total in job.progress():
+            yield {"status": f"pulling {name}", "total": total, "completed": done}
+    finally:  # the client went away (the stream was cancelled): so does the download
+        if not job.task.done():
+            job.cancel()
     try:
         got = job.task.result()
     except (LocalinferError, OSError) as exc:  # mid-download: the stream is under way

@@ -3,14 +3,19 @@
 The route waits for the first sign of life (bytes flowing, or the pull over) before it
 answers, so a model that does not exist or a hub that cannot be reached is still a 404 or
 a 502; once bytes flow, the answer is a 200 stream and a later failure is its last line.
+A client that goes away cancels the pull at its next chunk (10 MiB), as Ollama's does;
+huggingface_hub deletes the partial file, so a later pull starts over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from localinfer.errors import Cancelled
 
 __all__ = ["PullJob"]
 
@@ -23,9 +28,18 @@ class PullJob:
         self._reports: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
         self._reported_at = 0.0
         self._flowing = asyncio.Event()
+        self._cancelled = threading.Event()
         self.task = asyncio.ensure_future(asyncio.to_thread(pull, self._report))
 
+    def cancel(self) -> None:
+        """Stop the download at its next chunk (nobody waits for it any more)."""
+        self._cancelled.set()
+        # nobody will read how it ended, either: take the outcome, so no warning is logged
+        self.task.add_done_callback(lambda task: task.cancelled() or task.exception())
+
     def _report(self, done: int, total: int | None) -> None:  # the download thread
+        if self._cancelled.is_set():
+            raise Cancelled("the client went away: pull cancelled")
         now = time.monotonic()
         if now - self._reported_at < REPORT_EVERY and done != total:
             return

@@ -11,6 +11,8 @@
     │   ├── ContextTooLarge                      n_ctx beyond the model's trained length or RAM
     │   └── PromptTooLong                        the prompt does not fit in the context
     ├── InvalidRequest(ValueError)               bad sampling parameters and the like
+    ├── DiskFull                                 no room for a file about to be written
+    ├── Cancelled                                the caller gave up (a client went away)
     └── EngineError(RuntimeError)
         ├── EngineBusy                           the wait queue is full; retry later
         └── EngineClosed                         the engine was shut down
@@ -23,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "Cancelled",
     "ContextError",
     "ContextTooLarge",
     "EngineBusy",
@@ -114,6 +117,10 @@ class InvalidRequest(LocalinferError, ValueError):
 
 class DiskFull(LocalinferError):
     """Not enough free disk for a file localinfer is about to write."""
+
+
+class Cancelled(LocalinferError):
+    """Work done for a caller who went away stops (a pull whose client disconnected)."""
 
 
 class EngineError(LocalinferError, RuntimeError):

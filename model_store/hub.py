@@ -27,7 +27,13 @@ from huggingface_hub.errors import (
 from huggingface_hub.utils import build_hf_headers
 from tqdm.auto import tqdm
 
-from localinfer.errors import DiskFull, InvalidModelFile, ModelError, ModelNotFound
+from localinfer.errors import (
+    DiskFull,
+    InvalidModelFile,
+    LocalinferError,
+    ModelError,
+    ModelNotFound,
+)
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header
 from localinfer.model_store.planner import QUALITY
 
@@ -74,7 +80,7 @@ def _hub_call(repo: str, action):
         raise HubError(f"'{repo}' is gated — accept its terms on the hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
         raise ModelNotFound(repo) from None
-    except HubError:
+    except LocalinferError:  # ours, raised inside the action (a cancelled download's)
         raise
     except Exception as exc:  # the hub client's transport errors have no common public base
         if isinstance(exc, HfHubHTTPError) and exc.response is not None \

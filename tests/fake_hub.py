@@ -3,8 +3,8 @@
 Serves the routes huggingface_hub uses to list and download: the repo tree
 (`/api/models/{repo}/tree/{rev}`) with LFS sha256 and sizes, and `/{repo}/resolve/{rev}/{file}`
 (HEAD and GET) with the hub's headers (X-Repo-Commit, ETag = sha256, X-Linked-Size) and Range.
-Faults can be injected per file: drop the connection after N bytes (once), or serve bytes that
-do not match the advertised hash.
+Faults can be injected per file: drop the connection after N bytes (once), serve bytes that
+do not match the advertised hash, or send slowly (bytes a second), counting what was sent.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import json
 import re
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -28,6 +29,8 @@ class HubFile:
     size: int
     drop_after: int | None = None  # cut the next GET after this many bytes, once
     corrupt: bool = False
+    rate: float | None = None  # bytes a second, or as fast as it goes
+    sent: int = 0  # bytes of this file written to clients, over all GETs
 
 
 @dataclass
@@ -137,4 +140,13 @@ class FakeHub:
             return
         if start == 0 and end == len(data) - 1 or rng and start > 0:
             self.gets[(repo, name)] += 1
-        req.wfile.write(body)
+        piece = 256 * 1024 if entry.rate else max(1, len(body))
+        for at in range(0, len(body), piece):
+            try:
+                req.wfile.write(body[at:at + piece])
+            except (BrokenPipeError, ConnectionResetError):  # the client went away
+                req.close_connection = True
+                return
+            entry.sent += len(body[at:at + piece])
+            if entry.rate:
+                time.sleep(piece / entry.rate)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import time
+
+import httpx
 import ollama
 import pytest
 
@@ -125,3 +129,48 @@ def test_a_pull_onto_a_full_disk_is_a_507_that_says_what_to_do(hub_server, small
         assert name not in [m.model for m in ollama.Client(host=server.url).list().models]
     finally:
         stop_server(server)
+
+
+def _hang_up_once_bytes_flow(url: str, body: dict) -> None:
+    with httpx.stream("POST", url + "/api/pull", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if json.loads(line).get("completed"):
+                return  # leaving the block closes the connection
+
+
+def _settled(file, quiet: float = 2.0, within: float = 15.0) -> int:
+    """The bytes the hub sent of `file`, once they stop growing for `quiet` seconds."""
+    deadline = time.monotonic() + within
+    sent = file.sent
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        if file.sent == sent:
+            return sent
+        sent = file.sent
+    raise AssertionError(f"the hub is still sending ({sent} of {file.size} bytes)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_goes_away_cancels_its_pull(hub_server, quant_files, stream):
+    """As Ollama's: the download stops (at its next 10 MiB chunk), nothing is installed, and
+    nothing it left behind stands in the way of the next pull."""
+    server, hub = hub_server
+    repo = f"testorg/slow-{'stream' if stream else 'json'}-GGUF"
+    file = hub.add(repo, "SmolLM2-135M-Instruct-Q4_1.gguf", quant_files["Q4_1"])
+    file.rate = 4 * 2**20  # the whole file would take ~25 s
+    name = f"hf.co/{repo}:Q4_1"
+    if stream:
+        _hang_up_once_bytes_flow(server.url, {"model": name})
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up while bytes flow
+            httpx.post(server.url + "/api/pull", json={"model": name, "stream": False},
+                       timeout=4)
+    sent = _settled(file)
+    assert sent < file.size / 2
+    assert name not in [m["model"] for m in server.get("/api/tags").json()["models"]]
+    file.rate = None
+    assert list(ollama.Client(host=server.url).pull(name, stream=True))[-1].status == "success"
+    assert name in [m.model for m in ollama.Client(host=server.url).list().models]
+    assert "Traceback" not in server.log.read_text()  # a cancel is not a server error
