@@ -22,6 +22,7 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
+from localinfer.errors import ModelNotFound
 
 __all__ = ["router"]
 
@@ -176,10 +177,20 @@ async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
 @router.get("/models")
 async def list_models(request: Request) -> dict[str, Any]:
     now = int(time.time())
-    return {"object": "list", "data": [
-        {"id": name, "object": "model", "created": now, "owned_by": "localinfer"}
-        for name in request.app.state.catalog()
-    ]}
+    return {"object": "list", "data": [_model(name, now) for name in request.app.state.catalog()]}
+
+
+@router.get("/models/{model:path}")
+async def retrieve_model(model: str, request: Request) -> dict[str, Any]:
+    """One of /v1/models by its id (hub names hold slashes), or a 404 naming the close ones."""
+    names = request.app.state.catalog()
+    if model not in names:
+        raise ModelNotFound(model, known=names)
+    return _model(model, int(time.time()))
+
+
+def _model(name: str, created: int) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": created, "owned_by": "localinfer"}
 
 
 class _ChatShape:

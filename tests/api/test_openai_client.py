@@ -22,6 +22,15 @@ def test_models_lists_the_embedded_model(client):
     assert "smollm2:135m" in ids
 
 
+def test_a_model_is_retrieved_by_its_id_and_an_unknown_one_is_a_404_naming_the_others(client):
+    model = client.models.retrieve("smollm2:135m")
+    assert (model.id, model.object, model.owned_by) == ("smollm2:135m", "model", "localinfer")
+    for name in ("no-such-model", "hf.co/someone/x-GGUF:Q4_K_M"):  # a hub id holds slashes
+        with pytest.raises(openai.NotFoundError) as raised:
+            client.models.retrieve(name)
+        assert "smollm2:135m" in raised.value.message  # our answer, not a missing route
+
+
 def test_chat_reply_usage_and_timings(client):
     reply = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
                                            temperature=0, max_tokens=12)
