@@ -282,28 +282,50 @@ def ps(
         help="The server to ask [http://127.0.0.1:11435, or LOCALINFER_HOST/PORT].")] = None,
 ) -> None:
     """What a running `localinfer serve` has loaded, the memory it takes, and until when."""
-    import httpx
-
-    from localinfer.settings import ServeSettings
-
     with _user_errors():
-        if url is None:
-            settings = ServeSettings()
-            url = f"http://{settings.host}:{settings.port}"
-        key = ServeSettings().api_key
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        try:
-            response = httpx.get(url.rstrip("/") + "/api/ps", headers=headers, timeout=10)
-        except httpx.TransportError:
-            raise LocalinferError(f"no server answers at {url} — start one with `localinfer serve`") from None
-        if response.status_code != 200:
-            raise LocalinferError(f"{url} answered {response.status_code}: {response.text[:200]}")
-        models = response.json().get("models", [])
+        models = _ask_server(url, "GET", "/api/ps").get("models", [])
         print(f"{'NAME':32} {'SIZE':>10} {'PROCESSOR':10} {'CONTEXT':>8}  UNTIL")
         for m in models:
             processor = "GPU" if m.get("size_vram") else "CPU"
             print(f"{m['name']:32} {m['size'] / 2**20:>6,.0f} MiB {processor:10} "
                   f"{m.get('context_length', 0):>8}  {m.get('expires_at', '')[:19].replace('T', ' ')}")
+
+
+@app.command()
+def stop(
+    model: Annotated[str, typer.Argument(help="The model to unload, as `localinfer ps` names it.")],
+    url: Annotated[Optional[str], typer.Option(
+        help="The server to ask [http://127.0.0.1:11435, or LOCALINFER_HOST/PORT].")] = None,
+) -> None:
+    """Unload a model from a running `localinfer serve` now, as `ollama stop` does."""
+    with _user_errors():
+        loaded = [m["name"] for m in _ask_server(url, "GET", "/api/ps").get("models", [])]
+        # the server says which model the name means (an alias, a short name) as it unloads it
+        gone = _ask_server(url, "POST", "/api/generate", json={"model": model, "keep_alive": 0})
+        if gone.get("model") not in loaded:
+            raise LocalinferError(f"'{model}' is not loaded — loaded: {', '.join(loaded) or 'none'}")
+
+
+def _ask_server(url: str | None, method: str, path: str, **kwargs) -> dict:
+    """A running server's JSON answer; one clear line when none answers or it refuses."""
+    import httpx
+
+    from localinfer.settings import ServeSettings
+
+    settings = ServeSettings()
+    url = (url or f"http://{settings.host}:{settings.port}").rstrip("/")
+    headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
+    try:
+        response = httpx.request(method, url + path, headers=headers, timeout=60, **kwargs)
+    except httpx.TransportError:
+        raise LocalinferError(f"no server answers at {url} — start one with `localinfer serve`") from None
+    if response.status_code != 200:
+        try:
+            said = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            said = response.text[:200]
+        raise LocalinferError(f"{url} answered {response.status_code}: {said}")
+    return response.json()
 
 
 @app.command()

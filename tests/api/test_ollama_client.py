@@ -122,3 +122,31 @@ def test_num_predict_beyond_the_context_shifts_instead_of_refusing(client, serve
     assert reply.done and reply.done_reason == "length"
     assert reply.eval_count == 700 > 512  # past the whole context
     assert "150, 151, 152" in reply.response  # and still counting after the shifts
+
+
+def test_stop_command_unloads_a_model_from_the_running_server(tmp_path):
+    """As `ollama stop`: by the name `ps` shows or a short one; a model not loaded is an error."""
+    import subprocess
+    import sys
+
+    from .conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", "--model", "smollm2:135m", "--parallel", "1",
+                          "--ctx", "256")
+
+    def stop(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localinfer", "stop", name, "--url",
+                               server.url], capture_output=True, text=True, timeout=60)
+
+    try:
+        assert [m["name"] for m in server.get("/api/ps").json()["models"]] == ["smollm2:135m"]
+        done = stop("smollm2")  # the short name: the server says which model it means
+        assert done.returncode == 0 and not done.stderr, done.stderr
+        assert server.get("/api/ps").json()["models"] == []
+        again = stop("smollm2:135m")
+        assert again.returncode == 1
+        assert again.stderr.strip() == "Error: 'smollm2:135m' is not loaded — loaded: none"
+        unknown = stop("no-such-model")
+        assert unknown.returncode == 1 and "404" in unknown.stderr and "not found" in unknown.stderr
+    finally:
+        stop_server(server)
