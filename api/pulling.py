@@ -33,6 +33,8 @@ class PullJob:
 
     def cancel(self) -> None:
         """Stop the download at its next chunk (nobody waits for it any more)."""
+        if self._cancelled.is_set():
+            return
         self._cancelled.set()
         # nobody will read how it ended, either: take the outcome, so no warning is logged
         self.task.add_done_callback(lambda task: task.cancelled() or task.exception())
