@@ -28,13 +28,11 @@ import os
 import statistics
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
 from random_gguf import fast_step_model  # bench/, the script's own folder
 from serve_load import level
-from stream_cost import NOW, VARIANTS, free_port, start_server
+from stream_cost import NOW, VARIANTS, free_port, start_server, wait_until_ready
 
 RESULTS = Path(__file__).parent / "results"
 CTX = 1024  # per request: the 300-word prefix (~400 tokens) and the reply fit
@@ -52,15 +50,8 @@ def start_llama_server(binary: Path, model: Path, slots: int) -> tuple[subproces
         [str(binary), "-m", str(model), "-np", str(slots), "-c", str(CTX * slots),
          "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return server, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    server.kill()
-    raise SystemExit("llama-server did not load the model within 120 s")
+    wait_until_ready(server, f"{url}/health", lambda r: r.status_code == 200)
+    return server, url
 
 
 def main() -> None:

@@ -43,12 +43,18 @@ from random_gguf import fast_step_model  # bench/, the script's own folder
 RESULTS = Path(__file__).parent / "results"
 
 
-@contextlib.contextmanager
-def uncached_tokens():
-    """The engine as it was: two ctypes calls a token (end flag, bytes)."""
+def uncache_token_calls() -> tuple:
+    """The engine as it was: two ctypes calls a token (end flag, bytes). Returns what it
+    replaced. bench/stream_cost.py's baseline server runs it at start-up too."""
     saved = NativeModel.is_eog, NativeModel.piece
     NativeModel.is_eog = lambda self, t: bool(llama_cpp.llama_vocab_is_eog(self.vocab, t))
     NativeModel.piece = lambda self, t: self._piece(t, self._piece_buf)
+    return saved
+
+
+@contextlib.contextmanager
+def uncached_tokens():
+    saved = uncache_token_calls()
     try:
         yield
     finally:

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -42,10 +43,8 @@ RESULTS = ROOT / "bench" / "results"
 # llama.cpp for each token's end-of-generation flag and bytes (a ctypes call each, which lets
 # go of the GIL), and ran uvicorn on its pure-Python HTTP parser and asyncio's own loop.
 _UNCACHED_TOKENS = (
-    "import llama_cpp\n"
-    "from localinfer.backends.llama_native import NativeModel\n"
-    "NativeModel.is_eog = lambda self, t: bool(llama_cpp.llama_vocab_is_eog(self.vocab, t))\n"
-    "NativeModel.piece = lambda self, t: self._piece(t, self._piece_buf)\n")
+    f"import sys\nsys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+    "import step_profile\nstep_profile.uncache_token_calls()\n")
 _PURE_PYTHON_HTTP = (
     "import uvicorn\n"
     "init = uvicorn.Config.__init__\n"
@@ -81,15 +80,23 @@ def start_server(launch: list[str], model: str, slots: int, ctx: int,
          "--parallel", str(slots), "--ctx", str(ctx)],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    wait_until_ready(server, f"{url}/api/ps", lambda r: bool(r.json().get("models")))
+    return server, url
+
+
+def wait_until_ready(server: subprocess.Popen, url: str,
+                     ready: Callable[[httpx.Response], bool], timeout: float = 120) -> None:
+    """Poll `url` until its answer is `ready` (the model loaded); else stop the server."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
         try:
-            if httpx.get(f"{url}/api/ps", timeout=1).json().get("models"):
-                return server, url
+            if ready(httpx.get(url, timeout=1)):
+                return
         except (httpx.HTTPError, ValueError):
             pass
         time.sleep(0.2)
     server.kill()
-    raise SystemExit("the server did not load its model within 120 s")
+    raise SystemExit(f"{url} was not ready within {timeout:.0f} s")
 
 
 def measure(url: str, pid: int, model_name: str, clients: int, tokens: int, requests: int,
