@@ -46,9 +46,10 @@ class BackendLibrary:
 
 @functools.cache
 def _ggml() -> ctypes.CDLL:
-    """ggml's functions as libllama reaches them, their signatures declared once. A wheel holds libggml.so and libggml.so.0
-    as two copies of one file; loaded by name they would be two registries, and backends
-    loaded into the one libllama does not use would leave it with none."""
+    """ggml's functions as libllama reaches them, their signatures declared once. A wheel
+    holds libggml.so and libggml.so.0 as two copies of one file; loaded by name they would be
+    two registries, and backends loaded into the one libllama does not use would leave it
+    with none."""
     from llama_cpp import _ggml, llama_cpp
 
     lib = llama_cpp._lib  # symbols looked up here come from libllama's own libggml
