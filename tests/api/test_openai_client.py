@@ -9,6 +9,8 @@ import time
 import openai
 import pytest
 
+from .conftest import NO_END
+
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -46,12 +48,14 @@ def test_chat_reply_usage_and_timings(client):
 
 def test_max_tokens_ends_with_length(client):
     reply = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
-                                           max_completion_tokens=3)
+                                           max_completion_tokens=3,
+                                           logit_bias=NO_END)
     assert reply.choices[0].finish_reason == "length"
     assert reply.usage.completion_tokens == 3
 
 
-def test_streaming_is_incremental_and_matches_the_whole_reply(client):
+def test_streaming_is_incremental_and_matches_the_whole_reply(client, smollm2,
+                                                             smollm2_reference):
     whole = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
                                            temperature=0, max_tokens=40)
     arrivals, pieces, usage, finish = [], [], None, None
@@ -66,11 +70,16 @@ def test_streaming_is_incremental_and_matches_the_whole_reply(client):
                 arrivals.append(time.monotonic())
                 pieces.append(choice.delta.content)
             finish = choice.finish_reason or finish
-    assert "".join(pieces) == whole.choices[0].message.content
+    # both are the greedy reply: the same text wherever the model's choice is clear (the
+    # second request finds its prompt cached: another batch shape, near-ties may part)
+    prompt = smollm2.tokenize(smollm2.apply_chat_template(QUESTION))
+    assert smollm2_reference.follows(prompt, "".join(pieces), finish) > 5
+    assert smollm2_reference.follows(prompt, whole.choices[0].message.content,
+                                     whole.choices[0].finish_reason) > 5
     assert len(pieces) > 5
     assert arrivals[-1] - arrivals[0] > 0.01  # pieces came over time, not in one burst
-    assert usage.completion_tokens == whole.usage.completion_tokens
-    assert finish == whole.choices[0].finish_reason
+    assert len(pieces) <= usage.completion_tokens <= 40  # a piece is one token or more
+    assert (usage.completion_tokens == 40) == (finish == "length")
 
 
 def test_cached_prompt_tokens_reported_on_repeat(client):
@@ -140,14 +149,18 @@ def test_tool_result_can_be_sent_back(client):
     assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
 
 
-def test_completions_and_a_batch_of_prompts(client):
-    one = client.completions.create(model="smollm2:135m", prompt="The capital of France is",
+def test_completions_and_a_batch_of_prompts(client, smollm2, smollm2_reference):
+    prompts = ["The capital of France is", "One, two, three,"]
+    one = client.completions.create(model="smollm2:135m", prompt=prompts[0],
                                     temperature=0, max_tokens=5)
     assert one.choices[0].text
     batch = client.completions.create(model="smollm2:135m", temperature=0, max_tokens=5,
-                                      prompt=["The capital of France is", "One, two, three,"])
+                                      prompt=prompts)
     assert [c.index for c in batch.choices] == [0, 1]
-    assert batch.choices[0].text == one.choices[0].text  # greedy: batch-invariant
+    # each is the greedy continuation of its own prompt, alone or in a batch
+    for prompt, choice in zip(prompts * 2, batch.choices + one.choices):
+        assert smollm2_reference.follows(smollm2.tokenize(prompt), choice.text,
+                                         choice.finish_reason) >= 2
 
 
 def test_embeddings_are_unit_vectors_and_order_similarity(client):

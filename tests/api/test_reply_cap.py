@@ -7,10 +7,11 @@ import ollama
 import openai
 import pytest
 
-from .conftest import start_server, stop_server
+from .conftest import NO_END, start_server, stop_server
 
 CAP = 5
 STORY = "Write a long story about a lighthouse keeper and the sea."
+COUNTING = "1, 2, 3, 4, 5, 6,"  # raw: the model counts on, far from any end token
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +27,20 @@ def test_openai_requests_without_max_tokens_get_the_cap(capped):
     client = openai.OpenAI(base_url=capped.url + "/v1", api_key="x")
     messages = [{"role": "user", "content": STORY}]
     reply = client.chat.completions.create(model="smollm2:135m", messages=messages,
-                                           temperature=0)
+                                           temperature=0, logit_bias=NO_END)
     assert reply.usage.completion_tokens == CAP and reply.choices[0].finish_reason == "length"
     reply = client.chat.completions.create(model="smollm2:135m", messages=messages,
-                                           temperature=0, max_tokens=CAP + 4)
+                                           temperature=0, max_tokens=CAP + 4,
+                                           logit_bias=NO_END)
     assert reply.usage.completion_tokens == CAP + 4
 
 
 def test_ollama_requests_without_num_predict_get_the_cap(capped):
     client = ollama.Client(host=capped.url)
-    reply = client.generate(model="smollm2:135m", prompt=STORY, options={"temperature": 0})
+    reply = client.generate(model="smollm2:135m", prompt=COUNTING, raw=True,
+                            options={"temperature": 0})
     assert reply.eval_count == CAP and reply.done_reason == "length"
-    # -1: no limit; the reply runs until it ends or the context is full
-    reply = client.generate(model="smollm2:135m", prompt=STORY,
+    # -1: no limit; the reply runs until it ends or the context (256) is full
+    reply = client.generate(model="smollm2:135m", prompt=COUNTING, raw=True,
                             options={"temperature": 0, "num_predict": -1})
     assert reply.eval_count > CAP

@@ -7,6 +7,8 @@ import pytest
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 
+from ..greedy import eog_ban
+
 
 @pytest.fixture(scope="module")
 def small(smollm2_path):
@@ -16,7 +18,7 @@ def small(smollm2_path):
 
 def _long_reply(backend, shift: bool, n_keep: int = 0, max_tokens: int = 500):
     prompt = backend.tokenize("List the numbers from one to one thousand: one, two, three,")
-    bias = {backend.native.eos(): -100}  # never stop on its own
+    bias = eog_ban(backend.native)  # never stop on its own
     generation = backend.generate(prompt, SamplingParams(
         temperature=0, max_tokens=max_tokens, logit_bias=bias, context_shift=shift,
         n_keep=n_keep))
@@ -65,7 +67,7 @@ def test_without_a_token_limit_there_is_no_shifting(small):
     """A reply with no max_tokens must end: a full context stops it even when shifting."""
     prompt = small.tokenize("List the numbers from one to one thousand: one, two, three,")
     generation = small.generate(prompt, SamplingParams(
-        temperature=0, logit_bias={small.native.eos(): -100}, context_shift=True))
+        temperature=0, logit_bias=eog_ban(small.native), context_shift=True))
     generation.text()
     assert generation.stats.finish_reason == "length"
     assert generation.stats.context_shifts == 0

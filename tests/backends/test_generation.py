@@ -9,6 +9,8 @@ import pytest
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
 from localinfer.errors import InvalidRequest, PromptTooLong
 
+from ..greedy import eog_ban
+
 GREEDY = SamplingParams(temperature=0, max_tokens=40)
 QUESTION = [{"role": "user", "content": "Name three fruits and say why people like them."}]
 
@@ -60,7 +62,8 @@ def test_fixed_seed_reproduces_sampled_output(smollm2):
 
 
 def test_max_tokens_is_respected(smollm2):
-    generation = smollm2.chat(QUESTION, SamplingParams(temperature=0, max_tokens=5))
+    generation = smollm2.chat(QUESTION, SamplingParams(temperature=0, max_tokens=5,
+                                                       logit_bias=eog_ban(smollm2.native)))
     generation.text()
     assert generation.stats.generated_tokens == 5
     assert generation.stats.finish_reason == "length"
@@ -127,7 +130,7 @@ def test_next_turn_reuses_the_cached_conversation(smollm2):
     assert warm.stats.cached_tokens >= first_turn
 
 
-def test_prefix_cache_hit_gives_the_cold_output(smollm2):
+def test_prefix_cache_hit_gives_the_cold_output(smollm2, smollm2_reference):
     prompt = smollm2.tokenize(smollm2.apply_chat_template(
         [{"role": "user", "content": "Describe a lighthouse at night in two sentences."}]))
     for text in ("Count to five.", "Spell cat."):  # push both slots off this prompt
@@ -135,9 +138,13 @@ def test_prefix_cache_hit_gives_the_cold_output(smollm2):
     cold = smollm2.generate(prompt, GREEDY)
     cold_text = cold.text()
     warm = smollm2.generate(prompt, GREEDY)
-    assert warm.text() == cold_text
+    warm_text = warm.text()
     assert cold.stats.cached_tokens < len(prompt) // 2
     assert warm.stats.cached_tokens == len(prompt) - 1  # all but the token that yields logits
+    # both are the greedy reply: the same text wherever the model's choice is clear (a
+    # prefilled prompt and a cached one are different batch shapes: near-ties may part)
+    for generation, text in ((cold, cold_text), (warm, warm_text)):
+        assert smollm2_reference.follows(prompt, text, generation.stats.finish_reason) > 8
 
 
 def test_model_info_names_the_quant(smollm2, gemma3):
@@ -153,15 +160,17 @@ def test_both_models_answer(smollm2, gemma3):
         assert backend.info.n_ctx == 1024
 
 
-def test_concurrent_requests_share_slots_and_match_solo_output(smollm2):
+def test_concurrent_requests_share_slots_and_match_solo_output(smollm2, smollm2_reference):
     """More requests than slots: they queue, share decode steps, and each greedy reply is
-    what it would be alone."""
+    what it would be alone (the reference decodes each alone: see tests/greedy.py)."""
     questions = ["Why is the sky blue?", "What is rain?", "Describe a cat.", "What is a prime?"]
     params = SamplingParams(temperature=0, max_tokens=24)
-    solo = [smollm2.chat([{"role": "user", "content": q}], params).text() for q in questions]
-    generations = [smollm2.chat([{"role": "user", "content": q}], params) for q in questions]
+    prompts = [smollm2.tokenize(smollm2.apply_chat_template([{"role": "user", "content": q}]))
+               for q in questions]
+    generations = [smollm2.generate(p, params) for p in prompts]
     together = [g.text() for g in generations]
-    assert together == solo
+    for prompt, text, generation in zip(prompts, together, generations):
+        assert smollm2_reference.follows(prompt, text, generation.stats.finish_reason) > 8
     # with 2 slots the last two waited in the queue for a free slot
     queued = sorted(g.stats.queue_time for g in generations)
     assert queued[-1] > queued[0]

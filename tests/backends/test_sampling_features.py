@@ -7,6 +7,7 @@ import json
 import math
 import time
 
+import llama_cpp
 import pytest
 
 from localinfer.backends import engine as engine_module
@@ -58,21 +59,48 @@ SHORTCUT_CASES = {
 }
 
 
+class _Twin:
+    """A request's sampler with the shortcuts, and llama.cpp's plain chain beside it: both
+    sample the same logits row each step, and any pick on which they differ is noted."""
+
+    argmax = False  # each stream samples its own row here, through both chains
+    constrained = False
+
+    def __init__(self, native, params, prompt=()):
+        self.fast = SamplerChain(native, params, prompt)
+        SamplerChain.shortcuts = False
+        try:
+            self.plain = SamplerChain(native, params, prompt)
+        finally:
+            SamplerChain.shortcuts = True
+        self.picks: list[tuple[int, int]] = []
+        _Twin.made.append(self)
+
+    def sample(self, native, batch_index: int) -> int:
+        token = self.fast.sample(native, batch_index)
+        self.picks.append((token, self.plain.sample(native, batch_index)))
+        return token
+
+    def close(self) -> None:
+        self.fast.close()
+        self.plain.close()
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize("case", SHORTCUT_CASES)
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, model, case):
     """Greedy as an argmax, penalties after a cut to the best candidates: same tokens as
-    llama.cpp's plain chain, on a 49k and a 262k vocabulary."""
+    llama.cpp's plain chain, on a 49k and a 262k vocabulary. Both chains sample the same
+    logits at every step (two runs would be two batch shapes, whose floats may differ)."""
     backend = request.getfixturevalue(model)
     ask = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
-
-    def tokens() -> list[int]:
-        generation = backend.chat(ask, SHORTCUT_CASES[case])
-        return [e.token for e in generation if isinstance(e, TokenEvent)]
-
-    fast = tokens()
-    monkeypatch.setattr(SamplerChain, "shortcuts", False)
-    assert fast == tokens() and len(fast) > 20
+    monkeypatch.setattr(_Twin, "made", [], raising=False)
+    monkeypatch.setattr(engine_module, "SamplerChain", _Twin)
+    backend.chat(ask, SHORTCUT_CASES[case]).text()
+    (twin,) = _Twin.made
+    assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
+    assert all(fast == plain for fast, plain in twin.picks), twin.picks
 
 
 def test_json_schema_grammar_with_penalties(smollm2):
@@ -136,44 +164,49 @@ def test_engine_stats_count_steps_and_tokens(smollm2):
     assert 0 < after.engine_overhead < 1
 
 
-def test_async_events_match_the_threaded_stream(smollm2):
+def test_async_events_match_the_threaded_stream(smollm2, smollm2_reference):
     params = SamplingParams(temperature=0, max_tokens=12)
-    expected = smollm2.chat(QUESTION, params).text()
+    prompt = smollm2.tokenize(smollm2.apply_chat_template(QUESTION))
 
     async def collect():
-        generation = smollm2.chat(QUESTION, params)
+        generation = smollm2.generate(prompt, params)
         await asyncio.sleep(0.2)  # some events arrive before anyone listens: none is lost
         events = [e async for e in generation.events()]
         return events, generation
 
     events, generation = asyncio.run(collect())
-    assert "".join(e.text for e in events if isinstance(e, TokenEvent)) == expected
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
     assert isinstance(events[-1], DoneEvent) and generation.stats is events[-1].stats
+    # every token's event, in order: a lost one would leave a gap in the greedy reply
+    assert smollm2_reference.follows(prompt, "".join(e.text for e in tokens),
+                                     generation.stats.finish_reason) >= 8
 
 
+@pytest.mark.numerics
 def test_greedy_streams_picked_together_match_llama_cpps_greedy(smollm2, monkeypatch):
     """Several greedy streams in one step take their tokens from one argmax over all the
     step's logits rows: each must get exactly what llama.cpp's own greedy sampler picks
-    from its own row (rows in batch order, prompt rows among them)."""
+    from its own row (rows in batch order, prompt rows among them), in the same step."""
     params = SamplingParams(temperature=0, max_tokens=24)
     prompts = [smollm2.tokenize(f"{topic}: once upon a time") for topic in
                ("A story about the sea", "Notes on Paris", "Recipe", "Why the sky is blue")]
-
-    def together() -> list[list[int]]:
-        generations = [smollm2.generate(p, params) for p in prompts]  # all queued at once
-        return [[e.token for e in g if isinstance(e, TokenEvent)] for g in generations]
-
-    shared = []
+    greedy = llama_cpp.llama_sampler_init_greedy()
+    checked: list[tuple[int, int]] = []  # (the shared argmax's pick, llama.cpp's)
     original = engine_module.Engine._greedy_picks
 
-    def counted(self):
+    def checking(self):
         picks = original(self)
-        shared.append(picks is not None)
+        for slot in self.slots:
+            if picks is not None and slot.task and slot.batch_index >= 0 and slot.sampler.argmax:
+                own = llama_cpp.llama_sampler_sample(greedy, self.native.ctx, slot.batch_index)
+                checked.append((int(picks[slot.output_row]), own))
         return picks
 
-    monkeypatch.setattr(engine_module.Engine, "_greedy_picks", counted)
-    fast = together()
-    monkeypatch.setattr(SamplerChain, "shortcuts", False)
-    assert fast == together() and all(len(t) > 10 for t in fast)
-    assert len(set(map(tuple, fast))) == len(prompts)  # four different replies
-    assert sum(shared) > 10  # most steps picked for two streams at once
+    monkeypatch.setattr(engine_module.Engine, "_greedy_picks", checking)
+    generations = [smollm2.generate(p, params) for p in prompts]  # all queued at once
+    replies = [[e.token for e in g if isinstance(e, TokenEvent)] for g in generations]
+    llama_cpp.llama_sampler_free(greedy)
+    assert all(len(r) > 10 for r in replies)
+    assert len(set(map(tuple, replies))) == len(prompts)  # four different replies
+    assert len(checked) > 20  # most steps picked for two streams at once
+    assert all(shared == own for shared, own in checked), checked

@@ -11,6 +11,8 @@ from localinfer.backends.draft import ngram_draft
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
+from ..greedy import Reference, eog_ban
+
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
         "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n")
 ASK = [{"role": "user", "content": "Rewrite this code, adding a docstring to each function:\n\n"
@@ -24,27 +26,38 @@ def test_the_draft_is_what_followed_the_latest_match():
     assert ngram_draft([5, 6, 7, 5, 6], max_draft=2) == [7, 5]
 
 
+def _prompt(backend, messages) -> list[int]:
+    return backend.tokenize(backend.apply_chat_template(messages))
+
+
 def _run(path, draft: int, params: SamplingParams, n_slots: int = 1):
     with LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=n_slots, draft_tokens=draft),
                          name="model") as backend:
-        generation = backend.chat(ASK, params)
+        generation = backend.generate(_prompt(backend, ASK), params)
         text = generation.text()
         return text, generation.stats, backend.stats().steps
 
 
-@pytest.mark.parametrize("model", ["smollm2_path", "gemma3_path"])
+@pytest.mark.numerics  # (its references are looked up by name: not marked by itself)
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_speculative_greedy_output_equals_plain_greedy_output(request, model):
-    """Sampled replies follow the same distribution too, but a guess's logits come from a
-    bigger batch, and the last bits of floating point can flip a random draw; greedy holds."""
-    path = request.getfixturevalue(model)
+    """Every token is the greedy pick of logits computed on exactly the tokens before it,
+    so the reply is plain decoding's (guesses are decoded in bigger batches, whose floats
+    may part from plain decoding's at a near-tie: the reference judges, tests/greedy.py).
+    Sampled replies follow the same distribution too, but those last bits can flip a
+    random draw."""
+    path = request.getfixturevalue(f"{model}_path")
+    reference = request.getfixturevalue(f"{model}_reference")
+    prompt = _prompt(request.getfixturevalue(model), ASK)
     params = SamplingParams(temperature=0, max_tokens=120)
     plain, plain_stats, plain_steps = _run(path, 0, params)
     fast, stats, steps = _run(path, 8, params)
-    assert fast == plain
-    assert stats.generated_tokens == plain_stats.generated_tokens
+    assert reference.follows(prompt, fast, stats.finish_reason) > 30
+    assert reference.follows(prompt, plain, plain_stats.finish_reason) > 30
     assert stats.draft_tokens > 0 and stats.accepted_tokens > 0
     assert 0 < stats.acceptance_rate <= 1
-    assert steps < plain_steps  # accepted guesses saved decode steps
+    # accepted guesses saved decode steps
+    assert steps / stats.generated_tokens < plain_steps / plain_stats.generated_tokens
     assert plain_stats.draft_tokens == 0
 
 
@@ -74,35 +87,43 @@ def test_guessing_stops_when_guesses_keep_failing(smollm2_path):
 OPEN = [{"role": "user", "content": "Why is the sky blue? Explain in detail."}]
 
 
-def _draft_run(path, draft_model, messages, max_tokens: int = 120, draft: int = 0):
+def _draft_run(path, draft_model, messages, max_tokens: int = 120, draft: int = 0,
+               endless: bool = False):
     options = LoadOptions(n_ctx=1024, draft_model=draft_model and str(draft_model),
                           draft_tokens=draft)
     with LlamaCppBackend(path, options, name="model") as backend:
-        generation = backend.chat(messages, SamplingParams(temperature=0, max_tokens=max_tokens))
+        bias = eog_ban(backend.native) if endless else {}
+        generation = backend.generate(_prompt(backend, messages), SamplingParams(
+            temperature=0, max_tokens=max_tokens, logit_bias=bias))
         text = generation.text()
         return text, generation.stats, backend.stats().steps
 
 
-def test_a_draft_model_gives_the_plain_greedy_reply_in_fewer_steps(quant_files):
+@pytest.mark.numerics
+def test_a_draft_model_gives_the_plain_greedy_reply_in_fewer_steps(quant_files, smollm2):
     """The Q8_0 model, guessed for by its Q4_1 quantisation: the same vocabulary, mostly
     the same choices, different numbers — so some guesses fail and are thrown away."""
     target, draft = quant_files["Q8_0"], quant_files["Q4_1"]
+    reference = Reference(target)
     rates = {}
     for name, messages in (("open", OPEN), ("code", ASK)):
+        prompt = _prompt(smollm2, messages)  # the same vocabulary and template as the Q8_0
         plain, plain_stats, plain_steps = _draft_run(target, None, messages)
         fast, stats, steps = _draft_run(target, draft, messages)
-        assert fast == plain, name
-        assert stats.generated_tokens == plain_stats.generated_tokens
+        assert reference.follows(prompt, fast, stats.finish_reason) > 30, name
+        assert reference.follows(prompt, plain, plain_stats.finish_reason) > 30, name
         assert stats.draft_tokens > 0 and 0.5 < stats.acceptance_rate <= 1, name
-        assert steps < plain_steps
+        assert steps / stats.generated_tokens < plain_steps / plain_stats.generated_tokens
         rates[name] = stats.acceptance_rate
+    reference.close()
     # an open question is where a draft model beats prompt lookup: nothing there to look up
     _, lookup, _ = _draft_run(target, None, OPEN, draft=8)
     assert rates["open"] > (lookup.acceptance_rate or 0)
 
 
 def test_max_tokens_is_exact_with_a_draft_model(quant_files):
-    _, stats, _ = _draft_run(quant_files["Q8_0"], quant_files["Q4_1"], OPEN, max_tokens=5)
+    _, stats, _ = _draft_run(quant_files["Q8_0"], quant_files["Q4_1"], OPEN, max_tokens=5,
+                             endless=True)
     assert stats.generated_tokens == 5 and stats.finish_reason == "length"
 
 
@@ -119,7 +140,7 @@ def test_a_draft_model_follows_a_request_across_the_whole_pool(quant_files):
     with LlamaCppBackend(quant_files["Q8_0"], options) as backend:
         prompt = backend.tokenize("Count up by one, separated by commas: 1, 2, 3, 4, 5, 6,")
         generation = backend.generate(prompt, SamplingParams(
-            temperature=0, max_tokens=400, logit_bias={backend.native.eos(): -100}))
+            temperature=0, max_tokens=400, logit_bias=eog_ban(backend.native)))
         numbers = [int(n) for n in re.findall(r"\d+", generation.text())]
         steps = backend.stats().steps
     stats = generation.stats

@@ -11,6 +11,8 @@ from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.step_budget import StepBudget
 from localinfer.errors import InvalidRequest
 
+from ..greedy import eog_ban
+
 
 def test_nothing_generating_means_whole_chunks():
     budget = StepBudget(2.5)
@@ -67,7 +69,7 @@ def _steps_while_a_prompt_is_read(path, budget: float | None) -> tuple[list, lis
                               name="smollm2:135m")
     steps: list[tuple[float, int, int]] = []
     try:
-        bias = {backend.native.eos(): -100}
+        bias = eog_ban(backend.native)
         running = backend.generate(backend.tokenize("Count from one to one hundred: one,"),
                                    SamplingParams(temperature=0, max_tokens=900, logit_bias=bias))
         events = iter(running)

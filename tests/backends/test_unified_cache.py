@@ -21,6 +21,8 @@ from localinfer.backends.engine import SlotState
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.errors import EngineBusy, PromptTooLong
 
+from ..greedy import eog_ban
+
 N_CTX, N_SLOTS = 128, 4  # a pool of 512 cells
 
 
@@ -52,7 +54,7 @@ def _count(backend, start: int, max_tokens: int):
     shown = ", ".join(str(i) for i in range(start, start + 6))
     prompt = backend.tokenize(f"Count up by one, separated by commas: {shown},")
     params = SamplingParams(temperature=0, max_tokens=max_tokens,
-                            logit_bias={backend.native.eos(): -100})
+                            logit_bias=eog_ban(backend.native))
     return backend.generate(prompt, params)
 
 
