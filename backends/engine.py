@@ -127,8 +127,12 @@ class Engine:
         unified: bool = False,
         drafter: DraftModel | None = None,
         threads: ThreadTuner | None = None,
+        grammar_limit_s: float = 0.5,
     ):
         self.native = native
+        # one token of a grammar-constrained reply may take this long to sample; past it the
+        # request ends with an error, so a costly grammar cannot stall every other stream
+        self.grammar_limit_s = grammar_limit_s
         # re-chooses llama.cpp's thread count as other processes load the CPU (threads.py);
         # None: the count the context was made with stays
         self.threads = threads
@@ -462,7 +466,9 @@ class Engine:
                 if best is not None and slot.sampler.argmax:
                     token = int(best[slot.output_row])
                 else:
-                    token = slot.sampler.sample(self.native, slot.batch_index)
+                    token = self._sample(slot, slot.batch_index)
+                    if token is None:
+                        continue
                 slot.state = SlotState.GENERATING
                 self._on_token(slot, token)
             elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
@@ -555,19 +561,41 @@ class Engine:
         task = slot.task
         del slot.cache[len(slot.cache) - len(draft):]
         task.stats.draft_tokens += len(draft)
-        token = slot.sampler.sample(self.native, slot.batch_index)
+        token = self._sample(slot, slot.batch_index)
+        if token is None:  # failed: the guesses' KV goes all the same
+            llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, len(slot.cache), -1)
+            return
         slot.state = SlotState.GENERATING
         self._on_token(slot, token)
         accepted = 0
         while slot.task is task and accepted < len(draft) and token == draft[accepted]:
             slot.cache.append(draft[accepted])  # its KV, computed this step, is valid
             accepted += 1
-            token = slot.sampler.sample(self.native, slot.batch_index + accepted)
+            token = self._sample(slot, slot.batch_index + accepted)
+            if token is None:
+                break
             self._on_token(slot, token)
         task.stats.accepted_tokens += accepted
         slot.draft_quality += 0.3 * (accepted / len(draft) - slot.draft_quality)
         # the rejected guesses' KV goes
         llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, len(slot.cache), -1)
+
+    def _sample(self, slot: Slot, batch_index: int) -> int | None:
+        """The slot's next token; None when its grammar took too long and it was failed."""
+        if not slot.sampler.constrained:
+            return slot.sampler.sample(self.native, batch_index)
+        started = time.perf_counter()
+        token = slot.sampler.sample(self.native, batch_index)
+        spent = time.perf_counter() - started
+        if spent <= self.grammar_limit_s:
+            return token
+        log.warning("slot %d: task %d's grammar took %.2f s for one token; ending it",
+                    slot.id, slot.task.id, spent)
+        self._fail(slot, InvalidRequest(
+            f"following the response format took {spent:.2f} s for one token, more than the "
+            f"{self.grammar_limit_s:g} s allowed — simplify the schema (nested repetitions, "
+            "long alternatives)"))
+        return None
 
     def _add(self, n: int, slot: Slot, token: int, logits: bool) -> int:
         b = self._batch
@@ -646,6 +674,12 @@ class Engine:
         slot.state = SlotState.IDLE
         slot.batch_index = -1
         slot.last_used = self._clock()
+
+    def _fail(self, slot: Slot, error: LocalinferError) -> None:
+        """End one request with an error; its slot's KV stays valid for the next."""
+        slot.task.generation.put(ErrorEvent(error))
+        self._counters["finished"] += 1
+        self._release(slot)
 
     def _fail_active(self, error: LocalinferError) -> None:
         for slot in self.slots:

@@ -1,12 +1,28 @@
-"""Structured output: JSON Schema → GBNF for the grammar sampler.
+"""Structured output: JSON Schema → GBNF for the grammar sampler, with its cost bounded.
 
 The converter is llama-cpp-python's port of llama.cpp's json-schema-to-grammar, the one
-llama.cpp's own server uses; this module only gives it our error type.
+llama.cpp's own server uses; this module gives it our error type and bounds what a
+schema may cost before anything is built. The port writes a repetition of up to n items
+as n nested optional groups, and llama.cpp parses a grammar by recursion: a schema as
+small as `{"type": "string", "maxLength": 20000}` nested 20,000 groups deep and overflowed
+the stack of the thread that parsed it (a crash of the whole process, measured). Nested
+bounded repetitions in a pattern (`((a{0,100}){0,100}){0,100}`) are ambiguous, and the
+sampler then keeps millions of parse stacks: minutes per token. So, before conversion:
+- every repetition bound (maxLength, minLength, maxItems, minItems, `{m,n}` in a pattern)
+  is at most `MAX_REPEAT`, and nested bounded repetitions in a pattern multiply to at most
+  `MAX_REPEAT` as well;
+- the schema has at most `MAX_NODES` subschemas, nests at most `MAX_DEPTH` deep, lists at
+  most `MAX_ENUM` enum/const values in all (the limits OpenAI's structured outputs set),
+  and its repetition bounds add up to at most `MAX_EXPANSION`;
+and after conversion the grammar is at most `MAX_GRAMMAR_BYTES` long and nests at most
+`MAX_GRAMMAR_DEPTH` groups deep (`check_gbnf`, which the sampler's builder applies to any
+grammar). Each refusal is an `InvalidRequest` that names the limit.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -14,13 +30,163 @@ from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
 from localinfer.errors import InvalidRequest
 
-__all__ = ["ANY_JSON", "json_schema_grammar"]
+__all__ = ["ANY_JSON", "MAX_REPEAT", "check_gbnf", "json_schema_grammar"]
 
 ANY_JSON = JSON_GBNF  # any JSON value whose top level is an object ("json_object" mode)
 
+MAX_REPEAT = 1000  # llama.cpp's own parser refuses repetitions past ~1,100 nested groups
+MAX_EXPANSION = 20_000  # all repetition bounds of one schema, added up
+MAX_NODES = 5000
+MAX_DEPTH = 32
+MAX_ENUM = 1000
+MAX_PATTERN = 1000  # characters of one regular expression
+MAX_GRAMMAR_BYTES = 512 * 1024
+MAX_GRAMMAR_DEPTH = 2000  # nested groups; the parser is built on a 64 MiB stack (~450 B each)
+
+_COUNTS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
+_QUANTIFIER = re.compile(r"\{(\d+)(,?)(\d*)\}")
+
 
 def json_schema_grammar(schema: Mapping[str, Any]) -> str:
+    """The GBNF for a JSON schema, or InvalidRequest when it is malformed or too costly."""
+    _Budget().visit(schema, 0)
     try:
-        return json_schema_to_gbnf(json.dumps(schema))
+        grammar = json_schema_to_gbnf(json.dumps(schema))
+    except (KeyError, RecursionError) as exc:  # a $ref to itself, directly or in a loop
+        raise InvalidRequest(f"the JSON schema's $ref {str(exc)[:80]} cannot be resolved: it "
+                             "refers to itself before any value is written") from None
     except Exception as exc:  # the converter raises bare exceptions of several kinds
         raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}") from None
+    check_gbnf(grammar)
+    return grammar
+
+
+def check_gbnf(grammar: str) -> None:
+    """Refuse a grammar too long or too deeply nested for llama.cpp's recursive parser."""
+    if len(grammar) > MAX_GRAMMAR_BYTES:
+        raise InvalidRequest(f"the grammar is {len(grammar):,} bytes, more than the "
+                             f"{MAX_GRAMMAR_BYTES:,} allowed — simplify the schema")
+    depth = _nesting(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise InvalidRequest(f"the grammar nests {depth:,} groups deep, more than the "
+                             f"{MAX_GRAMMAR_DEPTH:,} allowed — simplify the schema")
+
+
+def _nesting(grammar: str) -> int:
+    """The deepest nesting of ( ) groups, outside string literals, character classes and
+    comments."""
+    depth = deepest = 0
+    i, n = 0, len(grammar)
+    while i < n:
+        c = grammar[i]
+        if c == '"' or c == "[":
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and grammar[i] != close:
+                i += 2 if grammar[i] == "\\" else 1
+        elif c == "#":
+            while i < n and grammar[i] != "\n":
+                i += 1
+        elif c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth -= 1
+        i += 1
+    return deepest
+
+
+class _Budget:
+    """Walks a schema once, counting what its grammar would cost; refuses past the limits."""
+
+    def __init__(self) -> None:
+        self.nodes = self.enums = self.expansion = 0
+
+    def visit(self, node: Any, depth: int) -> None:
+        if isinstance(node, list):
+            for item in node:
+                self.visit(item, depth)
+            return
+        if not isinstance(node, Mapping):
+            return
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"the JSON schema nests more than {MAX_DEPTH} levels deep")
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            raise InvalidRequest(f"the JSON schema has more than {MAX_NODES:,} subschemas")
+        for key in _COUNTS:
+            self._repeat(node.get(key), key)
+        enum = node.get("enum")
+        self.enums += (len(enum) if isinstance(enum, list) else 0) + ("const" in node)
+        if self.enums > MAX_ENUM:
+            raise InvalidRequest(f"the JSON schema lists more than {MAX_ENUM:,} enum or const "
+                                 "values in all")
+        if isinstance(node.get("pattern"), str):
+            self._pattern(node["pattern"])
+        for key, value in node.items():
+            if key not in ("enum", "const", "default", "examples", "pattern"):
+                self.visit(value, depth + 1)
+
+    def _repeat(self, value: Any, where: str) -> None:
+        if value is None:
+            return
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidRequest(f"{where} in the JSON schema must be a number, not {value!r}")
+        if value > MAX_REPEAT:
+            raise InvalidRequest(f"{where} {value:g} in the JSON schema is more than the "
+                                 f"{MAX_REPEAT:,} that structured output allows")
+        self.expansion += max(int(value), 0)
+        if self.expansion > MAX_EXPANSION:
+            raise InvalidRequest(f"the JSON schema's lengths and counts add up to more than "
+                                 f"{MAX_EXPANSION:,} — lower maxLength / maxItems")
+
+    def _pattern(self, pattern: str) -> None:
+        if len(pattern) > MAX_PATTERN:
+            raise InvalidRequest(f"a pattern in the JSON schema is {len(pattern):,} characters, "
+                                 f"more than the {MAX_PATTERN:,} allowed")
+        product = _nested_repeats(pattern)
+        if product > MAX_REPEAT:
+            raise InvalidRequest(f"the pattern {pattern[:60]!r} nests bounded repetitions that "
+                                 f"multiply to {product:,}, more than the {MAX_REPEAT:,} "
+                                 "allowed — use * or + for open-ended parts")
+        self.expansion += product
+        if self.expansion > MAX_EXPANSION:
+            raise InvalidRequest(f"the JSON schema's lengths and counts add up to more than "
+                                 f"{MAX_EXPANSION:,} — lower maxLength / maxItems")
+
+
+def _nested_repeats(pattern: str) -> int:
+    """The largest product of `{m,n}` bounds along any nesting of groups in a regular
+    expression (`((a{0,10}){0,10}){3}` → 300). Open-ended quantifiers (* + ?) add no
+    factor: the grammar keeps them as loops, not copies."""
+    inner = [1]  # per open group: the largest product found inside it so far
+    last = 1  # the product of the atom (or group) just read, which a quantifier multiplies
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        match = _QUANTIFIER.match(pattern, i) if c == "{" else None
+        if match:
+            low, comma, high = match.groups()
+            last *= max(int(high) if high else int(low), 1)
+            inner[-1] = max(inner[-1], last)
+            if last > MAX_REPEAT * MAX_REPEAT:
+                return last
+            i = match.end()
+            continue
+        if c == "(":
+            inner.append(1)
+        elif c == ")" and len(inner) > 1:
+            last = inner.pop()
+            inner[-1] = max(inner[-1], last)
+            i += 1
+            continue
+        elif c == "[":  # a character class is one atom
+            i += 1
+            while i < n and pattern[i] != "]":
+                i += 2 if pattern[i] == "\\" else 1
+        elif c == "\\":
+            i += 1
+        if c not in "*+?":
+            last = 1
+        i += 1
+    return max(inner)

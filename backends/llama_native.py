@@ -16,6 +16,7 @@ import numpy
 
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.ggml_backends import ensure_loaded
+from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
 __all__ = ["NativeModel", "SamplerChain", "grammar_sampler", "route_llama_log"]
@@ -211,6 +212,7 @@ class SamplerChain:
                      params.presence_penalty) != (1, 0, 0)
         self.argmax = (self.shortcuts and params.greedy and not penalised
                         and not params.logit_bias and not params.grammar)
+        self.constrained = bool(params.grammar)  # its cost per token is bounded by the engine
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if params.logit_bias:
             add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
@@ -267,7 +269,29 @@ def _logit_bias_sampler(n_vocab: int, bias: Sequence[tuple[int, float]]) -> llam
     return llama_cpp.llama_sampler_init_logit_bias(n_vocab, len(bias), entries)
 
 
+_GRAMMAR_STACK = 64 * 1024 * 1024
+_stack_size_lock = threading.Lock()
+
+
 def grammar_sampler(native: NativeModel, grammar: str) -> llama_cpp.llama_sampler_p | None:
-    """A grammar sampler, or None when the GBNF does not parse. Reads only the vocabulary."""
-    sampler = llama_cpp.llama_sampler_init_grammar(native.vocab, grammar.encode(), b"root")
-    return sampler or None
+    """A grammar sampler, or None when the GBNF does not parse. Reads only the vocabulary.
+
+    llama.cpp parses the grammar by recursion, so it runs on a thread of its own with a
+    64 MiB stack (reserved, not committed): what `check_gbnf` lets through then parses in
+    any calling thread — a server's event loop, or a secondary thread with macOS's 512 KiB.
+    """
+    check_gbnf(grammar)
+    built: list[llama_cpp.llama_sampler_p] = []
+
+    def build() -> None:
+        built.append(llama_cpp.llama_sampler_init_grammar(native.vocab, grammar.encode(), b"root"))
+
+    with _stack_size_lock:  # the size applies to threads started while it is set
+        previous = threading.stack_size(_GRAMMAR_STACK)
+        try:
+            thread = threading.Thread(target=build, name="localinfer-grammar", daemon=True)
+            thread.start()
+        finally:
+            threading.stack_size(previous)
+    thread.join()
+    return built[0] if built and built[0] else None

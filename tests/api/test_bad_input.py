@@ -42,6 +42,21 @@ CASES = [
      400),
     ("/api/pull", {}, 400),
     ("/api/pull", {"model": "hf.co/owner/repo:banana"}, 404),
+    # schemas whose grammar would overflow llama.cpp's parser (the process died), explode
+    # its parse stacks (minutes a token, every stream stalled) or never end
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "string", "maxLength": 20000}}}}, 400),
+    ("/api/generate", {"model": "smollm2:135m", "prompt": "hi", "stream": False,
+                       "format": {"type": "array", "items": {"type": "integer"},
+                                  "maxItems": 20000}}, 400),
+    ("/api/chat", {**OLLAMA_CHAT, "format": {"type": "string",
+                                             "pattern": "^((a{0,100}){0,100}){0,100}$"}}, 400),
+    ("/api/chat", {**OLLAMA_CHAT, "format": {"enum": list(range(100_000))}}, 400),
+    ("/api/chat", {**OLLAMA_CHAT, "format": {"$defs": {"n": {"$ref": "#/$defs/n"}},
+                                             "$ref": "#/$defs/n"}}, 400),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {
+            "x": {"type": "string", "minLength": 5000}}}}}], "tool_choice": "required"}, 400),
 ]
 
 
