@@ -74,6 +74,9 @@ _SCALARS = {
     gguf.GGUFValueType.FLOAT64: "<d",
 }
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
+_MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
+_MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more
+_MAX_COUNT = 2**31  # a layer, head or context count beyond this is damage, not a model
 
 
 @dataclass(frozen=True)
@@ -103,15 +106,17 @@ class _Cursor:
         self.pos += n
         return raw.decode("utf-8", errors="replace")
 
-    def value(self, vtype: int) -> Any:
+    def value(self, vtype: int, depth: int = 0) -> Any:
         vtype = gguf.GGUFValueType(vtype)
         if vtype == gguf.GGUFValueType.STRING:
             return self.string()
         if vtype == gguf.GGUFValueType.ARRAY:
-            return self.array()
+            if depth >= _MAX_ARRAY_NESTING:
+                raise ValueError(f"arrays nest more than {_MAX_ARRAY_NESTING} deep")
+            return self.array(depth + 1)
         return self.scalar(_SCALARS[vtype])
 
-    def array(self) -> list[Any] | SkippedArray:
+    def array(self, depth: int = 1) -> list[Any] | SkippedArray:
         item_type = gguf.GGUFValueType(self.scalar("<I"))
         n = self.scalar("<Q")
         if item_type in _SCALARS and n > _SMALL_ARRAY:  # token scores and types
@@ -124,7 +129,7 @@ class _Cursor:
                 length = self.scalar("<Q")
                 self.pos += length
             return SkippedArray(n)
-        return [self.value(item_type) for _ in range(n)]
+        return [self.value(item_type, depth) for _ in range(n)]
 
 
 @dataclass(frozen=True)
@@ -148,27 +153,43 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
         meta[key] = cur.value(cur.scalar("<I"))
     data_end, n_params, separate_output = 0, 0, False
     for _ in range(n_tensors):
-        separate_output |= cur.string() == "output.weight"
-        dims = [cur.scalar("<Q") for _ in range(cur.scalar("<I"))]
+        name = cur.string()
+        separate_output |= name == "output.weight"
+        n_dims = cur.scalar("<I")
+        if n_dims > _MAX_DIMS:
+            raise ValueError(f"tensor {name[:40]!r} has {n_dims:,} dimensions (at most "
+                             f"{_MAX_DIMS})")
+        dims = [cur.scalar("<Q") for _ in range(n_dims)]
+        if math.prod(dims) >= 2**63:
+            raise ValueError(f"tensor {name[:40]!r} has more than 2^63 elements")
         n_params += math.prod(dims)
         qtype = gguf.GGMLQuantizationType(cur.scalar("<I"))
         offset = cur.scalar("<Q")
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_bytes = math.prod(dims) // block * type_size
         data_end = max(data_end, offset + n_bytes)
-    alignment = int(meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT))
+    alignment = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
+    if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
+            or alignment > 2**30 or alignment & (alignment - 1)):
+        raise ValueError(f"general.alignment is {alignment!r}, not a power of two")
     data_start = -(-cur.pos // alignment) * alignment
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
     return _Header(meta, data_start + data_end, n_params, separate_output)
 
 
-def _largest(value: Any, default: Any) -> Any:
+def _count(key: str, value: Any, default: int) -> int:
+    """A count from the header (layers, heads, lengths): a whole number, or per-layer whole
+    numbers (e.g. head_count_kv), of which the largest counts."""
     if value is None:
         return default
-    if isinstance(value, list):  # per-layer arrays (e.g. head_count_kv): take the largest
-        return max(value) if value else default
-    return value
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        return default
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_COUNT
+               for v in values):
+        raise ValueError(f"{key} is {str(value)[:60]}, not a count")
+    return max(values)
 
 
 def quant_name(file_type: int | None) -> str:
@@ -201,7 +222,7 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             header = _read_header(buf, size)
-    except (ValueError, KeyError, struct.error, OverflowError) as exc:
+    except _DAMAGE as exc:
         raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
     if header.data_end > size:
         raise InvalidModelFile(
@@ -212,13 +233,17 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     return _info_from_header(path, size, header)
 
 
+# what a damaged header raises while it is read: each becomes InvalidModelFile
+_DAMAGE = (ValueError, KeyError, TypeError, struct.error, OverflowError, MemoryError)
+
+
 def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:
     """The same, from the first bytes of a file elsewhere (a range request to the hub)."""
     if data[:4] != _MAGIC:
         raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
     try:
         header = _read_header(data, file_size)
-    except (ValueError, KeyError, struct.error, OverflowError) as exc:
+    except _DAMAGE as exc:
         raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
     if file_size and header.data_end > file_size:
         raise InvalidModelFile(str(path), f"its tensors need {header.data_end:,} bytes but the "
@@ -233,31 +258,40 @@ def _array_length(value: Any) -> int:
 
 
 def _info_from_header(path: Path, size: int, header: _Header) -> GGUFInfo:
+    try:
+        return _facts(path, size, header)
+    except _DAMAGE as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged ({exc})") from exc
+
+
+def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
     meta = header.meta
     arch = str(meta.get("general.architecture", "unknown"))
 
-    def get(key: str, default: Any = 0) -> Any:
-        return _largest(meta.get(f"{arch}.{key}"), default)
+    def get(key: str, default: int | None = 0) -> int | None:
+        return _count(f"{arch}.{key}", meta.get(f"{arch}.{key}"), default)
 
-    n_head = int(get("attention.head_count"))
-    n_embd = int(get("embedding_length"))
+    n_head = get("attention.head_count")
+    n_embd = get("embedding_length")
     default_head_dim = n_embd // n_head if n_head else 0
     window = get("attention.sliding_window", None)
+    template = meta.get("tokenizer.chat_template")
+    file_type = meta.get("general.file_type")
     return GGUFInfo(
         path=path,
         file_size=size,
         architecture=arch,
         name=str(meta.get("general.name", path.stem)),
-        quant=quant_name(meta.get("general.file_type")),
-        n_layer=int(get("block_count")),
+        quant=quant_name(file_type if isinstance(file_type, int) else None),
+        n_layer=get("block_count"),
         n_head=n_head,
-        n_head_kv=int(get("attention.head_count_kv", n_head)),
-        head_dim_k=int(get("attention.key_length", default_head_dim)),
-        head_dim_v=int(get("attention.value_length", default_head_dim)),
-        n_ctx_train=int(get("context_length")),
-        sliding_window=int(window) if window else None,
+        n_head_kv=get("attention.head_count_kv", n_head),
+        head_dim_k=get("attention.key_length", default_head_dim),
+        head_dim_v=get("attention.value_length", default_head_dim),
+        n_ctx_train=get("context_length"),
+        sliding_window=window or None,
         n_vocab=_array_length(meta.get("tokenizer.ggml.tokens")),
-        chat_template=meta.get("tokenizer.chat_template"),
+        chat_template=template if isinstance(template, str) else None,
         n_embd=n_embd,
         n_params=header.n_params,
         separate_output=header.separate_output,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import logging
 import re
+import struct
 
 import pytest
 
@@ -102,3 +103,60 @@ def test_the_input_embeddings_of_an_untied_model_stay_off_the_gpu(tmp_path):
     assert tied.input_embd_share() == 0
     shape = untied.shape()
     assert shape.gpu_weights(1_000_000) == int(1_000_000 * (1 - 64_000 / untied.n_params))
+
+
+# ------------------------------------------------------------ crafted headers, byte by byte
+_U32, _STR, _ARR = 4, 8, 9  # GGUF value types
+
+
+def _kv(key: str, vtype: int, payload: bytes) -> bytes:
+    raw = key.encode()
+    return struct.pack("<Q", len(raw)) + raw + struct.pack("<I", vtype) + payload
+
+
+def _string(text: str) -> bytes:
+    return struct.pack("<Q", len(text.encode())) + text.encode()
+
+
+def _crafted(path, kvs: list[bytes], dims: tuple[int, ...] = (64, 64)) -> None:
+    """A GGUF header with these key-value pairs and one F32 tensor of these dimensions."""
+    tensor = (_string("blk.0.attn_q.weight") + struct.pack("<I", len(dims))
+              + struct.pack(f"<{len(dims)}Q", *dims) + struct.pack("<IQ", 0, 0))
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 1, len(kvs)) + b"".join(kvs) + tensor
+                     + bytes(64 * 64 * 4 + 32))
+
+
+_ARCH = _kv("general.architecture", _STR, _string("llama"))
+_NESTED = struct.pack("<IQ", _ARR, 1) * 50_000 + struct.pack("<IQ", _U32, 0)
+CRAFTED = {
+    "alignment 0": ([_ARCH, _kv("general.alignment", _U32, struct.pack("<I", 0))], (64, 64),
+                    "not a power of two"),
+    "alignment an array": ([_ARCH, _kv("general.alignment", _ARR, struct.pack("<IQI", _U32, 1, 32))],
+                           (64, 64), "not a power of two"),
+    "block count a string": ([_ARCH, _kv("llama.block_count", _STR, _string("thirty"))], (64, 64),
+                             "llama.block_count is thirty, not a count"),
+    "head count a mixed list": ([_ARCH, _kv("llama.attention.head_count", _ARR,
+                                            struct.pack("<IQ", _STR, 2) + _string("8") + _string("x"))],
+                                (64, 64), "not a count"),
+    "50,000 nested arrays": ([_ARCH, _kv("x.nested", _ARR, _NESTED)], (64, 64), "nest more than 4"),
+    "200,000 dimensions": ([_ARCH], (2**64 - 1,) * 200_000, "200,000 dimensions"),
+    "2^64 elements": ([_ARCH], (2**32, 2**32, 2**32), "more than 2\\^63 elements"),
+}
+
+
+@pytest.mark.parametrize("case", CRAFTED)
+def test_a_crafted_header_is_one_clear_error(tmp_path, case):
+    """Each of these once escaped as a raw ZeroDivisionError, TypeError, RecursionError or a
+    minute of big-integer arithmetic — and broke the model listing of the whole server."""
+    kvs, dims, message = CRAFTED[case]
+    path = tmp_path / "crafted.gguf"
+    _crafted(path, kvs, dims)
+    with pytest.raises(InvalidModelFile, match=message):
+        read_gguf_info(path)
+
+
+def test_the_crafting_makes_a_readable_file_when_nothing_is_wrong(tmp_path):
+    path = tmp_path / "fine.gguf"
+    _crafted(path, [_ARCH, _kv("llama.block_count", _U32, struct.pack("<I", 2))])
+    info = read_gguf_info(path)
+    assert (info.architecture, info.n_layer, info.n_params) == ("llama", 2, 64 * 64)
