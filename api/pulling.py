@@ -3,8 +3,8 @@
 The route waits for the first sign of life (bytes flowing, or the pull over) before it
 answers, so a model that does not exist or a hub that cannot be reached is still a 404 or
 a 502; once bytes flow, the answer is a 200 stream and a later failure is its last line.
-A client that goes away cancels the pull at its next chunk (10 MiB), as Ollama's does;
-huggingface_hub deletes the partial file, so a later pull starts over.
+A client that goes away cancels the pull at its next chunk (1 MiB), as Ollama's does;
+what came so far stays in the staging folder, and a later pull goes on from there.
 """
 
 from __future__ import annotations

@@ -1,12 +1,14 @@
 """The Hugging Face hub as a model source: list a repo's GGUF quants, read a remote file's
 header with HTTP range requests, and download one file — resumable, locked, verified.
 
-Everything goes through huggingface_hub, so HF_ENDPOINT, HF_HUB_OFFLINE and HF_TOKEN work
-as users of the hub expect.
+Addresses, tokens and listings come from huggingface_hub, so HF_ENDPOINT, HF_HUB_OFFLINE and
+HF_TOKEN work as users of the hub expect; the file itself is fetched here, to resume it
+across runs (see `download`).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 import shutil
@@ -17,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
-from huggingface_hub import HfApi, constants, hf_hub_download, hf_hub_url
+from huggingface_hub import HfApi, constants, hf_hub_url
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
@@ -25,7 +27,6 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.utils import build_hf_headers
-from tqdm.auto import tqdm
 
 from localinfer.errors import (
     DiskFull,
@@ -34,7 +35,7 @@ from localinfer.errors import (
     ModelError,
     ModelNotFound,
 )
-from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header, read_gguf_info
 from localinfer.model_store.planner import QUALITY
 
 __all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "file_sha256", "pick_file", "quant_of",
@@ -141,51 +142,97 @@ def remote_info(repo: str, file: RemoteFile, revision: str = "main",
 
 Progress = Callable[[int, "int | None"], None]  # (bytes so far, total bytes or None)
 
-
-def _silent_bar(progress: Progress) -> type[tqdm]:
-    """A progress-bar class for huggingface_hub that prints nothing and reports to `progress`."""
-
-    class _Bar(tqdm):
-        def __init__(self, *args, **kwargs):
-            kwargs["disable"] = True  # the caller draws its own bar (the TUI)
-            super().__init__(*args, **kwargs)
-            self.done = kwargs.get("initial") or 0
-            progress(self.done, self.total)
-
-        def update(self, n: float | None = 1) -> bool | None:
-            self.done += int(n or 0)
-            progress(self.done, self.total)
-            return None
-
-    return _Bar
+_CHUNK = 1024 * 1024
+_ATTEMPTS = 5  # a connection that drops mid-file is picked up again this many times
 
 
 def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main",
              progress: Progress | None = None) -> Path:
     """Download into `dest` (a file path) through a staging folder; verify the sha256 first.
 
-    huggingface_hub resumes an interrupted transfer from its `.incomplete` file and locks
-    each download; the file appears at `dest` only after its hash matched the hub's.
-    With `progress`, the hub's own bar is replaced by calls to it.
+    The bytes go to `<staging>/<name>.<sha256>.partial`, a name that stays the same from one
+    run to the next: a pull that was killed, cancelled or cut off goes on from where it
+    stopped (an HTTP range request), in this process or a later one. (huggingface_hub 2
+    downloads to a name unique to each process, so a later pull started over and the killed
+    one's file stayed for good.) The caller holds the file's lock (store.pull). The file
+    appears at `dest` only after its hash matched the hub's and it read as GGUF.
     """
     staging = dest.parent / ".staging"
     staging.mkdir(parents=True, exist_ok=True)
+    partial = staging / f"{Path(file.path).name}.{(file.sha256 or 'unverified')[:16]}.partial"
+    have = partial.stat().st_size if partial.exists() else 0
     free = shutil.disk_usage(staging).free
-    if file.size and free < file.size:
-        raise DiskFull(f"{file.path} needs {file.size / 2**30:.1f} GiB but the disk has "
-                       f"{free / 2**30:.1f} GiB free — free some space, or set "
+    if file.size and free < file.size - have:
+        raise DiskFull(f"{file.path} needs {(file.size - have) / 2**30:.1f} GiB more but the "
+                       f"disk has {free / 2**30:.1f} GiB free — free some space, or set "
                        "LOCALINFER_HOME to a folder on a bigger disk")
-    bar = _silent_bar(progress) if progress else None
-    got = Path(_hub_call(repo, lambda: hf_hub_download(repo, file.path, revision=revision,
-                                                       local_dir=staging, tqdm_class=bar)))
+    _hub_call(repo, lambda: _fetch(hf_hub_url(repo, file.path, revision=revision), partial,
+                                   file.size or None, progress))
     if file.sha256:
-        digest = file_sha256(got)
+        digest = file_sha256(partial)
         if digest != file.sha256:
-            got.unlink(missing_ok=True)
+            partial.unlink(missing_ok=True)
             raise HubError(f"{file.path} failed its checksum (got {digest[:12]}…, the hub says "
                            f"{file.sha256[:12]}…) — it was deleted; pull again")
-    got.replace(dest)
+    try:  # what the hub holds may be anything: only a file that reads as GGUF is installed
+        read_gguf_info(partial)
+    except InvalidModelFile as exc:
+        partial.unlink(missing_ok=True)
+        raise HubError(f"{file.path} from '{repo}' is not a usable GGUF file: {exc.reason} — "
+                       "nothing was installed") from None
+    partial.replace(dest)
+    _forget_leftovers(staging, Path(file.path).name)
     return dest
+
+
+def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None) -> None:
+    """Append the rest of the file at `url` to `partial`, resuming from its length."""
+    if constants.HF_HUB_OFFLINE:
+        raise OfflineModeIsEnabled("offline")
+    headers = build_hf_headers()
+    for attempt in range(_ATTEMPTS):
+        have = partial.stat().st_size if partial.exists() else 0
+        if size is not None and have >= size:
+            if have > size:  # not the file the hub has now: start over
+                partial.unlink()
+                continue
+            return
+        ask = {**headers, "Range": f"bytes={have}-"} if have else headers
+        try:
+            # (httpx drops the Authorization header when the hub redirects to its CDN)
+            with httpx.stream("GET", url, headers=ask, follow_redirects=True,
+                              timeout=httpx.Timeout(30, connect=10)) as response:
+                response.raise_for_status()
+                resumed = response.status_code == 206
+                with partial.open("ab" if resumed else "wb") as out:
+                    done = have if resumed else 0
+                    total = size or (int(response.headers.get("Content-Length", 0)) + done
+                                     or None)
+                    if progress:
+                        progress(done, total)
+                    for chunk in response.iter_bytes(_CHUNK):
+                        out.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+            if size is None or partial.stat().st_size >= size:
+                return
+        except httpx.TransportError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise DiskFull(f"the disk filled while {partial.name} was downloaded — free "
+                               "some space and pull again: it goes on where it stopped") from None
+            raise
+
+
+def _forget_leftovers(staging: Path, name: str) -> None:
+    """Partial files of an older version of this file, and what huggingface_hub left in
+    the staging folder before downloads were our own."""
+    for stale in staging.glob(f"{name}.*.partial"):
+        stale.unlink(missing_ok=True)
+    shutil.rmtree(staging / ".cache", ignore_errors=True)
 
 
 def file_sha256(path: Path) -> str:

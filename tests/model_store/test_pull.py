@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,9 @@ def test_pull_plans_the_quant_verifies_and_registers(hub, _private_home):
     assert not any((_private_home / "models" / "hub" / REPO / ".staging").glob("*.gguf"))
     listed = cli(hub, "list")
     assert REF in listed.stdout and "Q4_K_M" in listed.stdout
+    # gemma3, not unpacked yet, has the size it will have (it was "—" while show said 241 MiB)
+    assert not (_private_home / "models" / "embedded").exists()
+    assert re.search(r"^gemma3:270m +embedded +241 MiB", listed.stdout, re.M), listed.stdout
     # the columns line up however long a name is (a hub name is longer than 32 characters)
     lines = listed.stdout.splitlines()
     assert len({line.index("SIZE") + 4 if i == 0 else line.index(" MiB") + 4
@@ -98,6 +102,39 @@ def test_an_interrupted_transfer_resumes(hub, _private_home):
     assert hashlib.sha256(file.read_bytes()).hexdigest() == entry.sha256
 
 
+@pytest.mark.slow
+def test_a_pull_killed_midway_resumes_and_leaves_nothing_behind(hub, _private_home):
+    """kill -9 a pull a few MiB in: the next pull asks only for the rest, and no partial file
+    stays in the staging folder."""
+    import signal
+    import time
+
+    entry = hub.repos[REPO]["SmolLM2-135M-Instruct-Q4_1.gguf"]
+    entry.rate = 8 * 2**20  # bytes a second: ~12 s for the whole file
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+           "HF_HOME": os.environ["LOCALINFER_HOME"] + "-hf"}
+    first = subprocess.Popen([sys.executable, "-m", "localinfer", "pull", f"{REF}:Q4_1"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while entry.sent < 16 * 2**20 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = entry.sent
+    assert 16 * 2**20 <= killed_at < entry.size
+    entry.rate = None
+    assert cli(hub, "pull", f"{REF}:Q4_1").returncode == 0
+    resumed = [int(r[6:].split("-")[0]) for r in hub.ranges if not r.startswith("bytes=0-")]
+    assert resumed and resumed[-1] >= 8 * 2**20  # most of what had come was kept
+    assert entry.sent - killed_at < entry.size - 8 * 2**20  # and not sent again
+    staging = _private_home / "models" / "hub" / REPO / ".staging"
+    left = [p for p in staging.rglob("*") if p.is_file() and p.suffix != ".lock"]
+    assert left == [] or all(p.name.endswith(".metadata") for p in left), left
+    (manifest,) = manifests(_private_home)
+    file = _private_home / "models" / "hub" / REPO / manifest["file"]
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == entry.sha256
+
+
 def test_a_corrupted_file_is_rejected_and_nothing_is_registered(hub, _private_home):
     hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].corrupt = True
     one_line_error(cli(hub, "pull", f"{REF}:Q8_0"), "checksum")
@@ -126,7 +163,8 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     removed = cli(hub, "rm", f"{REF}:Q4_1")
     assert removed.returncode == 0, removed.stderr
     assert not file.exists() and manifests(_private_home) == []
-    one_line_error(cli(hub, "rm", f"{REF}:Q4_1"), "not found")
+    # not "no models are available", while the embedded two are
+    one_line_error(cli(hub, "rm", f"{REF}:Q4_1"), "not found", "no pulled model to remove")
     assert cli(hub, "pull", f"{REPO}:Q4_1").returncode == 0  # spelled without hf.co/
     removed = cli(hub, "rm", f"{REPO}:Q4_1")
     assert removed.returncode == 0 and f"deleted hf.co/{REPO}:Q4_1" in removed.stdout, \
