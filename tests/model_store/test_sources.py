@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.errors import ModelFileMissing, ModelNotFound
+from localinfer.errors import DiskFull, ModelFileMissing, ModelNotFound
 from localinfer.model_store.gguf_info import read_gguf_info
 from localinfer.model_store.sources import DEFAULT_MODEL, resolve
 
@@ -25,6 +25,30 @@ def test_gemma3_is_assembled_once_into_the_store(tmp_path):
     assert not list(model.path.parent.glob("*.tmp"))  # no half file left behind
     mtime = model.path.stat().st_mtime_ns
     assert resolve("gemma3", tmp_path).path.stat().st_mtime_ns == mtime  # reused, not rebuilt
+
+
+def test_a_disk_too_small_for_gemma3_is_one_clear_error(small_disk):
+    """It was an OSError traceback on the command line and a 500 from the server."""
+    with pytest.raises(DiskFull, match=r"needs 2\d\d MiB .* but the disk has [0-4] MiB free"):
+        resolve("gemma3:270m", small_disk)
+    assert not list((small_disk / "embedded").iterdir())  # nothing half-written left
+
+
+def test_a_disk_that_fills_while_gemma3_is_written_is_one_clear_error(small_disk, monkeypatch):
+    """Another program took the room between the check and the write: the first reading of
+    the free space says 1 TiB, the write then runs out."""
+    import shutil
+
+    real, readings = shutil.disk_usage, []
+
+    def first_reading_wrong(path):
+        readings.append(path)
+        return shutil._ntuple_diskusage(2**40, 0, 2**40) if len(readings) == 1 else real(path)
+
+    monkeypatch.setattr(shutil, "disk_usage", first_reading_wrong)
+    with pytest.raises(DiskFull, match="free some space"):
+        resolve("gemma3:270m", small_disk)
+    assert len(readings) == 2 and not list((small_disk / "embedded").iterdir())
 
 
 def test_unknown_name_suggests_close_names(tmp_path):
