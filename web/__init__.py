@@ -21,6 +21,17 @@ __all__ = ["STATIC", "install"]
 
 STATIC = Path(__file__).parent / "static"
 router = APIRouter(tags=["web app"])
+# The page runs only its own files and talks only to its own server: a reply's Markdown
+# image pointing elsewhere is not fetched (it would send whatever its URL carries, with no
+# click), and no other site may frame the page or receive a form from it.
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; object-src 'none'; "
+                               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 @router.get("/", include_in_schema=False)
@@ -28,7 +39,7 @@ async def index(request: Request) -> Response:
     """The chat page for a browser; for any other client, the line Ollama's root gives."""
     if "text/html" not in request.headers.get("accept", ""):
         return Response("localinfer is running", media_type="text/plain")
-    return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
+    return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
 
 @router.get("/localinfer/models")

