@@ -3,16 +3,23 @@
 The server listens on a free loopback port with an API key made for this launch, so no other
 page or program on the machine can drive it; the page gets the key in the URL's fragment.
 A native window (pywebview, `pip install "localinfer[desktop]"`) where one can open, else
-the system browser.
+the system browser. The key never goes on a command line, which every user of the machine
+can read (`ps`): the browser is given a page of its own, a file only this user can read,
+that forwards to the app with the key; it is deleted a minute later and when the app ends.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import secrets
 import signal
 import sys
+import tempfile
+import threading
 import time
 import webbrowser
+from pathlib import Path
 
 from localinfer.backends.base import LoadOptions
 from localinfer.settings import ServeSettings
@@ -29,19 +36,36 @@ def run_app(model: str | None, options: LoadOptions, open_window: bool = True,
     settings = ServeSettings(host="127.0.0.1", port=0, api_key=key, parallel=options.n_slots)
     url, server, thread = serve_in_thread(settings, options, model, verbose)
     page = f"{url}/#key={key}"
-    print(f"localinfer app: {page}", flush=True)
+    launch = _launch_page(page)
+    forget = threading.Timer(60, launch.unlink, kwargs={"missing_ok": True})
     try:
         if not open_window or not _in_window(page):
             if open_window:
-                webbrowser.open(page)
+                print(f"localinfer app: {url} (opening it in the browser)", flush=True)
+                forget.start()  # the browser has read it by then
+                webbrowser.open(launch.as_uri())
+            else:  # the file, not the key: stdout may be a log others read
+                print(f"localinfer app: open {launch.as_uri()} (it forwards to {url} with "
+                      "this launch's key; only you can read it)", flush=True)
             print("Ctrl-C stops the app.", file=sys.stderr, flush=True)
             while thread.is_alive():
                 time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     finally:
+        forget.cancel()
+        launch.unlink(missing_ok=True)
         server.handle_exit(0, None)  # streams end with their last chunk, as serve does
         thread.join(timeout=10)
+
+
+def _launch_page(page: str) -> Path:
+    """A page that forwards to `page`, in a file that only this user can read (mkstemp)."""
+    fd, name = tempfile.mkstemp(prefix="localinfer-app-", suffix=".html")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write('<!doctype html><meta charset="utf-8"><title>localinfer</title>'
+                f"<script>location.replace({json.dumps(page)})</script>")
+    return Path(name)
 
 
 def _interrupt(signum: int, frame: object) -> None:
