@@ -65,6 +65,9 @@ def serve_in_thread(serve_settings: ServeSettings, options: LoadOptions, model: 
 
 def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
                     verbose: bool) -> tuple[_Server, socket.socket]:
+    if serve_settings.api_key is not None and not serve_settings.api_key.strip():
+        raise LocalinferError("the API key is blank — anyone could send it; choose one "
+                              "(e.g. `openssl rand -hex 16`)")
     if not is_loopback(serve_settings.host) and not serve_settings.api_key:
         raise LocalinferError(
             f"listening on {serve_settings.host} would expose your models to the network — "

@@ -27,6 +27,7 @@ def _one_line_error(result: subprocess.CompletedProcess, *words: str) -> None:
 def test_listening_beyond_loopback_needs_an_api_key(monkeypatch):
     monkeypatch.delenv("LOCALINFER_API_KEY", raising=False)
     _one_line_error(_serve("--host", "0.0.0.0"), "--api-key", "network")
+    _one_line_error(_serve("--host", "0.0.0.0", "--api-key", "   "), "blank")  # was accepted
 
 
 def test_a_busy_port_is_one_clear_line():
