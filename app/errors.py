@@ -53,11 +53,14 @@ class ModelError(LocalinferError):
 
 
 class ModelNotFound(ModelError, LookupError):
-    def __init__(self, name: str, suggestions: Sequence[str] = (), known: Sequence[str] = ()):
+    def __init__(self, name: str, suggestions: Sequence[str] = (), known: Sequence[str] = (),
+                 hint: str | None = None):
         self.name = name
         self.suggestions = list(suggestions)
         self.known = list(known)
-        if self.suggestions:
+        if hint:
+            pass  # the caller's own words
+        elif self.suggestions:
             hint = "did you mean " + " or ".join(f"'{s}'" for s in self.suggestions) + "?"
         elif self.known:
             hint = "available: " + ", ".join(self.known)

@@ -110,7 +110,11 @@ def remove(models_dir: Path, name: str) -> str:
         if ref is not None:
             name, path = ref.installed_name, _manifest_path(models_dir, ref.installed_name)
     if not path.is_file():
-        raise ModelNotFound(name, known=[m.name for m in installed(models_dir)])
+        pulled = [m.name for m in installed(models_dir)]
+        raise ModelNotFound(name, known=pulled, hint=(
+            f"pulled models: {', '.join(pulled)}" if pulled else
+            "no pulled model to remove (the embedded ones ship with localinfer; "
+            "`localinfer list` shows every model)"))
     try:
         manifest: Manifest | None = Manifest(**json.loads(path.read_text("utf-8")))
     except (ValueError, TypeError):
