@@ -198,9 +198,8 @@ def list_models() -> None:
         models_dir = Settings().models_dir
     rows = []
     for name, model in EMBEDDED.items():
-        if model.available():
-            path = model.peek(models_dir)
-            rows.append((name, "embedded", path.stat().st_size if path else None, "—"))
+        if model.available():  # (gemma3 is unpacked on first use: the size it will have)
+            rows.append((name, "embedded", model.size(models_dir), "—"))
     for m in store.installed(models_dir):
         rows.append((m.name, m.quant or "?", m.size, m.pulled_at.replace("T", " ")[:16]))
     width = max([len("NAME"), *(len(name) for name, *_ in rows)])  # hub names run long
@@ -226,7 +225,8 @@ def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")])
 @app.command()
 def show(
     model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
-    ctx: Annotated[int, typer.Option(min=16, help="Context to plan for.")] = 8192,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=16, help="Context to plan for. [default: what `run` gives this model]")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="Concurrent sequences to plan for.")] = 1,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -237,7 +237,7 @@ def show(
     from localinfer.model_store.hardware import detect
     from localinfer.model_store.planner import WontFit
     from localinfer.model_store.sources import resolve
-    from localinfer.service import plan_for
+    from localinfer.service import default_context, plan_for
     from localinfer.settings import Settings
 
     with _user_errors():
@@ -245,7 +245,8 @@ def show(
         resolved = resolve(model or settings.default_model, settings.models_dir)
         info = read_gguf_info(resolved.path)
         try:
-            chosen = plan_for(info, detect(), n_ctx=ctx, n_slots=parallel)
+            chosen = plan_for(info, detect(), n_ctx=ctx or default_context(info, settings),
+                              n_slots=parallel)
             plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                          "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                          "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,

@@ -41,6 +41,12 @@ def llama_cpp_backend(path: Path, options: LoadOptions, name: str) -> Backend:
     return LlamaCppBackend(path, options, name=name)
 
 
+def default_context(info: GGUFInfo, settings: Settings) -> int:
+    """The context a chat gets when none is asked for: the setting, within what the model
+    was trained on."""
+    return min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
+
+
 def prepare(
     ref: str | None,
     options: LoadOptions,
@@ -53,7 +59,7 @@ def prepare(
     settings = settings or Settings()
     model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
-    n_ctx = options.n_ctx or min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
+    n_ctx = options.n_ctx or default_context(info, settings)
     draft_model, draft_bytes = None, 0
     if options.draft_model:  # a name or a path: it comes from whoever starts us, never the network
         draft = resolve(options.draft_model, settings.models_dir)

@@ -149,6 +149,11 @@ def test_show_lists_the_plans_memory_part_by_part():
     text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "memory: weights" in text and "kv cache" in text
+    # with no --ctx, the plan is for the context `run` gives (it planned 8192 against run's 4096)
+    default = json.loads(subprocess.run(
+        [sys.executable, "-m", "localinfer", "show", "smollm2:135m", "--json"],
+        capture_output=True, text=True, timeout=60).stdout)
+    assert default["plan"]["n_ctx"] == 4096 < default["context_length"]
     assert facts["chat_template"] is True and "base model" not in text
     base = subprocess.run([sys.executable, "-m", "localinfer", "show", "gemma3:270m"],
                           capture_output=True, text=True, timeout=60).stdout
