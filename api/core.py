@@ -97,10 +97,13 @@ async def start(
     keep_alive: str | float | None = None,
     tools: ToolSpec | None = None,
     limit_given: bool = False,
+    plain_without_template: bool = False,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit (`limit_given` False and no max_tokens) gets the settings'
-    reply cap; its reply still ends sooner if the context fills."""
+    reply cap; its reply still ends sooner if the context fills. plain_without_template:
+    a model whose file has no chat template (a base model) gets the messages' text as it
+    is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
     began = time.monotonic()
     stack = contextlib.AsyncExitStack()
     try:
@@ -115,6 +118,9 @@ async def start(
         # templating and tokenizing a long body takes seconds: off the loop, which keeps
         # serving every other stream meanwhile; queueing stays here, so a request cancelled
         # while its prompt is read never reaches the engine
+        if (messages is not None and plain_without_template
+                and not backend.info.has_chat_template):
+            messages, prompt = None, "\n\n".join(m["content"] for m in messages)
         tokens, params = await asyncio.to_thread(_tokens, backend, params, messages, prompt,
                                                  tools)
         generation = backend.generate(tokens, params)

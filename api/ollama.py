@@ -273,7 +273,8 @@ async def generate(body: GenerateRequest, request: Request):
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
-                               keep_alive=body.keep_alive, limit_given=body.options.limit_given)
+                               keep_alive=body.keep_alive, limit_given=body.options.limit_given,
+                               plain_without_template=True)
     return await _respond(job, body, "response")
 
 

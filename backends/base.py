@@ -144,6 +144,9 @@ class ModelInfo:
     n_slots: int
     n_params: int
     size_bytes: int
+    # the file carries its own chat template (else a family's turn format stands in: a base
+    # model, whose plain completions must not be wrapped in turns it never learned)
+    has_chat_template: bool = True
 
 
 @dataclass(frozen=True)

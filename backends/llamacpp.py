@@ -81,6 +81,7 @@ class LlamaCppBackend(Backend):
             n_slots=options.n_slots,
             n_params=self.native.n_params(),
             size_bytes=llama_cpp.llama_model_size(self.native.model),
+            has_chat_template=self._template_source() is not None,
         )
 
     def _quant(self) -> str:
