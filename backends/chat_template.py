@@ -2,16 +2,30 @@
 
 A GGUF usually carries its template in `tokenizer.chat_template`. Some (Gemma 3 270M among
 them) carry none; for those we fall back to the turn format of the architecture's family.
+
+A template comes with the model file, so it may be hostile. Jinja's sandbox keeps it from
+Python's internals, not from the machine: `{{ 'x' * 10**10 }}` took 10 GB and nested
+`range(100000)` loops ran for ever. Here a render has a budget: `*` and `**` may not
+build a value longer than `MAX_OUTPUT`, nor may a template read one (attributes and items are checked as
+they are read); `range`, and the messages and their lists, check the clock as they are
+iterated, as does every call, attribute and item; the output is counted as it is written.
+Past `MAX_SECONDS` or `MAX_OUTPUT`, and for a template that recurses without end or breaks
+in any other way, the answer is one InvalidRequest. (A loop that reads nothing and writes
+nothing, or a chain of `~` in straight-line code, escapes these checks: the hard limit is
+a process of its own.)
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from localinfer.errors import InvalidRequest
 
@@ -58,9 +72,100 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+MAX_SECONDS = 2.0  # a real template renders a long chat in milliseconds
+MAX_OUTPUT = 16 * 1024 * 1024  # characters, and the length of any value it builds
+
+
+class _OverBudget(jinja2.exceptions.SecurityError):
+    pass
+
+
+_deadline = threading.local()  # this thread's render's deadline
+
+
+def _check() -> None:
+    if time.monotonic() > getattr(_deadline, "at", float("inf")):
+        raise _OverBudget(f"it ran for more than {MAX_SECONDS:g} s")
+
+
+def _sized(value: Any) -> Any:
+    if type(value) in _SEQUENCES and len(value) > MAX_OUTPUT:
+        raise _OverBudget(f"it built a value of {len(value):,} items, more than {MAX_OUTPUT:,}")
+    return value
+
+
+_SEQUENCES = {str, bytes, list, tuple}
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, (str, bytes, list, tuple)) else 1
+
+
+class _Checked(list):
+    """A list a template reads (the messages): iterating it checks the clock."""
+
+    def __iter__(self) -> Iterator[Any]:
+        for item in super().__iter__():
+            _check()
+            yield item
+
+
+class _Range:
+    """Jinja's safe range (at most 100,000 items), checking the clock as it is iterated."""
+
+    def __init__(self, *args: int):
+        self._range = safe_range(*args)
+
+    def __iter__(self) -> Iterator[int]:
+        for i in self._range:
+            _check()
+            yield i
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self._range[index]
+
+    def __contains__(self, item: Any) -> bool:
+        return item in self._range
+
+
+class _Sandbox(ImmutableSandboxedEnvironment):
+    # `+` is left alone (each use at most doubles what it reads, and reads are checked):
+    # templates join strings with it everywhere, and intercepting it cost ~0.2 ms a render
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        _check()
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) \
+                and abs(left) > 1 and right > 4096:
+            raise _OverBudget(f"it raised a number to the power {right:,}")
+        if operator == "*" and isinstance(right, int) and not isinstance(left, int):
+            left, right = right, left
+        if operator == "*" and isinstance(left, int) and _length(right) * left > MAX_OUTPUT:
+            raise _OverBudget(f"it repeated a value {left:,} times")
+        return super().call_binop(context, operator, left, right)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check()
+        return _sized(super().getattr(obj, attribute))
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check()
+        return _sized(super().getitem(obj, argument))
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        _check()
+        return _sized(super().call(__context, __obj, *args, **kwargs))
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    # loop controls ({% break %}, {% continue %}), as Hugging Face renders templates: several
+    # families use them (Command R7B, Kimi, Reka)
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.globals["range"] = _Range
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     return env.from_string(source)
@@ -80,14 +185,38 @@ class ChatTemplate:
         for m in messages:
             if m.get("role") not in ("system", "user", "assistant", "tool"):
                 raise InvalidRequest(f"unknown message role {m.get('role')!r}")
+        _deadline.at = time.monotonic() + MAX_SECONDS
+        pieces, written = [], 0
         try:
-            return self._template.render(
-                messages=[dict(m) for m in messages],
+            for piece in self._template.generate(
+                messages=_Checked(_checked_lists(m) for m in messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
-            )
+            ):
+                written += len(piece)
+                if written > MAX_OUTPUT:
+                    raise _OverBudget(f"it wrote more than {MAX_OUTPUT:,} characters")
+                pieces.append(piece)
+        except _OverBudget as exc:
+            raise InvalidRequest(f"the model's chat template costs too much: {exc} — this "
+                                 "model file's template cannot be used") from None
         except jinja2.exceptions.SecurityError as exc:
             raise InvalidRequest(f"the chat template tried an unsafe operation: {exc}") from exc
-        except jinja2.TemplateError as exc:
-            raise InvalidRequest(f"the chat template failed to render: {exc}") from exc
+        except InvalidRequest:
+            raise
+        except RecursionError:
+            raise InvalidRequest("the model's chat template recurses without end") from None
+        except OverflowError as exc:  # Jinja's range past 100,000 items, among others
+            raise InvalidRequest(f"the model's chat template asked too much: {exc}") from None
+        except Exception as exc:  # any error of the template's own making
+            raise InvalidRequest(f"the chat template failed to render: "
+                                 f"{type(exc).__name__}: {exc}"[:300]) from exc
+        finally:
+            _deadline.at = float("inf")
+        return "".join(pieces)
+
+
+def _checked_lists(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message with its lists (tool calls, content parts) checked as they are iterated."""
+    return {k: _Checked(v) if isinstance(v, list) else v for k, v in message.items()}

@@ -91,7 +91,11 @@ class LlamaCppBackend(Backend):
     def _template_source(self) -> str | None:
         # llama.cpp returns the GGUF's template, or NULL when the file carries none
         source = llama_cpp.llama_model_chat_template(self.native.model, None)
-        return source.decode("utf-8") if source else None
+        return source.decode("utf-8", errors="replace") if source else None
+
+    def fewest_tokens(self, text_bytes: int) -> int:
+        # halved: a tokenizer's normalisation may shorten a text before it is split
+        return text_bytes // self.native.longest_piece() // 2
 
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
         # a template that writes the BOS itself must not get a second one

@@ -42,3 +42,39 @@ def test_unknown_role_and_broken_template():
         ChatTemplate(fallback_template("llama")).render([{"role": "wizard", "content": "x"}])
     with pytest.raises(InvalidRequest, match="does not parse"):
         ChatTemplate("{% for m in messages %}")
+
+
+# ------------------------------------------------ a hostile template (it comes with the file)
+HI = [{"role": "user", "content": "Hi"}]
+SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+
+
+@pytest.mark.parametrize("source,message", [
+    ("{{ 'x' * 10**10 }}", "repeated a value 10,000,000,000 times"),  # took 10 GB
+    ("{{ [1, 2] * 10**9 }}", "repeated a value"),
+    ("{{ 7 ** (10 ** 8) }}", "to the power 100,000,000"),
+    ("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}"
+     "{% endfor %}{{ ns.s }}", "built a value of"),
+    ("{% for i in range(100000) %}{{ messages[0].content * 300 }}{% endfor %}",
+     "wrote more than 16,777,216 characters"),
+    (SPIN, "ran for more than 0.2 s"),  # ran for ever
+    ("{% for a in messages %}{% for b in messages %}{% endfor %}{% endfor %}",
+     "ran for more than 0.2 s"),
+    ("{% for i in range(10**9) %}{% endfor %}", "asked too much"),  # an OverflowError
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses without end"),
+    ("{{ messages[0].content + 5 }}", "failed to render: TypeError"),
+])
+def test_a_costly_or_broken_template_is_one_clear_error(monkeypatch, source, message):
+    from localinfer.backends import chat_template
+
+    monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.2)
+    messages = HI * 100_000 if "for a in messages" in source else HI
+    with pytest.raises(InvalidRequest, match=message.replace("*", r"\*")):
+        ChatTemplate(source).render(messages)
+    assert ChatTemplate("{{ messages[0].content }}").render(HI) == "Hi"  # the next one works
+
+
+def test_loop_controls_work_as_in_hugging_face_templates():
+    t = ChatTemplate("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+                     "{{ m.content }}{% if loop.index > 2 %}{% break %}{% endif %}{% endfor %}")
+    assert t.render([{"role": "system", "content": "S"}] + HI * 5) == "HiHi"
