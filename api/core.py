@@ -23,6 +23,7 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
 from localinfer.backends.metrics import RequestStats
+from localinfer.errors import PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
 __all__ = ["Job", "Lenient", "check_model_name", "start"]
@@ -134,6 +135,7 @@ async def start(
 def _tokens(backend: Backend, params: SamplingParams,
             messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
             tools: ToolSpec | None) -> tuple[list[int], SamplingParams]:
+    _refuse_by_size(backend, messages, prompt)
     if messages is not None:
         if tools is not None:
             messages, params = tools.prepare(messages, params)
@@ -141,6 +143,20 @@ def _tokens(backend: Backend, params: SamplingParams,
     if isinstance(prompt, str):
         return backend.tokenize(prompt), params
     return list(prompt or ()), params
+
+
+def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,
+                    prompt: str | Sequence[int] | None) -> None:
+    """A text too big for the context is refused before it is templated and tokenized: 100,000
+    messages (2.4 MB) kept a thread tokenizing for minutes after the client had gone."""
+    texts = [prompt] if isinstance(prompt, str) else [
+        m.get("content") for m in messages or () if isinstance(m.get("content"), str)]
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    n_ctx = backend.info.n_ctx
+    if size > n_ctx:  # (fewest_tokens(size) <= size: a smaller text is never refused here)
+        fewest = backend.fewest_tokens(size)
+        if fewest > n_ctx:
+            raise PromptTooLong(fewest, n_ctx, at_least=True)
 
 
 def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:

@@ -105,12 +105,13 @@ class ContextTooLarge(ContextError):
 
 
 class PromptTooLong(ContextError):
-    def __init__(self, n_prompt: int, n_ctx: int):
+    def __init__(self, n_prompt: int, n_ctx: int, at_least: bool = False):
+        """at_least: counted from its size, before tokenizing it (it is at least that long)."""
         self.n_prompt = n_prompt
         self.n_ctx = n_ctx
         super().__init__(
-            f"prompt is {n_prompt} tokens but the context holds {n_ctx} — "
-            "raise --ctx or shorten the prompt"
+            f"prompt is {'at least ' if at_least else ''}{n_prompt} tokens but the context "
+            f"holds {n_ctx} — raise --ctx or shorten the prompt"
         )
 
 

@@ -310,6 +310,11 @@ class Backend(ABC):
     def stats(self) -> EngineStats:
         """A snapshot of the engine: slots in use, queue, KV cells, counters."""
 
+    def fewest_tokens(self, text_bytes: int) -> int:
+        """The fewest tokens a text of this many UTF-8 bytes can become: a prompt can be
+        refused by its size before it is templated and tokenized. 0 where unknown."""
+        return 0
+
     def cancel_all(self) -> None:
         """End every running and waiting request now, each with its DoneEvent."""
 

@@ -71,6 +71,19 @@ def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, pat
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+def test_a_prompt_far_too_long_is_refused_before_it_is_read(server):
+    """100,000 messages (2.4 MB) were templated and tokenized for minutes, the client long
+    gone; its size alone says it cannot fit (smollm2: no token stands for more than 81 bytes)."""
+    many = {**CHAT, "messages": [{"role": "user", "content": "hello there, "}] * 100_000}
+    response = server.post("/v1/chat/completions", json=many)
+    assert response.status_code == 400, response.text
+    assert "prompt is at least" in response.json()["error"]["message"]
+    one = {**OLLAMA_CHAT, "messages": [{"role": "user", "content": "word " * 600_000}]}
+    response = server.post("/api/chat", json=one)
+    assert response.status_code == 400 and "at least" in response.json()["error"]
+    assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
 def test_oversized_body_is_413(server):
     huge = {**CHAT, "messages": [{"role": "user", "content": "x" * (9 * 1024 * 1024)}]}
     assert server.post("/v1/chat/completions", json=huge).status_code == 413
