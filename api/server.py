@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import threading
@@ -86,8 +87,55 @@ def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: 
     app = create_app(pool, serve_settings, settings, preload=preload)
     sock = _bind(serve_settings.host, serve_settings.port)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
-                            timeout_graceful_shutdown=5, access_log=verbose)
+                            timeout_graceful_shutdown=5, access_log=verbose,
+                            http=_http_protocol(serve_settings.header_timeout))
     return _Server(config, on_exit=pool.cancel_all), sock
+
+
+def _http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
+    """uvicorn's httptools protocol, which closes a connection whose request's headers have
+    not all come within `header_timeout` seconds. uvicorn has no such timer: 500 connections
+    that sent their headers a byte at a time stayed open as long as their clients liked (with
+    1,024 file descriptors, a few more and the server could accept no one)."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:  # no httptools on this platform: uvicorn's own choice
+        return "auto"
+
+    class HeaderDeadline(HttpToolsProtocol):
+        _deadline: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            if self._deadline is None:
+                self._deadline = self.loop.call_later(header_timeout, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _too_slow(self) -> None:
+            self._deadline = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:  # the next request on a kept-alive connection
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderDeadline
 
 
 class _Server(uvicorn.Server):

@@ -180,3 +180,39 @@ def test_configured_origin_gets_cors_headers(keyed_server):
     response = httpx.options(keyed_server.url + "/v1/models", timeout=10, headers={
         "Origin": "https://ok.example", "Access-Control-Request-Method": "GET"})
     assert response.headers.get("access-control-allow-origin") == "https://ok.example"
+
+
+def test_a_client_slow_to_send_its_headers_is_cut_off(tmp_path):
+    """Connections that send their headers a byte at a time stayed open as long as their
+    clients liked: enough of them and no one else could connect."""
+    import socket
+    import time
+
+    srv = start_server(tmp_path / "home", "--parallel", "1", "--ctx", "256",
+                       env={"LOCALINFER_HEADER_TIMEOUT": "1"})
+    try:
+        port = int(srv.url.rsplit(":", 1)[1])
+        slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
+        for s in slow:
+            s.sendall(b"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # and no more
+        time.sleep(0.5)
+        assert srv.get("/api/version").status_code == 200  # meanwhile others are served
+        started = time.monotonic()
+        assert all(s.recv(100) == b"" for s in slow)  # closed by the server
+        assert time.monotonic() - started < 5
+        kept = socket.create_connection(("127.0.0.1", port), timeout=10)
+
+        def answer() -> bytes:
+            kept.sendall(b"GET /api/version HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            got = b""
+            while not got.endswith(b"}"):
+                got += kept.recv(4096)
+            return got
+
+        assert answer().startswith(b"HTTP/1.1 200")
+        time.sleep(1.5)  # an answered, kept-alive connection is not cut by the header timer
+        assert answer().startswith(b"HTTP/1.1 200")
+        for s in (*slow, kept):
+            s.close()
+    finally:
+        stop_server(srv)
