@@ -6,6 +6,8 @@ A native window (pywebview, `pip install "localinfer[desktop]"`) where one can o
 the system browser. The key never goes on a command line, which every user of the machine
 can read (`ps`): the browser is given a page of its own, a file only this user can read,
 that forwards to the app with the key; it is deleted a minute later and when the app ends.
+The file is written to the Downloads folder: browsers confined as snaps (Ubuntu's default)
+or flatpaks see neither the system's /tmp nor hidden folders, but they can read that one.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import threading
 import time
 import webbrowser
 from pathlib import Path
+
+import platformdirs
 
 from localinfer.backends.base import LoadOptions
 from localinfer.settings import ServeSettings
@@ -60,8 +64,11 @@ def run_app(model: str | None, options: LoadOptions, open_window: bool = True,
 
 
 def _launch_page(page: str) -> Path:
-    """A page that forwards to `page`, in a file that only this user can read (mkstemp)."""
-    fd, name = tempfile.mkstemp(prefix="localinfer-app-", suffix=".html")
+    """A page that forwards to `page`, in a file that only this user can read (mkstemp),
+    where a confined browser can read it too (see the module's docstring)."""
+    downloads = Path(platformdirs.user_downloads_dir())
+    folder = downloads if downloads.is_dir() and os.access(downloads, os.W_OK) else None
+    fd, name = tempfile.mkstemp(prefix="localinfer-app-", suffix=".html", dir=folder)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write('<!doctype html><meta charset="utf-8"><title>localinfer</title>'
                 f"<script>location.replace({json.dumps(page)})</script>")

@@ -97,10 +97,6 @@ def _sized(value: Any) -> Any:
 _SEQUENCES = {str, bytes, list, tuple}
 
 
-def _length(value: Any) -> int:
-    return len(value) if isinstance(value, (str, bytes, list, tuple)) else 1
-
-
 class _Checked(list):
     """A list a template reads (the messages): iterating it checks the clock."""
 
@@ -141,9 +137,10 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         if operator == "**" and isinstance(left, int) and isinstance(right, int) \
                 and abs(left) > 1 and right > 4096:
             raise _OverBudget(f"it raised a number to the power {right:,}")
-        if operator == "*" and isinstance(right, int) and not isinstance(left, int):
+        if operator == "*" and isinstance(right, int) and type(left) in _SEQUENCES:
             left, right = right, left
-        if operator == "*" and isinstance(left, int) and _length(right) * left > MAX_OUTPUT:
+        if (operator == "*" and isinstance(left, int) and type(right) in _SEQUENCES
+                and len(right) * left > MAX_OUTPUT):
             raise _OverBudget(f"it repeated a value {left:,} times")
         return super().call_binop(context, operator, left, right)
 

@@ -22,6 +22,7 @@ grammar). Each refusal is an `InvalidRequest` that names the limit.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -35,7 +36,8 @@ __all__ = ["ANY_JSON", "MAX_REPEAT", "check_gbnf", "json_schema_grammar"]
 ANY_JSON = JSON_GBNF  # any JSON value whose top level is an object ("json_object" mode)
 
 MAX_REPEAT = 1000  # llama.cpp's own parser refuses repetitions past ~1,100 nested groups
-MAX_EXPANSION = 20_000  # all repetition bounds of one schema, added up
+MAX_EXPANSION = 100_000  # all repetition bounds of one schema, added up (the GBNF's own
+# size limit then decides: 80 fields of maxLength 255, a common model, is ~170 KB)
 MAX_NODES = 5000
 MAX_DEPTH = 32
 MAX_ENUM = 1000
@@ -43,7 +45,10 @@ MAX_PATTERN = 1000  # characters of one regular expression
 MAX_GRAMMAR_BYTES = 512 * 1024
 MAX_GRAMMAR_DEPTH = 2000  # nested groups; the parser is built on a 64 MiB stack (~450 B each)
 
-_COUNTS = ("maxLength", "minLength", "maxItems", "minItems", "maxProperties", "minProperties")
+_COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"),
+           ("minProperties", "maxProperties"))
+# keywords whose value maps names to subschemas: the names are not keywords
+_NAMED = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _QUANTIFIER = re.compile(r"\{(\d+)(,?)(\d*)\}")
 
 
@@ -51,7 +56,7 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
     """The GBNF for a JSON schema, or InvalidRequest when it is malformed or too costly."""
     _Budget().visit(schema, 0)
     try:
-        grammar = json_schema_to_gbnf(json.dumps(schema))
+        grammar = json_schema_to_gbnf(json.dumps(_inline_root_ref(schema)))
     except (KeyError, RecursionError) as exc:  # a $ref to itself, directly or in a loop
         raise InvalidRequest(f"the JSON schema's $ref {str(exc)[:80]} cannot be resolved: it "
                              "refers to itself before any value is written") from None
@@ -59,6 +64,19 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
         raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}") from None
     check_gbnf(grammar)
     return grammar
+
+
+def _inline_root_ref(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """Pydantic writes a recursive model as a root `$ref` into `$defs`; the converter cannot
+    start from a reference, so the definition it names takes its place (refs within stay)."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return schema
+    section, _, name = ref[2:].partition("/")
+    target = schema.get(section, {}).get(name) if section in ("$defs", "definitions") else None
+    if not isinstance(target, Mapping) or target.get("$ref") == ref:
+        return schema  # a reference to itself stays, and is refused below
+    return {**{k: v for k, v in schema.items() if k != "$ref"}, **target}
 
 
 def check_gbnf(grammar: str) -> None:
@@ -114,8 +132,8 @@ class _Budget:
         self.nodes += 1
         if self.nodes > MAX_NODES:
             raise InvalidRequest(f"the JSON schema has more than {MAX_NODES:,} subschemas")
-        for key in _COUNTS:
-            self._repeat(node.get(key), key)
+        for low, high in _COUNTS:  # the larger of a pair is what the grammar spells out
+            self._repeat(max((self._count(node, k) for k in (low, high)), default=0), high)
         enum = node.get("enum")
         self.enums += (len(enum) if isinstance(enum, list) else 0) + ("const" in node)
         if self.enums > MAX_ENUM:
@@ -124,18 +142,27 @@ class _Budget:
         if isinstance(node.get("pattern"), str):
             self._pattern(node["pattern"])
         for key, value in node.items():
-            if key not in ("enum", "const", "default", "examples", "pattern"):
+            if key in _NAMED and isinstance(value, Mapping):
+                for subschema in value.values():  # (a property may be named "maxLength")
+                    self.visit(subschema, depth + 1)
+            elif key not in ("enum", "const", "default", "examples", "pattern"):
                 self.visit(value, depth + 1)
 
-    def _repeat(self, value: Any, where: str) -> None:
+    @staticmethod
+    def _count(node: Mapping[str, Any], key: str) -> int:
+        value = node.get(key)
         if value is None:
-            return
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidRequest(f"{where} in the JSON schema must be a number, not {value!r}")
+            return 0
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or isinstance(value, float) and not math.isfinite(value)):
+            raise InvalidRequest(f"{key} in the JSON schema must be a number, not {value!r:.40}")
         if value > MAX_REPEAT:
-            raise InvalidRequest(f"{where} {value:g} in the JSON schema is more than the "
+            raise InvalidRequest(f"{key} {str(value)[:20]} in the JSON schema is more than the "
                                  f"{MAX_REPEAT:,} that structured output allows")
-        self.expansion += max(int(value), 0)
+        return max(int(value), 0)
+
+    def _repeat(self, value: int, where: str) -> None:
+        self.expansion += value
         if self.expansion > MAX_EXPANSION:
             raise InvalidRequest(f"the JSON schema's lengths and counts add up to more than "
                                  f"{MAX_EXPANSION:,} — lower maxLength / maxItems")

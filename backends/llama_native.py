@@ -226,7 +226,11 @@ class SamplerChain:
         if params.logit_bias:
             add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
         if params.grammar:
-            grammar = grammar_sampler(native, params.grammar)
+            try:
+                grammar = grammar_sampler(native, params.grammar)
+            except BaseException:  # refused by its size: the samplers added so far go
+                self.close()
+                raise
             if grammar is None:
                 self.close()
                 raise InvalidRequest("the grammar does not parse — check its GBNF syntax")

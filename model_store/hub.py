@@ -13,6 +13,7 @@ import hashlib
 import re
 import shutil
 import socket
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,42 +190,74 @@ def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None)
     """Append the rest of the file at `url` to `partial`, resuming from its length."""
     if constants.HF_HUB_OFFLINE:
         raise OfflineModeIsEnabled("offline")
-    headers = build_hf_headers()
-    for attempt in range(_ATTEMPTS):
+    # identity: the bytes as stored, so a resumed range lines up with what is on disk
+    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
+    failures = 0
+    while True:
         have = partial.stat().st_size if partial.exists() else 0
         if size is not None and have >= size:
-            if have > size:  # not the file the hub has now: start over
-                partial.unlink()
-                continue
-            return
+            if have == size:
+                return
+            partial.unlink()  # longer than the file the hub has now: start over
+            continue
         ask = {**headers, "Range": f"bytes={have}-"} if have else headers
         try:
-            # (httpx drops the Authorization header when the hub redirects to its CDN)
-            with httpx.stream("GET", url, headers=ask, follow_redirects=True,
-                              timeout=httpx.Timeout(30, connect=10)) as response:
-                response.raise_for_status()
-                resumed = response.status_code == 206
-                with partial.open("ab" if resumed else "wb") as out:
-                    done = have if resumed else 0
-                    total = size or (int(response.headers.get("Content-Length", 0)) + done
-                                     or None)
-                    if progress:
-                        progress(done, total)
-                    for chunk in response.iter_bytes(_CHUNK):
-                        out.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
-            if size is None or partial.stat().st_size >= size:
+            if _fetch_once(url, ask, partial, have, size, progress):
                 return
-        except httpx.TransportError:
-            if attempt == _ATTEMPTS - 1:
+            failures = 0  # it got further: a later drop may be picked up as often again
+        except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
                 raise
+            failures += 1  # a dropped connection, or the hub's CDN busy for a moment
+            if failures >= _ATTEMPTS:
+                raise
+            time.sleep(min(2 ** (failures - 1), 8))
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DiskFull(f"the disk filled while {partial.name} was downloaded — free "
                                "some space and pull again: it goes on where it stopped") from None
             raise
+
+
+def _fetch_once(url: str, headers: dict[str, str], partial: Path, have: int, size: int | None,
+                progress: Progress | None) -> bool:
+    """One GET: True when the file is whole (as far as can be told without its size)."""
+    # (httpx drops the Authorization header when the hub redirects to its CDN)
+    with httpx.stream("GET", url, headers=headers, follow_redirects=True,
+                      timeout=httpx.Timeout(30, connect=10)) as response:
+        if response.status_code == 416 and have and size is None:
+            return True  # nothing after what we have: it was whole
+        _raise_for_status(response)
+        start = _range_start(response) if response.status_code == 206 else 0
+        if start not in (0, have):
+            raise HubError(f"the hub answered a request for bytes {have}- with bytes {start}-")
+        with partial.open("ab" if start else "wb") as out:
+            done = start
+            total = size or (int(response.headers.get("Content-Length", 0)) + start or None)
+            if progress:
+                progress(done, total)
+            for chunk in response.iter_raw(_CHUNK):
+                out.write(chunk)
+                done += len(chunk)
+                if progress:
+                    progress(done, total)
+    return size is None or partial.stat().st_size >= size
+
+
+def _range_start(response: httpx.Response) -> int:
+    match = re.match(r"bytes (\d+)-", response.headers.get("Content-Range", ""))
+    if not match:
+        raise HubError("the hub answered a range request without a Content-Range")
+    return int(match.group(1))
+
+
+def _raise_for_status(response: httpx.Response) -> None:
+    if response.status_code in (401, 403):
+        raise HubError(f"the hub refused the download ({response.status_code}): the repo may be "
+                       "gated or private — accept its terms on the hub and set HF_TOKEN")
+    if response.status_code == 404:
+        raise HubError("the hub no longer has this file (404) — pull again to see what it offers")
+    response.raise_for_status()
 
 
 def _forget_leftovers(staging: Path, name: str) -> None:

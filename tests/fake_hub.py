@@ -30,6 +30,7 @@ class HubFile:
     drop_after: int | None = None  # cut the next GET after this many bytes, once
     corrupt: bool = False
     rate: float | None = None  # bytes a second, or as fast as it goes
+    refuse: int | None = None  # answer every GET of the file with this status (403: gated)
     sent: int = 0  # bytes of this file written to clients, over all GETs
 
 
@@ -110,6 +111,9 @@ class FakeHub:
         if entry is None:
             return self._json(req, 404, {"error": "Entry not found"}, send_body,
                               {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": COMMIT})
+        if entry.refuse:
+            return self._json(req, entry.refuse, {"error": "Access to this repo is restricted"},
+                              send_body, {"X-Error-Code": "GatedRepo"})
         data = entry.path.read_bytes()
         if entry.corrupt:
             data = data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:]

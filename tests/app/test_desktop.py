@@ -21,7 +21,9 @@ def test_the_launch_key_is_on_no_command_line_and_in_no_output(tmp_path):
     browser = tmp_path / "browser"
     browser.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {seen}\n")
     browser.chmod(0o755)
-    env = {**os.environ, "LOCALINFER_HOME": str(tmp_path / "home"), "BROWSER": str(browser)}
+    (tmp_path / "Downloads").mkdir()  # where a snap or flatpak browser can read the file
+    env = {**os.environ, "LOCALINFER_HOME": str(tmp_path / "home"), "BROWSER": str(browser),
+           "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("LOCALINFER_API_KEY", None)
     app = subprocess.Popen([sys.executable, "-m", "localinfer", "app", "--ctx", "256"], env=env,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -31,11 +33,13 @@ def test_the_launch_key_is_on_no_command_line_and_in_no_output(tmp_path):
         while not seen.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         argv = seen.read_text().split()
-        assert len(argv) == 1 and argv[0].startswith("file://") and "key" not in argv[0]
+        assert len(argv) == 1 and argv[0].startswith("file://") and "#key=" not in argv[0]
         assert "key=" not in first and re.search(r"http://127\.0\.0\.1:\d+", first), first
         launch = Path(argv[0].removeprefix("file://"))
+        assert launch.parent == tmp_path / "Downloads" and not launch.name.startswith(".")
         assert stat.S_IMODE(launch.stat().st_mode) == 0o600  # this user's alone
         url, key = re.search(r'"(http://127\.0\.0\.1:\d+)/#key=([^"]+)"', launch.read_text()).groups()
+        assert key not in argv[0] and key not in first
         assert httpx.get(f"{url}/localinfer/models", headers={"Authorization": f"Bearer {key}"},
                          timeout=30).status_code == 200
         assert httpx.get(f"{url}/localinfer/models", timeout=30).status_code == 401
@@ -43,5 +47,5 @@ def test_the_launch_key_is_on_no_command_line_and_in_no_output(tmp_path):
         app.terminate()
         rest = app.communicate(timeout=30)[0]
     assert app.returncode == 0, rest
-    assert "key=" not in rest
+    assert key not in rest and "key=" not in rest
     assert not launch.exists()  # gone with the app

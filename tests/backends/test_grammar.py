@@ -18,13 +18,15 @@ QUESTION = [{"role": "user", "content": "Say something."}]
 @pytest.mark.parametrize("schema,names", [
     ({"type": "string", "maxLength": 20000}, "maxLength 20000"),
     ({"type": "array", "items": {"type": "integer"}, "maxItems": 20000}, "maxItems 20000"),
-    ({"type": "string", "minLength": 1e9}, "minLength 1e+09"),
+    ({"type": "string", "minLength": 1e9}, "minLength 1000000000"),
     ({"type": "string", "pattern": "^((a{0,100}){0,100}){0,100}$"}, "multiply to 1,000,000"),
     ({"type": "string", "pattern": "a{0,99999999999999999999}"}, "multiply to"),
     ({"enum": list(range(100_000))}, "1,000 enum"),
     ({"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 900}
-                                       for i in range(30)}}, "add up to more than 20,000"),
+                                       for i in range(120)}}, "add up to more than 100,000"),
     ({"type": "string", "maxLength": "many"}, "must be a number"),
+    ({"type": "string", "maxLength": float("nan")}, "must be a number"),  # was a 500
+    ({"type": "string", "maxLength": 10**400}, "more than the 1,000"),  # was an OverflowError
     ({"$defs": {"n": {"$ref": "#/$defs/n"}}, "$ref": "#/$defs/n"}, "refers to itself"),
     ({"properties": {"x": {"$ref": "#/$defs/missing"}}}, "Error resolving ref"),
 ])
@@ -45,6 +47,22 @@ def test_schemas_within_the_limits_convert():
     assert json_schema_grammar({"type": "string", "maxLength": MAX_REPEAT})
     assert json_schema_grammar({"type": "string", "pattern": r"^\d{4}-\d{2}-\d{2}$"})
     assert json_schema_grammar({"enum": [f"v{i}" for i in range(500)]})
+    # properties named like keywords are names, not keywords (a password tool's maxLength)
+    assert json_schema_grammar({"type": "object", "properties": {
+        "maxLength": {"type": "integer"}, "pattern": {"type": "string"},
+        "enum": {"type": "boolean"}}})
+    # a model of 80 text fields of up to 255 characters, as pydantic writes constr(max_length)
+    assert json_schema_grammar({"type": "object", "properties": {
+        f"field{i}": {"type": "string", "maxLength": 255} for i in range(80)}})
+
+
+def test_a_recursive_pydantic_model_converts():
+    """Pydantic writes a recursive model as a root $ref into $defs (a tree of nodes)."""
+    tree = {"$defs": {"Node": {"type": "object", "required": ["name", "children"], "properties": {
+        "name": {"type": "string"},
+        "children": {"type": "array", "items": {"$ref": "#/$defs/Node"}}}}},
+        "$ref": "#/$defs/Node"}
+    assert "children" in json_schema_grammar(tree)
 
 
 def test_repetition_products_and_group_depth_are_read_right():

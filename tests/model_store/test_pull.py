@@ -174,6 +174,12 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     one_line_error(cli(hub, "rm", "smollm2"), "cannot be removed")  # the short name too
 
 
+def test_a_gated_file_says_to_accept_its_terms_and_set_a_token(hub, _private_home):
+    hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].refuse = 403
+    one_line_error(cli(hub, "pull", f"{REF}:Q8_0"), "gated", "HF_TOKEN")
+    assert manifests(_private_home) == []
+
+
 def test_offline_mode_names_the_way_out(hub):
     one_line_error(cli(hub, "pull", REF, offline=True), "HF_HUB_OFFLINE")
     one_line_error(cli(hub, "run", REF, "-p", "hi", offline=True), "HF_HUB_OFFLINE")
