@@ -58,14 +58,11 @@ class ModelNotFound(ModelError, LookupError):
         self.name = name
         self.suggestions = list(suggestions)
         self.known = list(known)
-        if hint:
-            pass  # the caller's own words
-        elif self.suggestions:
-            hint = "did you mean " + " or ".join(f"'{s}'" for s in self.suggestions) + "?"
-        elif self.known:
-            hint = "available: " + ", ".join(self.known)
-        else:
-            hint = "no models are available"
+        if not hint:  # else the caller's own words
+            hint = ("did you mean " + " or ".join(f"'{s}'" for s in self.suggestions) + "?"
+                     if self.suggestions else
+                     "available: " + ", ".join(self.known) if self.known else
+                     "no models are available")
         super().__init__(f"model '{name}' not found — {hint}")
 
 

@@ -133,7 +133,7 @@ class _Budget:
         if self.nodes > MAX_NODES:
             raise InvalidRequest(f"the JSON schema has more than {MAX_NODES:,} subschemas")
         for low, high in _COUNTS:  # the larger of a pair is what the grammar spells out
-            self._repeat(max((self._count(node, k) for k in (low, high)), default=0), high)
+            self._spend(max(self._count(node, low), self._count(node, high)))
         enum = node.get("enum")
         self.enums += (len(enum) if isinstance(enum, list) else 0) + ("const" in node)
         if self.enums > MAX_ENUM:
@@ -161,7 +161,7 @@ class _Budget:
                                  f"{MAX_REPEAT:,} that structured output allows")
         return max(int(value), 0)
 
-    def _repeat(self, value: int, where: str) -> None:
+    def _spend(self, value: int) -> None:
         self.expansion += value
         if self.expansion > MAX_EXPANSION:
             raise InvalidRequest(f"the JSON schema's lengths and counts add up to more than "
@@ -176,10 +176,7 @@ class _Budget:
             raise InvalidRequest(f"the pattern {pattern[:60]!r} nests bounded repetitions that "
                                  f"multiply to {product:,}, more than the {MAX_REPEAT:,} "
                                  "allowed — use * or + for open-ended parts")
-        self.expansion += product
-        if self.expansion > MAX_EXPANSION:
-            raise InvalidRequest(f"the JSON schema's lengths and counts add up to more than "
-                                 f"{MAX_EXPANSION:,} — lower maxLength / maxItems")
+        self._spend(product)
 
 
 def _nested_repeats(pattern: str) -> int:
@@ -193,7 +190,7 @@ def _nested_repeats(pattern: str) -> int:
         c = pattern[i]
         match = _QUANTIFIER.match(pattern, i) if c == "{" else None
         if match:
-            low, comma, high = match.groups()
+            low, _, high = match.groups()
             last *= max(int(high) if high else int(low), 1)
             inner[-1] = max(inner[-1], last)
             if last > MAX_REPEAT * MAX_REPEAT:

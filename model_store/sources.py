@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from localinfer.errors import (
     DiskFull,
@@ -94,7 +95,11 @@ class AssembledPackage(_PackageModel):
             return target.stat().st_size
         if not self.available():
             return None
-        return sum(p.stat().st_size for p in importlib.import_module(self.package).chunk_paths())
+        return self._chunks_size(importlib.import_module(self.package))
+
+    @staticmethod
+    def _chunks_size(module: Any) -> int:
+        return sum(p.stat().st_size for p in module.chunk_paths())
 
     def locate(self, store: Path) -> Path:
         target = store / "embedded" / self.filename
@@ -103,7 +108,7 @@ class AssembledPackage(_PackageModel):
         self._require()
         module = importlib.import_module(self.package)
         target.parent.mkdir(parents=True, exist_ok=True)
-        need = sum(p.stat().st_size for p in module.chunk_paths())
+        need = self._chunks_size(module)
         self._check_room(target, need)
         # assemble into a unique temp file, then move: a half-written file never shows
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{self.filename}.", suffix=".tmp")
