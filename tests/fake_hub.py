@@ -31,6 +31,7 @@ class HubFile:
     corrupt: bool = False
     rate: float | None = None  # bytes a second, or as fast as it goes
     refuse: int | None = None  # answer every GET of the file with this status (403: gated)
+    whole: bool = False  # ignore Range headers and send the whole file (some caches do)
     sent: int = 0  # bytes of this file written to clients, over all GETs
 
 
@@ -118,7 +119,7 @@ class FakeHub:
         if entry.corrupt:
             data = data[:1000] + bytes([data[1000] ^ 0xFF]) + data[1001:]
         start, end = 0, len(data) - 1
-        rng = req.headers.get("Range")
+        rng = None if entry.whole else req.headers.get("Range")
         if rng:
             self.ranges.append(rng)
             m = re.fullmatch(r"bytes=(\d+)-(\d*)", rng)

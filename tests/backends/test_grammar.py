@@ -72,6 +72,15 @@ def test_repetition_products_and_group_depth_are_read_right():
     assert _nesting('root ::= ("(" [()] (a (b)?)?) # ((((\n') == 3
 
 
+def test_a_grammar_too_deep_for_the_parser_is_refused_before_llama_cpp_sees_it(smollm2):
+    """Any GBNF, not only a converted schema: 3,000 nested groups would overflow the
+    parser's stack on a small thread."""
+    deep = "root ::= " + "(" * 3000 + '"a"' + ")" * 3000
+    with pytest.raises(InvalidRequest, match="nests 3,000 groups deep"):
+        smollm2.chat(QUESTION, SamplingParams(max_tokens=2, grammar=deep))
+    assert smollm2.chat(QUESTION, SamplingParams(temperature=0, max_tokens=2)).text()
+
+
 def test_the_largest_allowed_grammar_builds_on_a_small_thread_stack(smollm2_path):
     """llama.cpp parses a grammar by recursion; a secondary thread on macOS has 512 KiB of
     stack. Built there directly, the largest allowed grammar (1,000 nested groups) took the

@@ -174,6 +174,22 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     one_line_error(cli(hub, "rm", "smollm2"), "cannot be removed")  # the short name too
 
 
+def test_a_server_that_ignores_the_range_gives_the_whole_file_anew(hub, _private_home):
+    """A partial file is there, but the server answers a range request with the whole file
+    (200): it must be written from the start, not appended to what was there."""
+    entry = hub.repos[REPO]["SmolLM2-135M-Instruct-Q4_1.gguf"]
+    staging = _private_home / "models" / "hub" / REPO / ".staging"
+    staging.mkdir(parents=True)
+    partial = staging / f"SmolLM2-135M-Instruct-Q4_1.gguf.{entry.sha256[:16]}.partial"
+    partial.write_bytes(entry.path.read_bytes()[:5_000_000])
+    entry.whole = True
+    assert cli(hub, "pull", f"{REF}:Q4_1").returncode == 0
+    (manifest,) = manifests(_private_home)
+    file = _private_home / "models" / "hub" / REPO / manifest["file"]
+    assert hashlib.sha256(file.read_bytes()).hexdigest() == entry.sha256
+    assert not partial.exists()
+
+
 def test_a_gated_file_says_to_accept_its_terms_and_set_a_token(hub, _private_home):
     hub.repos[REPO]["SmolLM2-135M-Instruct-Q8_0.gguf"].refuse = 403
     one_line_error(cli(hub, "pull", f"{REF}:Q8_0"), "gated", "HF_TOKEN")
