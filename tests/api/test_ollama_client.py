@@ -38,25 +38,28 @@ def test_streamed_chat_equals_the_whole(client, smollm2, smollm2_reference):
         assert smollm2_reference.follows(prompt, text, reply.done_reason) > 3
 
 
-def test_generate_with_system_and_raw(client):
+def test_generate_with_system_and_raw(client, smollm2, smollm2_reference):
     reply = client.generate(model="smollm2", prompt="Name a colour.", system="Answer in one word.",
                             options=GREEDY)
     assert reply.response and reply.done
     raw = client.generate(model="smollm2", prompt="1, 2, 3, 4,", raw=True,
-                          options={"temperature": 0, "num_predict": 4})
+                          options={"temperature": 0, "num_predict": 4, "repeat_penalty": 1.0})
     assert raw.response.strip().startswith("5")
+    assert smollm2_reference.follows(smollm2.tokenize("1, 2, 3, 4,"), raw.response,
+                                     raw.done_reason)
 
 
-def test_generate_on_a_base_model_continues_the_prompt_as_it_is(client, gemma3):
+def test_generate_on_a_base_model_continues_the_prompt_as_it_is(client, gemma3,
+                                                                gemma3_reference):
     """gemma3:270m's file has no chat template: /api/generate must not wrap the prompt in
     turns it never learned (Ollama's template for such a model is the prompt itself)."""
     prompt = "1, 2, 3, 4,"
-    reply = client.generate(model="gemma3:270m", prompt=prompt,
-                            options={"temperature": 0, "num_predict": 4})
+    greedy = {"temperature": 0, "repeat_penalty": 1.0, "num_predict": 4}
+    reply = client.generate(model="gemma3:270m", prompt=prompt, options=greedy)
     assert reply.prompt_eval_count == len(gemma3.tokenize(prompt))  # the prompt, and no turns
     assert reply.response.strip().startswith("5")
-    raw = client.generate(model="gemma3:270m", prompt=prompt, raw=True,
-                          options={"temperature": 0, "num_predict": 4})
+    assert gemma3_reference.follows(gemma3.tokenize(prompt), reply.response, reply.done_reason)
+    raw = client.generate(model="gemma3:270m", prompt=prompt, raw=True, options=greedy)
     assert raw.prompt_eval_count == reply.prompt_eval_count
     client.generate(model="gemma3:270m", keep_alive=0)  # unloaded again
 

@@ -35,12 +35,15 @@ def test_openai_requests_without_max_tokens_get_the_cap(capped):
     assert reply.usage.completion_tokens == CAP + 4
 
 
-def test_ollama_requests_without_num_predict_get_the_cap(capped):
+def test_ollama_requests_without_num_predict_get_the_cap(capped, smollm2, smollm2_reference):
     client = ollama.Client(host=capped.url)
-    reply = client.generate(model="smollm2:135m", prompt=COUNTING, raw=True,
-                            options={"temperature": 0})
+    greedy = {"temperature": 0, "repeat_penalty": 1.0}  # plain greedy, as the reference decodes
+    reply = client.generate(model="smollm2:135m", prompt=COUNTING, raw=True, options=greedy)
     assert reply.eval_count == CAP and reply.done_reason == "length"
+    # Ollama has no logit bias: the count holds because no end token is near any step
+    assert smollm2_reference.follows(smollm2.tokenize(COUNTING), reply.response, "length",
+                                     sure_length=True) == CAP
     # -1: no limit; the reply runs until it ends or the context (256) is full
     reply = client.generate(model="smollm2:135m", prompt=COUNTING, raw=True,
-                            options={"temperature": 0, "num_predict": -1})
+                            options={**greedy, "num_predict": -1})
     assert reply.eval_count > CAP
