@@ -124,12 +124,28 @@ async def start(
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
         tokens, params = await asyncio.to_thread(_tokens, backend, params, messages, prompt,
                                                  tools)
-        generation = backend.generate(tokens, params)
+        generation = await _queue(backend, tokens, params)
     except BaseException:
         await stack.aclose()
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(tokens), began, load, tools, stack)
+
+
+async def _queue(backend: Backend, tokens: list[int], params: SamplingParams) -> Generation:
+    """Queue the request (a runner answers over its pipe: off the loop). A caller cancelled
+    meanwhile (a client gone) cancels the request as soon as it is queued."""
+    queued = asyncio.ensure_future(asyncio.to_thread(backend.generate, tokens, params))
+    try:
+        return await asyncio.shield(queued)
+    except asyncio.CancelledError:
+        queued.add_done_callback(_cancel_queued)
+        raise
+
+
+def _cancel_queued(queued: asyncio.Future[Generation]) -> None:
+    if not queued.cancelled() and queued.exception() is None:
+        queued.result().cancel()
 
 
 def _tokens(backend: Backend, params: SamplingParams,

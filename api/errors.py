@@ -21,6 +21,7 @@ from localinfer.errors import (
     ModelError,
     ModelFileMissing,
     ModelNotFound,
+    RunnerDied,
     user_message,
 )
 
@@ -46,7 +47,7 @@ def status_for(exc: LocalinferError) -> tuple[int, str]:
         return 404, "not_found_error"
     if isinstance(exc, (InvalidRequest, ContextError)):
         return 400, "invalid_request_error"
-    if isinstance(exc, (EngineBusy, EngineClosed)):
+    if isinstance(exc, (EngineBusy, EngineClosed, RunnerDied)):
         return 503, "server_busy"
     if isinstance(exc, ModelError):
         return 500, "model_error"

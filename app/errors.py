@@ -15,7 +15,9 @@
     ├── Cancelled                                the caller gave up (a client went away)
     └── EngineError(RuntimeError)
         ├── EngineBusy                           the wait queue is full; retry later
-        └── EngineClosed                         the engine was shut down
+        ├── EngineClosed                         the engine was shut down
+        └── RunnerDied                           the model's runner process ended (a crash
+                                                 inside llama.cpp, a kill, a hang)
 
 Messages say what to do, with the numbers. The CLI prints `str(error)` on one line.
 """
@@ -40,6 +42,7 @@ __all__ = [
     "ModelNotFound",
     "ModelNotInstalled",
     "PromptTooLong",
+    "RunnerDied",
     "user_message",
 ]
 
@@ -134,6 +137,10 @@ class EngineBusy(EngineError):
 
 class EngineClosed(EngineError):
     pass
+
+
+class RunnerDied(EngineError):
+    """A model's runner process ended under its requests; the next request starts it again."""
 
 
 def user_message(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ from localinfer.model_store.fit import check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import BackendFactory, ram_available, llama_cpp_backend, prepare
+from localinfer.service import BackendFactory, prepare, ram_available, runner_backend
 from localinfer.settings import Settings
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -81,7 +81,7 @@ class ModelPool:
         *,
         max_loaded: int = 3,
         default_keep_alive: float | None = 300.0,
-        backend_factory: BackendFactory = llama_cpp_backend,
+        backend_factory: BackendFactory = runner_backend,
         available_memory: Callable[[], int] = ram_available,
     ):
         self.settings = settings

@@ -24,7 +24,7 @@ from localinfer.model_store.store import Manifest
 from localinfer.settings import Settings
 
 __all__ = ["choose_quant", "draft_memory", "llama_cpp_backend", "load_model", "plan_for",
-           "prepare", "pull_model", "ram_available"]
+           "prepare", "pull_model", "ram_available", "runner_backend"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -36,9 +36,18 @@ def ram_available() -> int:
 
 
 def llama_cpp_backend(path: Path, options: LoadOptions, name: str) -> Backend:
+    """The model in this process (benchmarks and tests of the engine itself)."""
     from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
 
     return LlamaCppBackend(path, options, name=name)
+
+
+def runner_backend(path: Path, options: LoadOptions, name: str) -> Backend:
+    """The model in a runner process of its own: a crash inside llama.cpp ends that runner,
+    not the program that uses it."""
+    from localinfer.backends.runner import RunnerBackend
+
+    return RunnerBackend(path, options, name=name)
 
 
 def default_context(info: GGUFInfo, settings: Settings) -> int:

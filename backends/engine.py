@@ -176,6 +176,10 @@ class Engine:
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
         self.on_step: Callable[[float, int, int], None] | None = None
+        # called on the engine thread after each pass of its loop, before it waits for work,
+        # and once it has stopped: every event of the pass has been put by then (a runner
+        # process sends them to its parent in one message)
+        self.after_pass: Callable[[], None] = lambda: None
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -255,6 +259,12 @@ class Engine:
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.after_pass()
+
+    def _loop(self) -> None:
         while self._take_new_tasks():
             self._drop_cancelled()
             self._assign_slots()
@@ -271,6 +281,7 @@ class Engine:
 
     def _take_new_tasks(self) -> bool:
         """Move arrivals into the wait queue; block only when there is nothing to do."""
+        self.after_pass()
         idle = not self._waiting and not any(s.task for s in self.slots)
         while True:
             try:

@@ -9,6 +9,11 @@ import sys
 from localinfer.cli import main
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["__runner__"]:  # a model's runner process (backends/runner.py)
+        from localinfer.backends.runner import runner_main
+
+        runner_main()
+        sys.exit(0)
     if len(sys.argv) == 1 and not (sys.stdin and sys.stdin.isatty()):
         sys.argv.append("app")
     main()

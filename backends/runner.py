@@ -1,0 +1,585 @@
+"""Each loaded model in a process of its own: a crash inside llama.cpp costs one runner.
+
+llama.cpp ends its process on conditions Python cannot catch (`abort()`, `GGML_ASSERT`, a failed
+device allocation, an RPC worker that goes away). `RunnerBackend` is a `Backend` whose model
+lives in a child process (`python -m localinfer.backends.runner`, or the bundled app's own
+executable with `__runner__`). The parent holds no weights: it sends calls down the runner's
+stdin and receives each engine pass's events in one message on its stdout (length-prefixed
+pickles; whatever llama.cpp prints goes to stderr).
+
+    parent                                         runner (child process)
+    RunnerBackend.generate ─ ("call", …) ───────►  a call thread: LlamaCppBackend.generate
+                           ◄─ ("reply", …) ──────  accepted, or the error to answer with
+    reader thread          ◄─ ("events", […]) ───  the engine's pass, sent by an outbox thread
+    watchdog thread        ◄─ ("beat", steps) ───  every BEAT_SECONDS
+
+A runner that ends (a signal, an exit) ends each of its requests with `RunnerDied`; one that
+has work and makes no progress for `hang_seconds` (LOCALINFER_RUNNER_TIMEOUT) is killed and
+treated the same. A runner whose parent has gone (its pipe reads end-of-file) exits at once.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import logging
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
+                                     LoadOptions, SamplingParams, TokenEvent)
+from localinfer.backends.metrics import EngineStats
+from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, LocalinferError,
+                               ModelLoadFailed, RunnerDied)
+
+__all__ = ["BEAT_SECONDS", "HANG_SECONDS", "RunnerBackend", "hang_seconds", "runner_main"]
+
+log = logging.getLogger("localinfer.runner")
+
+# a runner with work that shows no progress (an engine step, a reply) for this long is
+# killed: a hang inside llama.cpp. Generous: one prompt chunk of a big model on a slow CPU
+# takes tens of seconds
+HANG_SECONDS = 120.0
+BEAT_SECONDS = 0.5
+# what a parent may ask of the runner's backend
+_CALLS = frozenset({"generate", "tokenize", "detokenize", "apply_chat_template", "embed",
+                    "stats", "fewest_tokens"})
+_TOKEN, _DONE, _ERROR = 0, 1, 2
+
+
+def hang_seconds() -> float:
+    """LOCALINFER_RUNNER_TIMEOUT, in seconds (HANG_SECONDS when unset or not a number > 0)."""
+    try:
+        value = float(os.environ.get("LOCALINFER_RUNNER_TIMEOUT", ""))
+    except ValueError:
+        return HANG_SECONDS
+    return value if value > 0 else HANG_SECONDS
+
+
+# ---------------------------------------------------------------------------- the wire
+_LENGTH = struct.Struct("<Q")
+
+
+class _Pipe:
+    """Messages over a pair of byte streams: an 8-byte length, then a pickle. Only our
+    own two processes are at either end."""
+
+    def __init__(self, reader: Any, writer: Any):
+        self._reader, self._writer = reader, writer
+        self._send_lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        with self._send_lock:
+            self._writer.write(_LENGTH.pack(len(data)) + data)
+            self._writer.flush()
+
+    def recv(self) -> tuple[Any, ...]:
+        head = self._reader.read(_LENGTH.size)
+        if len(head) < _LENGTH.size:
+            raise EOFError
+        size, = _LENGTH.unpack(head)
+        data = self._reader.read(size)
+        if len(data) < size:
+            raise EOFError
+        return pickle.loads(data)
+
+    def close(self) -> None:
+        for stream in (self._writer, self._reader):
+            try:
+                stream.close()
+            except (OSError, ValueError):
+                pass
+
+def _wire_error(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
+    """An error as it crosses the pipe: its class by name, its text and plain attributes
+    (LocalinferErrors take arguments of their own, so they are not pickled as they are)."""
+    if isinstance(exc, UnicodeError):  # JSON may spell a lone surrogate ("\ud800")
+        exc = InvalidRequest(f"the text is not valid Unicode ({getattr(exc, 'reason', exc)}) "
+                             f"— send UTF-8 text")
+    if not isinstance(exc, LocalinferError):
+        return "", "", f"{type(exc).__name__}: {exc}", {}
+    plain = (str, int, float, bool, type(None))
+    attrs = {k: v for k, v in vars(exc).items()
+             if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))}
+    return type(exc).__module__, type(exc).__qualname__, str(exc), attrs
+
+
+def _error(wire: tuple[str, str, str, dict[str, Any]]) -> LocalinferError:
+    module, name, message, attrs = wire
+    try:
+        cls = getattr(importlib.import_module(module), name) if module else None
+    except (ImportError, AttributeError):
+        cls = None
+    if not (isinstance(cls, type) and issubclass(cls, LocalinferError)):
+        return EngineError(message)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)
+    exc.__dict__.update(attrs)
+    return exc
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+# ---------------------------------------------------------------------------- the child
+def runner_main() -> None:
+    """The runner process: its stdin and stdout carry the messages."""
+    # Ctrl-C in a terminal reaches the whole process group: the parent decides what ends
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # whatever llama.cpp prints must not land in the messages
+    pipe = _Pipe(os.fdopen(os.dup(0), "rb"), out)
+    try:
+        _, path, options, name = pipe.recv()
+    except EOFError:
+        return
+    _Runner(pipe).serve(path, options, name)
+
+
+class _Runner:
+    def __init__(self, pipe: _Pipe):
+        self.pipe = pipe
+        self.parent = os.getppid()
+        self._outbox: list[tuple[Any, ...]] = []
+        self._outbox_ready = threading.Condition()
+        self._live: dict[int, Generation] = {}
+        self._cancelled: set[int] = set()  # cancels that came before their request was queued
+        self._live_lock = threading.Lock()
+        self._calls = ThreadPoolExecutor(4, thread_name_prefix="localinfer-runner-call")
+        self._fault = os.environ.get("LOCALINFER_RUNNER_FAULT")  # tests only: see _check_fault
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        try:
+            self.pipe.send(message)
+        except (OSError, ValueError):
+            os._exit(0)  # the parent has gone
+
+    def serve(self, path: str, options: LoadOptions, name: str) -> None:
+        try:
+            from localinfer.backends.llamacpp import LlamaCppBackend  # loads llama.cpp
+
+            self.backend = LlamaCppBackend(path, options, name=name)
+        except BaseException as exc:  # noqa: BLE001 - the parent says it in one line
+            if not isinstance(exc, LocalinferError):
+                exc = ModelLoadFailed(f"llama.cpp could not load {name}: {exc}")
+            self.send(("failed", _wire_error(exc)))
+            return
+        self.backend.engine.after_pass = self._flush
+        threading.Thread(target=self._send_events, daemon=True, name="runner-outbox").start()
+        threading.Thread(target=self._beat, daemon=True, name="runner-beat").start()
+        self.send(("ready", self.backend.info))
+        while True:
+            try:
+                message = self.pipe.recv()
+            except (EOFError, OSError):
+                os._exit(0)  # the parent has gone: nobody is left to answer
+            kind = message[0]
+            if kind == "call":
+                self._calls.submit(self._call, *message[1:])
+            elif kind == "cancel":
+                self._cancel(message[1])
+            elif kind == "cancel_all":
+                self.backend.cancel_all()
+            elif kind == "close":
+                break
+        self.backend.close()  # the engine's last pass flushes its events
+        self._drain()
+        self.send(("closed",))
+
+    def _call(self, rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        try:
+            if method not in _CALLS:
+                raise EngineError(f"a runner has no call {method!r}")
+            if method == "generate":
+                value = self._generate(rid, *args)
+            else:
+                value = getattr(self.backend, method)(*args, **kwargs)
+            reply = ("reply", rid, True, value)
+        except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
+            reply = ("reply", rid, False, _wire_error(exc))
+        self.send(reply)
+
+    def _generate(self, gid: int, tokens: list[int], params: SamplingParams) -> None:
+        generation = self.backend.generate(tokens, params)
+        with self._live_lock:
+            self._live[gid] = generation
+            cancelled = gid in self._cancelled
+            self._cancelled.discard(gid)
+        with generation._sink_lock:  # events the engine put before this: first, in order
+            while not generation._events.empty():
+                self._post(gid, generation._events.get_nowait())
+            generation._async_sink = lambda event: self._post(gid, event)
+        if cancelled:
+            generation.cancel()
+        self._flush()
+
+    def _cancel(self, gid: int) -> None:
+        with self._live_lock:
+            generation = self._live.get(gid)
+            if generation is None:
+                self._cancelled.add(gid)
+        if generation is not None:
+            generation.cancel()
+
+    def _post(self, gid: int, event: Event) -> None:
+        """An event for the parent; sent with the rest of its engine pass."""
+        if isinstance(event, TokenEvent):
+            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token)
+        else:
+            with self._live_lock:
+                self._live.pop(gid, None)
+            item = ((gid, _DONE, event.stats) if isinstance(event, DoneEvent)
+                    else (gid, _ERROR, _wire_error(event.error)))
+        with self._outbox_ready:
+            self._outbox.append(item)
+
+    def _flush(self) -> None:
+        """After each engine pass: wake the outbox thread (it sends; the engine never waits
+        on the pipe)."""
+        if self._fault:
+            self._check_fault()
+        with self._outbox_ready:
+            if self._outbox:
+                self._outbox_ready.notify()
+
+    def _send_events(self) -> None:
+        while True:
+            with self._outbox_ready:
+                while not self._outbox:
+                    self._outbox_ready.wait()
+                batch, self._outbox = self._outbox, []
+            self.send(("events", batch))
+
+    def _drain(self) -> None:
+        with self._outbox_ready:
+            batch, self._outbox = self._outbox, []
+        if batch:
+            self.send(("events", batch))
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(BEAT_SECONDS)
+            if os.getppid() != self.parent:  # orphaned (the pipe's end-of-file is the usual sign)
+                os._exit(0)
+            self.send(("beat", self.backend.engine.stats().steps))
+
+    def _check_fault(self) -> None:
+        """Tests: the file named by LOCALINFER_RUNNER_FAULT, once it exists, says what goes
+        wrong on the engine thread: `abort` (llama.cpp's own GGML_ABORT, what a failed
+        assertion calls) or `hang` (the engine stops making progress)."""
+        try:
+            with open(self._fault) as f:
+                what = f.read().strip()
+            os.remove(self._fault)
+        except OSError:
+            return
+        if what == "abort":
+            import llama_cpp._ggml as ggml
+
+            ggml.libggml.ggml_abort(b"runner.py", 0, b"fault injected by a test")
+        elif what == "hang":
+            threading.Event().wait()
+
+
+# ---------------------------------------------------------------------------- the parent
+class _Call:
+    __slots__ = ("done", "ok", "value", "started")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+        self.value: Any = None
+        self.started = time.monotonic()
+
+    def finish(self, ok: bool, value: Any) -> None:
+        self.ok, self.value = ok, value
+        self.done.set()
+
+
+class _Link:
+    """The parent's side of one runner process: started loaded, or an error."""
+
+    def __init__(self, path: str, options: LoadOptions, name: str, hang: float):
+        self.name = name
+        self.hang_seconds = hang
+        command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
+                   else [sys.executable, "-m", "localinfer.backends.runner"])
+        # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        start_new_session=os.name == "posix")
+        self._pipe = _Pipe(self.process.stdout, self.process.stdin)
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._live: dict[int, Generation] = {}
+        self._calls: dict[int, _Call] = {}
+        self._ended: LocalinferError | None = None
+        self._closing = False
+        self._hung = False
+        try:
+            self._pipe.send(("load", path, options, name))
+            message = self._pipe.recv()  # the load takes what it takes; a crash reads as EOF
+        except (EOFError, OSError):
+            self._pipe.close()
+            raise ModelLoadFailed(
+                f"llama.cpp ended while loading {self.name} ({_how(self._exit_code())}) "
+                f"— the file may be damaged, or too big for this machine") from None
+        if message[0] != "ready":
+            self._pipe.close()
+            self._exit_code()
+            raise _error(message[1])
+        self.info = message[1]
+        self._steps = -1
+        self._progress = time.monotonic()
+        self._wake = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"runner-reader {self.name}")
+        self._reader.start()
+        threading.Thread(target=self._watch, daemon=True, name=f"runner-watch {self.name}").start()
+
+    @property
+    def alive(self) -> bool:
+        return self._ended is None and not self._closing
+
+    def generate(self, tokens: list[int], params: SamplingParams) -> Generation:
+        gid = next(self._ids)
+        generation = Generation(id=gid, _on_cancel=lambda: self._post_quietly(("cancel", gid)))
+        with self._lock:  # listed first: its events may arrive right behind the reply
+            self._live[gid] = generation
+        try:
+            self.call("generate", (tokens, params), rid=gid)
+        except BaseException:
+            with self._lock:
+                self._live.pop(gid, None)
+            raise
+        return generation
+
+    def cancel_all(self) -> None:
+        # called from a signal handler: never wait for the send lock on this thread
+        threading.Thread(target=self._post_quietly, args=(("cancel_all",),), daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+        self._post_quietly(("close",))
+        try:
+            self.process.wait(30)  # the engine ends what runs, then frees the model
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        self._exit_code()
+        self._reader.join(5)
+        self._pipe.close()
+
+    def _exit_code(self) -> int | None:
+        try:
+            return self.process.wait(5)
+        except subprocess.TimeoutExpired:
+            return None
+
+    # ------------------------------------------------------------------ the pipe
+    def call(self, method: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
+             rid: int | None = None) -> Any:
+        call = _Call()
+        rid = rid or next(self._ids)
+        with self._lock:
+            if self._ended is not None or self._closing:
+                raise self._ended or EngineClosed(f"{self.name} has been unloaded")
+            if not self._live and not self._calls:
+                self._progress = time.monotonic()  # idle until now: the hang clock starts
+            self._calls[rid] = call
+        try:
+            self._post(("call", rid, method, args, kwargs or {}))
+            call.done.wait()
+        finally:
+            with self._lock:
+                self._calls.pop(rid, None)
+        if call.ok:
+            return call.value
+        raise call.value
+
+    def _post(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._pipe.send(message)
+        except (OSError, ValueError):  # the runner has gone; the reader says why
+            self._reader.join(5)
+            raise self._ended or EngineClosed(f"{self.name} has been unloaded") from None
+
+    def _post_quietly(self, message: tuple[Any, ...]) -> None:
+        try:
+            self._pipe.send(message)
+        except (OSError, ValueError):
+            pass
+
+    def _read(self) -> None:
+        try:
+            while True:
+                message = self._pipe.recv()
+                kind = message[0]
+                if kind == "events":
+                    self._progress = time.monotonic()
+                    self._deliver(message[1])
+                elif kind == "reply":
+                    self._progress = time.monotonic()
+                    _, rid, ok, value = message
+                    call = self._calls.get(rid)
+                    if call is not None:
+                        call.finish(ok, value if ok else _error(value))
+                elif kind == "beat":
+                    if message[1] != self._steps:
+                        self._steps, self._progress = message[1], time.monotonic()
+                elif kind == "closed":
+                    break
+        except (EOFError, OSError):
+            pass
+        self._end()
+
+    def _deliver(self, batch: list[tuple[Any, ...]]) -> None:
+        for gid, kind, *rest in batch:
+            if kind == _TOKEN:
+                generation = self._live.get(gid)
+                if generation is not None:
+                    generation.put(TokenEvent(rest[0], rest[1]))
+                continue
+            with self._lock:
+                generation = self._live.pop(gid, None)
+            if generation is not None:
+                generation.put(DoneEvent(rest[0]) if kind == _DONE
+                               else ErrorEvent(_error(rest[0])))
+
+    def _end(self) -> None:
+        """The runner has exited: every request and call still open ends with why."""
+        how = _how(self._exit_code())
+        with self._lock:
+            if self._closing and not self._live:
+                self._ended = EngineClosed(f"{self.name} has been unloaded")
+            elif self._hung:
+                self._ended = RunnerDied(
+                    f"{self.name} made no progress for {self.hang_seconds:g} s and was stopped "
+                    f"(LOCALINFER_RUNNER_TIMEOUT) — send the request again to reload it")
+            else:
+                self._ended = RunnerDied(
+                    f"the runner of {self.name} ended ({how}) — send the request again "
+                    f"to reload it")
+            live, self._live = self._live, {}
+            calls = list(self._calls.values())
+        self._wake.set()
+        if not self._closing:
+            log.error("the runner of %s ended (%s%s); requests stopped: %d", self.name, how,
+                      ", after no progress" if self._hung else "", len(live) + len(calls))
+        for generation in live.values():
+            generation.put(ErrorEvent(self._ended))
+        for call in calls:
+            call.finish(False, self._ended)
+
+    def _watch(self) -> None:
+        """Kill a runner that has work and shows no progress for hang_seconds."""
+        while not self._wake.wait(min(1.0, self.hang_seconds / 4)):
+            now = time.monotonic()
+            with self._lock:
+                busy = bool(self._live or self._calls)
+                oldest = min((c.started for c in self._calls.values()), default=now)
+            stalled = now - self._progress > self.hang_seconds or now - oldest > self.hang_seconds
+            if busy and stalled and self._ended is None:
+                self._hung = True
+                self.process.kill()
+                return
+
+
+class RunnerBackend(Backend):
+    """A model loaded in a runner process; the same interface as the in-process backend.
+    A runner that has ended is started again by the next call (a new request)."""
+
+    def __init__(self, path: str | os.PathLike[str], options: LoadOptions,
+                 name: str | None = None, *, hang: float | None = None):
+        self.name = name or Path(path).stem
+        self._start = lambda: _Link(str(path), options, self.name, hang or hang_seconds())
+        self._link = self._start()
+        self.info = self._link.info
+        self._restart = threading.Lock()
+        self._closed = False
+
+    @property
+    def pid(self) -> int:
+        return self._link.process.pid
+
+    def _runner(self) -> _Link:
+        link = self._link
+        if link.alive or self._closed:
+            return link
+        with self._restart:
+            if not self._link.alive and not self._closed:
+                self._link.close()  # reaped
+                log.info("starting the runner of %s again", self.name)
+                self._link = self._start()
+            return self._link
+
+    def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
+        return self._runner().call("tokenize", (text,), {"add_special": add_special})
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return self._runner().call("detokenize", (list(tokens),))
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
+                            add_generation_prompt: bool = True) -> str:
+        return self._runner().call("apply_chat_template", ([dict(m) for m in messages],
+                                                           add_generation_prompt))
+
+    def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        return self._runner().generate(tokens, params)
+
+    def embed(self, text: str) -> tuple[list[float], int]:
+        return self._runner().call("embed", (text,))
+
+    def stats(self) -> EngineStats:
+        link = self._link  # figures only: never starts a runner
+        if not link.alive:
+            return EngineStats(n_slots=self.info.n_slots, active=0, waiting=0, kv_cells_used=0,
+                               kv_cells_total=0, steps=0, tokens_evaluated=0,
+                               tokens_generated=0, requests_finished=0, preemptions=0,
+                               decode_seconds=0.0, step_seconds=0.0, threads=0)
+        return link.call("stats")
+
+    def fewest_tokens(self, text_bytes: int) -> int:
+        return self._runner().call("fewest_tokens", (text_bytes,))
+
+    def memory_bytes(self) -> int:
+        """The runner's resident memory (0 while none runs)."""
+        try:
+            return psutil.Process(self._link.process.pid).memory_info().rss
+        except psutil.Error:
+            return 0
+
+    def cancel_all(self) -> None:
+        self._link.cancel_all()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._restart:
+            self._link.close()
+
+
+if __name__ == "__main__":
+    runner_main()

@@ -1,0 +1,165 @@
+"""What the runner process costs: `localinfer serve` with each model in a runner of its own,
+against the same server with the model in its own process (as it was before runners).
+
+Both servers run side by side and take the load in turns (bench/serve_load.py's raw-socket
+client in a process of its own), at 1, 8 and 32 clients, on bench/random_gguf.py's fast-step
+model (a CPU steps it at a GPU's rate, so what surrounds llama_decode shows) and on smollm2.
+Figures: streamed tokens/s, TTFT p50 and p99 as the client sees them, and CPU µs per streamed
+token of the server process (the parent: HTTP, SSE, the events) and of its runner.
+
+    python3 bench/runner_cost.py [--levels 1,8,32] [--tokens 128] [--requests 3] [--reps 3]
+
+Writes bench/results/runner_cost.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import psutil
+from random_gguf import fast_step_model  # bench/, the script's own folder
+from stream_cost import _MAIN, start_server
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+_IN_PROCESS = (  # the pool loads models in the server's own process, as before runners
+    "import localinfer.pool as pool, localinfer.service as service\n"
+    "init = pool.ModelPool.__init__\n"
+    "def in_process(self, *args, **kw):\n"
+    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
+    "pool.ModelPool.__init__ = in_process\n")
+VARIANTS = {"in-process": ["-c", _IN_PROCESS + _MAIN], "runner": ["-m", "localinfer"]}
+CTX = 512
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def measure(url: str, server: subprocess.Popen, model: str, clients: int, tokens: int,
+            requests: int) -> dict:
+    parent = psutil.Process(server.pid)
+    runners = parent.children()
+    before = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
+    with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
+        subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "serve_load.py"), "--url", url, "--model",
+             model, "--levels", str(clients), "--requests-per-client", str(requests),
+             "--max-tokens", str(tokens), "--client", "raw", "--out", out.name],
+            check=True, capture_output=True)
+        row = json.loads(Path(out.name).read_text().splitlines()[-1])
+    after = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
+    if row["errors"] or row["empty"]:
+        raise SystemExit(f"the load had errors or empty replies: {row}")
+    n = row["output_tokens"]
+    return {"clients": clients, "tokens": n, "output_tps": row["output_tps"],
+            "ttft_p50_s": row["ttft_p50_s"], "ttft_p99_s": row["ttft_p99_s"],
+            "parent_us_per_token": 1e6 * (after[0] - before[0]) / n,
+            "runner_us_per_token": 1e6 * (after[1] - before[1]) / n}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", default="1,8,32", help="concurrent clients")
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--requests", type=int, default=3, help="per client")
+    parser.add_argument("--reps", type=int, default=3)
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as home:
+        models = {"fast-step": str(fast_step_model(Path(home))), "smollm2": "smollm2:135m"}
+        for label, model in models.items():
+            servers = {name: start_server(launch, model, max(levels), CTX, Path(home))
+                       for name, launch in VARIANTS.items()}
+            served = Path(model).stem if label == "fast-step" else model
+            try:
+                for rep in range(args.reps):
+                    for clients in levels:
+                        for name, (server, url) in servers.items():
+                            row = measure(url, server, served, clients, args.tokens,
+                                          args.requests)
+                            rows.append({"model": label, "server": name, "rep": rep, **row})
+                            print(f"{label:9s} {name:10s} {clients:3d} clients: "
+                                  f"{row['output_tps']:7.1f} tok/s  TTFT p50 "
+                                  f"{row['ttft_p50_s']:.3f} p99 {row['ttft_p99_s']:.3f} s  "
+                                  f"parent {row['parent_us_per_token']:6.1f} µs/token  "
+                                  f"runner {row['runner_us_per_token']:6.1f}", flush=True)
+            finally:
+                for server, _ in servers.values():
+                    server.terminate()
+                    server.wait(timeout=30)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "runner_cost.json").write_text(json.dumps(
+        {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))
+    write_report(rows, args, levels, list(models))
+
+
+def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
+                 models: list[str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def median(key: str, model: str, server: str, clients: int) -> float:
+        return statistics.median(r[key] for r in rows if r["model"] == model
+                                 and r["server"] == server and r["clients"] == clients)
+
+    lines = [
+        "# What a runner process costs",
+        "",
+        f"`python3 bench/runner_cost.py`: `localinfer serve --parallel {max(levels)} --ctx "
+        f"{CTX}` with the model in a runner process, against the same server with the model "
+        f"in its own process; {args.tokens} tokens a request, {args.requests} requests per "
+        f"client, bench/serve_load.py's raw-socket client; medians of {args.reps} runs with "
+        f"the servers in turns. {os.cpu_count()} CPUs, shared by the servers' processes and "
+        "the client. CPU is µs per streamed token: the server process (with the model in "
+        "it, that is everything), and the runner.",
+        "",
+        "| model | clients | in-process tok/s | runner tok/s | runner ÷ in-process | "
+        "TTFT p50 in-process / runner (ms) | TTFT p99 in-process / runner (ms) | "
+        "CPU µs/token in-process | parent + runner µs/token |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in models:
+        for n in levels:
+            m = {key: {s: median(key, model, s, n) for s in VARIANTS}
+                 for key in ("output_tps", "ttft_p50_s", "ttft_p99_s", "parent_us_per_token",
+                             "runner_us_per_token")}
+            lines.append(
+                f"| {model} | {n} | {m['output_tps']['in-process']:.0f} | "
+                f"{m['output_tps']['runner']:.0f} | "
+                f"{m['output_tps']['runner'] / m['output_tps']['in-process']:.2f} | "
+                f"{1e3 * m['ttft_p50_s']['in-process']:.0f} / {1e3 * m['ttft_p50_s']['runner']:.0f} | "
+                f"{1e3 * m['ttft_p99_s']['in-process']:.0f} / {1e3 * m['ttft_p99_s']['runner']:.0f} | "
+                f"{m['parent_us_per_token']['in-process']:.0f} | "
+                f"{m['parent_us_per_token']['runner']:.0f} + "
+                f"{m['runner_us_per_token']['runner']:.0f} |")
+    lines += ["", "![runner cost](runner_cost.png)", ""]
+    (RESULTS / "runner_cost.md").write_text("\n".join(lines))
+    fig, axes = plt.subplots(1, len(models), figsize=(10, 3.6))
+    for ax, model in zip(axes, models):
+        for i, server in enumerate(VARIANTS):
+            xs = [x + i * 0.4 for x in range(len(levels))]
+            ax.bar(xs, [median("output_tps", model, server, n) for n in levels], 0.4,
+                   label=server)
+        ax.set_xticks([x + 0.2 for x in range(len(levels))], [f"{n} clients" for n in levels])
+        ax.set_title(model)
+        ax.set_ylabel("streamed tokens/s")
+    axes[0].legend()
+    fig.suptitle("localinfer serve: model in a runner process vs in the server's process")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "runner_cost.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""RunnerBackend: the in-process backend's answers, errors included, from a child process."""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
+from localinfer.backends.runner import RunnerBackend
+from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def runner(smollm2_path):
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256, n_slots=2), name="smollm2:135m")
+    yield backend
+    backend.close()
+    assert backend._link.process.poll() is not None  # closed means gone
+
+
+def test_answers_as_the_in_process_backend_does(runner, smollm2, smollm2_reference):
+    text = runner.apply_chat_template(QUESTION)
+    assert text == smollm2.apply_chat_template(QUESTION)
+    tokens = runner.tokenize(text)
+    assert tokens == smollm2.tokenize(text)
+    assert runner.detokenize(tokens[1:]) == smollm2.detokenize(tokens[1:])
+    assert runner.info.n_ctx == 256 and runner.info.n_slots == 2
+    generation = runner.generate(tokens, SamplingParams(temperature=0, max_tokens=8))
+    events = list(generation)
+    assert isinstance(events[-1], DoneEvent) and events[-1].stats.generated_tokens >= 1
+    reply = "".join(e.text for e in events[:-1])
+    assert smollm2_reference.follows(tokens, reply, events[-1].stats.finish_reason) > 0
+    stats = runner.stats()
+    assert stats.requests_finished >= 1 and stats.n_slots == 2
+
+
+def test_errors_keep_their_kind_and_figures(runner):
+    with pytest.raises(PromptTooLong) as caught:
+        runner.generate(list(range(300)), SamplingParams(max_tokens=4))
+    assert caught.value.n_prompt == 300 and caught.value.n_ctx == 256
+    with pytest.raises(InvalidRequest, match="grammar"):
+        runner.generate([1, 2, 3], SamplingParams(grammar="root ::= (", max_tokens=4))
+    with pytest.raises(InvalidRequest, match="Unicode"):
+        runner.tokenize("\ud800")
+    assert runner._link.alive  # a refused request costs nothing
+
+
+def test_cancel_ends_a_stream_with_its_figures(runner):
+    generation = runner.generate(runner.tokenize("Once upon a time"),
+                                 SamplingParams(max_tokens=200, logit_bias={0: -100, 2: -100}))
+    for n, event in enumerate(generation):
+        if n == 2:
+            generation.cancel()
+        if isinstance(event, DoneEvent):
+            assert event.stats.finish_reason == "cancelled"
+            assert event.stats.generated_tokens < 200
+            break
+
+
+def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    with pytest.raises(ModelLoadFailed) as caught:
+        RunnerBackend(bad, LoadOptions(n_ctx=256), name="bad")
+    assert "\n" not in str(caught.value)
