@@ -17,8 +17,7 @@ from localinfer.api import ollama, openai
 from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
-from localinfer.model_store import store
-from localinfer.model_store.sources import EMBEDDED
+from localinfer.model_store.sources import installed_models
 from localinfer.pool import ModelPool
 from localinfer import web
 from localinfer.settings import ServeSettings, Settings
@@ -85,7 +84,6 @@ async def _preload(app: FastAPI, pool: ModelPool, ref: str) -> None:
 
 def _catalog(pool: ModelPool, settings: Settings) -> list[str]:
     """What the server can run without downloading: embedded, pulled, loaded, aliased."""
-    names = {n for n, m in EMBEDDED.items() if m.available()}
-    names |= {m.name for m in store.installed(settings.models_dir)}
+    names = {m.name for m in installed_models(settings.models_dir)}
     names |= {m.name for m in pool.loaded()} | set(pool.aliases)
     return sorted(names)

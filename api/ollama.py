@@ -32,7 +32,7 @@ from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store import store
-from localinfer.model_store.sources import EMBEDDED, is_embedded
+from localinfer.model_store.sources import delete_model, installed_models, is_embedded
 from localinfer.model_store.store import Manifest
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
@@ -283,12 +283,11 @@ async def generate(body: GenerateRequest, request: Request):
 async def tags(request: Request) -> dict[str, Any]:
     models_dir = request.app.state.settings.models_dir
     loaded = {m.name: m for m in request.app.state.pool.loaded()}
-    pulled = {m.name: m for m in store.installed(models_dir)}
+    installed = {m.name: m for m in await asyncio.to_thread(installed_models, models_dir)}
     models = []
     for name in request.app.state.catalog():
-        path = (loaded[name].resolved.path if name in loaded else
-                EMBEDDED[name].peek(models_dir) if name in EMBEDDED else
-                pulled[name].path(models_dir) if name in pulled else None)
+        known = installed.get(name)
+        path = loaded[name].resolved.path if name in loaded else known and known.path
         stat = path.stat() if path and path.exists() else None
         # the file's own header, loaded or not, so a model's family does not change on load
         info = (loaded[name].info if name in loaded else
@@ -298,8 +297,8 @@ async def tags(request: Request) -> dict[str, Any]:
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
             "size": stat.st_size if stat else 0,
-            "digest": pulled[name].sha256 or "" if name in pulled else "",
-            "details": _details(name, info, pulled[name].quant if name in pulled else None),
+            "digest": known and known.sha256 or "",
+            "details": _details(name, info, known and known.quant),
         })
     return {"models": models}
 
@@ -341,7 +340,7 @@ def _ps_entry(m: LoadedModel) -> dict[str, Any]:
     return {"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": "",
             "details": _details(m.name, m.backend.info),
             "expires_at": until.isoformat().replace("+00:00", "Z"),
-            "size_vram": m.memory_bytes if m.options.n_gpu_layers else 0,
+            "size_vram": m.gpu_bytes,
             "context_length": m.backend.info.n_ctx}
 
 
@@ -395,12 +394,10 @@ async def _pull_lines(name: str, job: PullJob) -> AsyncIterator[dict[str, Any]]:
 @router.delete("/delete")
 async def delete(body: NameRequest, request: Request):
     name = core.check_model_name(body.which)
-    if is_embedded(name):
-        raise ApiError(400, f"{name} ships with localinfer and cannot be deleted")
     models_dir = request.app.state.settings.models_dir
-    if store.find(models_dir, name) is not None:
+    if not is_embedded(name) and store.find(models_dir, name) is not None:
         await request.app.state.pool.unload(name)  # as Ollama does: a deleted model stops
-    await asyncio.to_thread(store.remove, models_dir, name)
+    await asyncio.to_thread(delete_model, models_dir, name)
     return Response(status_code=200)
 
 

@@ -79,7 +79,7 @@ def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: 
     preload = model
     if model:  # a missing model, or a context it cannot take, is one clear line now,
         # not a failed preload and a server whose every request fails
-        resolved, _, _ = prepare(model, options, settings, hardware=pool.hardware)  # probed once
+        resolved = prepare(model, options, settings, hardware=pool.hardware).model  # probed once
         if resolved.source == "path":  # requests name it by its alias; so does the preload
             pool.alias(resolved.name, model)
             preload = resolved.name

@@ -358,13 +358,14 @@ def planned_device(path: Path, n_ctx: int, n_slots: int, gpu_layers: int | None 
                    hw: Hardware | None = None) -> tuple[int, str]:
     """The GPU layers the planner gives this model on this machine (or the ones asked for),
     and where that puts it, in words."""
-    from localinfer.service import gpu_layers as planned_layers
+    from localinfer.service import gpu_plan
 
     info = read_gguf_info(path)
     hw = hw or detect()
     if gpu_layers is None:
-        gpu_layers = planned_layers(info, n_ctx, n_slots, hw)
-    if not gpu_layers or not hw.gpus or not hw.gpu_offload:
+        chosen = gpu_plan(info, n_ctx, n_slots, hw)
+        gpu_layers = chosen.n_gpu_layers if chosen else 0
+    if not gpu_layers or not hw.usable_gpus:
         return 0, "CPU"
     layers = min(gpu_layers, info.n_layer + 1)
     return layers, f"GPU {hw.gpus[0].name}, {layers} of {info.n_layer + 1} layers"

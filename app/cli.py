@@ -190,18 +190,15 @@ def pull(
 @app.command("list")
 def list_models() -> None:
     """Installed models: the embedded ones and those pulled from the hub."""
-    from localinfer.model_store import store
-    from localinfer.model_store.sources import EMBEDDED
+    from localinfer.model_store.sources import installed_models
     from localinfer.settings import Settings
 
     with _user_errors():
         models_dir = Settings().models_dir
-    rows = []
-    for name, model in EMBEDDED.items():
-        if model.available():  # (gemma3 is unpacked on first use: the size it will have)
-            rows.append((name, "embedded", model.size(models_dir), "—"))
-    for m in store.installed(models_dir):
-        rows.append((m.name, m.quant or "?", m.size, m.pulled_at.replace("T", " ")[:16]))
+    # (gemma3 is unpacked on first use: the size it will have)
+    rows = [(m.name, "embedded", m.size, "—") if m.embedded else
+            (m.name, m.quant or "?", m.size, (m.pulled_at or "").replace("T", " ")[:16])
+            for m in installed_models(models_dir)]
     width = max([len("NAME"), *(len(name) for name, *_ in rows)])  # hub names run long
     print(f"{'NAME':{width}} {'QUANT':10} {'SIZE':>10}  MODIFIED")
     for name, quant, size, when in rows:
@@ -212,14 +209,11 @@ def list_models() -> None:
 @app.command()
 def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
     """Delete a pulled model."""
-    from localinfer.model_store import store
-    from localinfer.model_store.sources import is_embedded
+    from localinfer.model_store.sources import delete_model
     from localinfer.settings import Settings
 
     with _user_errors():
-        if is_embedded(model):
-            raise LocalinferError(f"{model} ships with localinfer and cannot be removed")
-        print(f"deleted {store.remove(Settings().models_dir, model)}")
+        print(f"deleted {delete_model(Settings().models_dir, model)}")
 
 
 @app.command()

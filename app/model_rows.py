@@ -47,18 +47,14 @@ def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
 
 def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
     """Installed models with the planner's badge, then catalog models with an estimate."""
-    from localinfer.model_store import store
     from localinfer.model_store.catalog import catalog_names
     from localinfer.model_store.planner import params_from_tag, rough_device
-    from localinfer.model_store.sources import EMBEDDED
+    from localinfer.model_store.sources import installed_models
 
     rows = []
-    files = [(name, model.peek(settings.models_dir)) for name, model in EMBEDDED.items()
-             if model.available()]
-    files += [(m.name, m.path(settings.models_dir)) for m in store.installed(settings.models_dir)]
-    for name, path in files:
-        embedded = name in EMBEDDED
-        if path is None or not path.is_file():  # an embedded package not unpacked yet
+    for model in installed_models(settings.models_dir):
+        name, path, embedded = model.name, model.path, model.embedded
+        if path is None:  # an embedded package not unpacked yet
             rows.append(ModelRow(name, True, detail="unpacked on first use", embedded=embedded))
             continue
         try:
@@ -66,7 +62,7 @@ def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
         except LocalinferError as exc:
             badge, reason, quant, size = "?", str(exc), "", path.stat().st_size
         rows.append(ModelRow(name, True, quant, size, badge, reason, embedded))
-    gpus = list(hw.gpus) if hw.gpu_offload else []
+    gpus = list(hw.usable_gpus)
     labels = {"gpu": "~GPU", "partial": "~partial", "cpu": "~CPU", None: "~won't fit"}
     taken = {r.name for r in rows}
     for name in catalog_names():

@@ -12,17 +12,19 @@ import asyncio
 import contextlib
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest
-from localinfer.model_store.fit import check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.hardware import Hardware, detect
+from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import BackendFactory, prepare, ram_available, runner_backend
+from localinfer.service import (BackendFactory, Prepared, less_gpu_memory, prepare, ram_available,
+                                runner_backend)
 from localinfer.settings import Settings
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -60,10 +62,15 @@ class LoadedModel:
     resolved: ResolvedModel
     options: LoadOptions
     load_duration: float
-    memory_bytes: int
+    ram_bytes: int  # as the fit check planned it (service.Prepared)
+    gpu_bytes: int
     keep_alive: float | None
     active: int = 0
     last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.ram_bytes + self.gpu_bytes
 
     @property
     def expires_in(self) -> float | None:
@@ -83,6 +90,7 @@ class ModelPool:
         default_keep_alive: float | None = 300.0,
         backend_factory: BackendFactory = runner_backend,
         available_memory: Callable[[], int] = ram_available,
+        hardware: Hardware | None = None,  # else probed on first use
     ):
         self.settings = settings
         self.options = options
@@ -97,12 +105,14 @@ class ModelPool:
         self._aliases: dict[str, str] = {}
         self._names: dict[str, str] = {}  # what requests said → the name it loaded under
         self.default: str | None = None  # for requests that name no model (serve --model)
-        self._hw: Hardware | None = None
+        self._hw: Hardware | None = hardware
+        self._probe = threading.Lock()
 
     def hardware(self) -> Hardware:
-        if self._hw is None:  # probing runs vendor tools: once per process is enough
-            self._hw = detect()
-        return self._hw
+        with self._probe:  # requests plan in threads: one probe, not one each at once
+            if self._hw is None:  # probing runs vendor tools: once per process is enough
+                self._hw = detect()
+            return self._hw
 
     def alias(self, name: str, ref: str) -> None:
         """Let requests name a model the operator gave as a path (`serve --model x.gguf`)."""
@@ -166,10 +176,15 @@ class ModelPool:
             known.last_used = time.monotonic()
             return known
         target, allow_paths = self._target(ref)
-        resolved, info, options = await asyncio.to_thread(
-            prepare, target, self.options, self.settings, lambda: 1 << 62, allow_paths,
-            self.hardware)
-        name = resolved.name
+        # planned as if the idle models were gone (the least recently used go first to make
+        # room); busy ones keep what they hold
+        idle_ram = sum(m.ram_bytes for m in self._idle())
+        busy_gpu = sum(m.gpu_bytes for m in self._loaded.values() if m.active)
+        prepared = await asyncio.to_thread(
+            prepare, target, self.options, self.settings,
+            lambda: self._available() + idle_ram, allow_paths,
+            lambda: less_gpu_memory(self.hardware(), busy_gpu))
+        name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
             if name in self._loaded:
@@ -177,21 +192,23 @@ class ModelPool:
                 return self._loaded[name]
             task = self._loading.get(name)
             if task is None:
-                task = asyncio.create_task(self._load(resolved, info, options))
+                task = asyncio.create_task(self._load(prepared))
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
         return await asyncio.shield(task)
 
-    async def _load(self, resolved: ResolvedModel, info: GGUFInfo, options: LoadOptions
-                    ) -> LoadedModel:
+    async def _load(self, prepared: Prepared) -> LoadedModel:
+        resolved = prepared.model
         try:
-            await self._make_room(resolved.name, info, options)
+            await self._make_room(prepared)
             started = time.monotonic()
-            backend = await asyncio.to_thread(self._factory, resolved.path, options, resolved.name)
+            backend = await asyncio.to_thread(self._factory, resolved.path, prepared.options,
+                                              resolved.name)
             model = LoadedModel(
-                name=resolved.name, backend=backend, info=info, resolved=resolved,
-                options=options, load_duration=time.monotonic() - started,
-                memory_bytes=_estimated_bytes(info, options), keep_alive=self.default_keep_alive,
+                name=resolved.name, backend=backend, info=prepared.info, resolved=resolved,
+                options=prepared.options, load_duration=time.monotonic() - started,
+                ram_bytes=prepared.ram_bytes, gpu_bytes=prepared.gpu_bytes,
+                keep_alive=self.default_keep_alive,
             )
             async with self._lock:
                 self._loaded[resolved.name] = model
@@ -200,23 +217,31 @@ class ModelPool:
         finally:
             self._loading.pop(resolved.name, None)
 
-    async def _make_room(self, name: str, info: GGUFInfo, options: LoadOptions) -> None:
+    async def _make_room(self, prepared: Prepared) -> None:
+        """Unload idle models, least recently used first, until this one fits beside the
+        rest: by count, in RAM as it is free now, and on the GPU as the plans count it."""
         while True:
-            if len(self._loaded) < self.max_loaded:
-                try:
-                    check_context(info, options.n_ctx or 0, options.n_slots, self._available(),
-                                  options.n_batch, name, n_outputs=options.n_outputs)
-                    return
-                except ContextTooLarge:
-                    if not self._idle():
-                        raise
+            gpu_taken = sum(m.gpu_bytes for m in self._loaded.values())
+            fits = (len(self._loaded) < self.max_loaded
+                    and prepared.ram_bytes <= self._available()
+                    and (not prepared.gpu_bytes
+                         or prepared.gpu_bytes <= self._gpu_free() - gpu_taken))
+            if fits:
+                return
             victim = min(self._idle(), key=lambda m: m.last_used, default=None)
             if victim is None:
+                if len(self._loaded) < self.max_loaded:
+                    return  # the plan counted on no more than this; llama.cpp has the last word
                 raise ContextTooLarge(
                     f"{len(self._loaded)} models are loaded and busy — wait for their requests "
                     f"to finish or raise the number of models kept loaded")
-            log.info("unloading %s to make room for %s", victim.name, name)
+            log.info("unloading %s to make room for %s", victim.name, prepared.model.name)
             await self.unload(victim.name)
+
+    def _gpu_free(self) -> int:
+        """The free memory of the GPU the plans use, as probed before anything was loaded."""
+        hw = self.hardware()
+        return max((free_memory(g) for g in hw.usable_gpus), default=0)
 
     def _idle(self) -> list[LoadedModel]:
         return [m for m in self._loaded.values() if not m.active]
@@ -257,8 +282,3 @@ class ModelPool:
                 await task
         for name in list(self._loaded):
             await self.unload(name)
-
-
-def _estimated_bytes(info: GGUFInfo, options: LoadOptions) -> int:
-    return estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch,
-                           n_outputs=options.n_outputs).total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -23,8 +24,8 @@ from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.model_store.store import Manifest
 from localinfer.settings import Settings
 
-__all__ = ["choose_quant", "draft_memory", "llama_cpp_backend", "load_model", "plan_for",
-           "prepare", "pull_model", "ram_available", "runner_backend"]
+__all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
+           "load_model", "plan_for", "prepare", "pull_model", "ram_available", "runner_backend"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -56,6 +57,22 @@ def default_context(info: GGUFInfo, settings: Settings) -> int:
     return min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A model checked and planned for this machine, before anything is loaded: the one fit
+    check of `run`, the chat app and the server alike."""
+
+    model: ResolvedModel
+    info: GGUFInfo
+    options: LoadOptions  # the context, GPU layers and draft model's file filled in
+    ram_bytes: int  # what it takes of RAM (weights the GPU does not hold, KV and buffers)
+    gpu_bytes: int = 0  # and of the GPU, as the planner counts it (its draft model included)
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.ram_bytes + self.gpu_bytes
+
+
 def prepare(
     ref: str | None,
     options: LoadOptions,
@@ -63,8 +80,9 @@ def prepare(
     available_memory: Callable[[], int] = ram_available,
     allow_paths: bool = True,
     hardware: Callable[[], Hardware | None] = lambda: detect(),
-) -> tuple[ResolvedModel, GGUFInfo, LoadOptions]:
-    """Resolve, validate the file and check the context fits — all before loading anything."""
+) -> Prepared:
+    """Resolve, validate the file, plan the GPU layers and check the memory — all before
+    loading anything."""
     settings = settings or Settings()
     model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
@@ -74,17 +92,25 @@ def prepare(
         draft = resolve(options.draft_model, settings.models_dir)
         draft_model = str(draft.path)
         draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
-    n_gpu_layers = options.n_gpu_layers
-    if n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
-        n_gpu_layers = gpu_layers(info, n_ctx, options.n_slots,
-                                  _less_gpu_memory(hardware(), draft_bytes), options.kv_type,
-                                  options.n_outputs)
-    if not n_gpu_layers:  # all of it in RAM: check it fits there
-        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch, model.name,
-                      KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"),
+    options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model)
+    chosen = None
+    if options.n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
+        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(hardware(), draft_bytes),
+                          options.kv_type, options.n_outputs)
+        options = dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers if chosen else 0)
+    if chosen is not None:
+        # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
+        in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
+        return Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
+                        chosen.gpu_bytes + draft_bytes)
+    estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
+                               KV_BYTES[options.kv_type], options.n_outputs)
+    if not options.n_gpu_layers:  # all of it in RAM: check it fits there
+        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
+                      model.name, KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"),
                       n_outputs=options.n_outputs)
-    return model, info, dataclasses.replace(options, n_ctx=n_ctx, n_gpu_layers=n_gpu_layers,
-                                            draft_model=draft_model)
+    # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
+    return Prepared(model, info, options, estimate.ram + draft_bytes)
 
 
 def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
@@ -94,7 +120,7 @@ def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEsti
     return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1)
 
 
-def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
+def less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
     """The machine as the model's plan sees it once `taken` bytes of each GPU are in use."""
     if hw is None or not taken:
         return hw
@@ -106,22 +132,23 @@ def _less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit."""
-    gpus = list(hw.gpus) if hw.gpu_offload else []  # a CPU build cannot use them
+    gpus = list(hw.usable_gpus)
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
                 n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs)
 
 
-def gpu_layers(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
-               kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> int:
-    """How many layers the planner puts on this machine's GPU for this file (0 without one)."""
-    if hw is None or not hw.gpu_offload or not hw.gpus:
-        return 0
+def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan | None:
+    """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
+    a CPU-only build, or no layer fits)."""
+    if hw is None or not hw.usable_gpus:
+        return None
     try:
         chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs)
     except WontFit:
-        return 0  # the RAM check that follows says what to do
+        return None  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)
-    return chosen.n_gpu_layers
+    return chosen if chosen.n_gpu_layers else None
 
 
 def load_model(
@@ -129,10 +156,10 @@ def load_model(
     options: LoadOptions,
     settings: Settings | None = None,
     available_memory: Callable[[], int] = ram_available,
-    backend_factory: BackendFactory = llama_cpp_backend,
+    backend_factory: BackendFactory = runner_backend,
 ) -> Backend:
-    model, _info, options = prepare(ref, options, settings, available_memory)
-    return backend_factory(model.path, options, model.name)
+    prepared = prepare(ref, options, settings, available_memory)
+    return backend_factory(prepared.model.path, prepared.options, prepared.model.name)
 
 
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
@@ -140,7 +167,7 @@ def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
     """The planner's pick for this machine, from the header of one file read remotely."""
     info = remote_info(ref.repo, min(files, key=lambda f: f.size))
     hardware = hardware or detect()
-    gpus = list(hardware.gpus) if hardware.gpu_offload else []  # a CPU build cannot use them
+    gpus = list(hardware.usable_gpus)
     sizes = {f.quant: f.size for f in files if f.quant}
     if not sizes:
         raise ModelNotFound(f"{ref.repo} (no file names a quant)")

@@ -318,6 +318,12 @@ class Backend(ABC):
     def cancel_all(self) -> None:
         """End every running and waiting request now, each with its DoneEvent."""
 
+    def memory_bytes(self) -> int:
+        """The resident memory of the process that holds the model."""
+        import psutil
+
+        return psutil.Process().memory_info().rss
+
     @abstractmethod
     def close(self) -> None: ...
 

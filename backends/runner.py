@@ -151,9 +151,12 @@ def runner_main() -> None:
     os.dup2(2, 1)  # whatever llama.cpp prints must not land in the messages
     pipe = _Pipe(os.fdopen(os.dup(0), "rb"), out)
     try:
-        _, path, options, name = pipe.recv()
+        _, path, options, name, levels = pipe.recv()
     except EOFError:
         return
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    for logger, level in levels.items():  # as the parent logs: llama.cpp's log with --verbose
+        logging.getLogger(logger).setLevel(level)
     _Runner(pipe).serve(path, options, name)
 
 
@@ -337,7 +340,9 @@ class _Link:
         self._closing = False
         self._hung = False
         try:
-            self._pipe.send(("load", path, options, name))
+            levels = {logger: logging.getLogger(logger).getEffectiveLevel()
+                      for logger in ("localinfer", "localinfer.llama_cpp")}
+            self._pipe.send(("load", path, options, name, levels))
             message = self._pipe.recv()  # the load takes what it takes; a crash reads as EOF
         except (EOFError, OSError):
             self._pipe.close()

@@ -70,6 +70,11 @@ class Hardware:
     # a build whose backends load at run time (GGML_BACKEND_DL): each library, loaded or not
     backend_libraries: tuple[BackendLibrary, ...] = ()
 
+    @property
+    def usable_gpus(self) -> tuple[GPU, ...]:
+        """The GPUs this build of llama.cpp can use: none on a CPU-only build."""
+        return self.gpus if self.gpu_offload else ()
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from localinfer.errors import (
     DiskFull,
+    InvalidRequest,
     ModelError,
     ModelFileMissing,
     ModelNotFound,
@@ -29,14 +30,15 @@ from localinfer.errors import (
 from localinfer.model_store import store as store_index
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
-__all__ = ["EMBEDDED", "DEFAULT_MODEL", "ResolvedModel", "known_names", "resolve"]
+__all__ = ["EMBEDDED", "DEFAULT_MODEL", "Installed", "ResolvedModel", "delete_model",
+           "installed_models", "is_embedded", "known_names", "resolve"]
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
     name: str
     path: Path
-    source: str  # "package" or "path"
+    source: str  # "package", "hub" or "path"
 
 
 @dataclass(frozen=True)
@@ -165,6 +167,43 @@ def _canonical(ref: str) -> str | None:
 
 def is_embedded(ref: str) -> bool:
     return _canonical(ref.strip().lower()) is not None
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A model this machine has without downloading anything."""
+
+    name: str
+    source: str  # "package" (embedded) or "hub" (pulled)
+    path: Path | None  # the file, when on disk (an embedded one may still need unpacking)
+    size: int | None  # on disk, or once unpacked
+    quant: str | None = None  # a pulled one's, from its manifest
+    pulled_at: str | None = None
+    sha256: str | None = None
+
+    @property
+    def embedded(self) -> bool:
+        return self.source == "package"
+
+
+def installed_models(store: Path) -> list[Installed]:
+    """The one listing of installed models: the embedded ones whose package is installed,
+    then the pulled ones. Never writes anything (nothing is unpacked)."""
+    models = [Installed(name, "package", model.peek(store), model.size(store))
+              for name, model in EMBEDDED.items() if model.available()]
+    for m in store_index.installed(store):
+        path = m.path(store)
+        models.append(Installed(m.name, "hub", path if path.is_file() else None, m.size,
+                                m.quant, m.pulled_at, m.sha256))
+    return models
+
+
+def delete_model(store: Path, ref: str) -> str:
+    """The one delete rule: an embedded model (under any of its names) ships with localinfer
+    and stays; a pulled one is forgotten, its file deleted unless another name uses it."""
+    if is_embedded(ref):
+        raise InvalidRequest(f"{ref} ships with localinfer and cannot be deleted")
+    return store_index.remove(store, ref)
 
 
 def resolve(ref: str, store: Path, allow_paths: bool = True) -> ResolvedModel:

@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import httpx
-import psutil
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
@@ -93,7 +93,7 @@ class LocalClient(ChatClient):
 
     def __init__(self, settings: Settings | None = None, options: LoadOptions | None = None,
                  hardware: Callable[[], Hardware] | None = None,
-                 process_memory: Callable[[], int] = lambda: psutil.Process().memory_info().rss):
+                 process_memory: Callable[[], int] | None = None):
         from localinfer.model_store.hardware import detect
 
         self.settings = settings or Settings()
@@ -101,33 +101,40 @@ class LocalClient(ChatClient):
         self._detect = hardware or detect
         self._memory = process_memory
         self._hw: Hardware | None = None
+        self._probe = threading.Lock()
         self.backend: Backend | None = None
         self._static: ModelStatus | None = None
         self._load_lock = asyncio.Lock()
         self._loaded: tuple[Any, LoadOptions] | None = None  # (resolved model, its options)
+        self._prepared: Any = None  # the current model's plan (service.Prepared)
         self._generation: Any = None  # the reply being written
 
     def hardware(self) -> Hardware:
-        if self._hw is None:
-            self._hw = self._detect()
-        return self._hw
+        with self._probe:
+            if self._hw is None:
+                self._hw = self._detect()
+            return self._hw
 
     async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus:
         async with self._load_lock:
             return await asyncio.to_thread(self._load, model, n_ctx)
 
     def _prepare(self, model: str, n_ctx: int | None):
-        from localinfer.service import prepare
+        from localinfer.service import prepare, ram_available
 
         options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
-        return prepare(model, options, self.settings, hardware=self.hardware)
+        # planned as if the current model were gone: loading another one unloads it first
+        freed = self._prepared.ram_bytes if self._prepared and self.backend else 0
+        return prepare(model, options, self.settings, lambda: ram_available() + freed,
+                       hardware=self.hardware)
 
     def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
         from localinfer.model_store.planner import KV_BYTES
 
         # planned before anything is unloaded: a model or context that cannot run leaves
         # the current model in use
-        resolved, info, options = self._prepare(model, n_ctx)
+        prepared = self._prepare(model, n_ctx)
+        resolved, info, options = prepared.model, prepared.info, prepared.options
         current = self.backend
         if (current is not None and current.info.name == resolved.name
                 and current.info.n_ctx == options.n_ctx):
@@ -137,6 +144,7 @@ class LocalClient(ChatClient):
             current.close()
         self.backend = self._open_or_reopen(resolved, options)
         self._loaded = (resolved, options)
+        self._prepared = prepared
         layers = options.n_gpu_layers or 0
         gpu = next(iter(self.hardware().gpus), None)
         device = "CPU" if not layers else (
@@ -150,16 +158,16 @@ class LocalClient(ChatClient):
     def _open_or_reopen(self, resolved, options: LoadOptions) -> Backend:
         """Load the planned model; if llama.cpp refuses it, load the previous one again
         before raising, so the chat goes on with it."""
-        from localinfer.service import llama_cpp_backend
+        from localinfer.service import runner_backend
 
         try:
-            return llama_cpp_backend(resolved.path, options, resolved.name)
+            return runner_backend(resolved.path, options, resolved.name)
         except LocalinferError:
             if self._loaded is not None:
                 previous, previous_options = self._loaded
                 with contextlib.suppress(LocalinferError):
-                    self.backend = llama_cpp_backend(previous.path, previous_options,
-                                                     previous.name)
+                    self.backend = runner_backend(previous.path, previous_options,
+                                                  previous.name)
             raise
 
     async def check_context(self, model: str, n_ctx: int) -> str | None:
@@ -180,7 +188,7 @@ class LocalClient(ChatClient):
         stats = self.backend.stats()
         return replace(self._static, kv_cells_used=stats.kv_cells_used,
                        kv_cells_total=stats.kv_cells_total,
-                       memory_bytes=self._memory())
+                       memory_bytes=(self._memory or self.backend.memory_bytes)())
 
     async def status(self) -> ModelStatus | None:
         return self._with_usage() if self.backend is not None else None
@@ -220,14 +228,12 @@ class LocalClient(ChatClient):
         return got.name
 
     async def delete(self, name: str) -> None:
-        from localinfer.model_store import store
-        from localinfer.model_store.sources import EMBEDDED
+        from localinfer.model_store.sources import delete_model, is_embedded
 
-        if name in EMBEDDED:
-            raise LocalinferError(f"{name} ships with localinfer and cannot be deleted")
-        if self.backend is not None and self.backend.info.name == name:
+        if (not is_embedded(name) and self.backend is not None
+                and self.backend.info.name == name):
             raise LocalinferError(f"{name} is in use — switch to another model first")
-        await asyncio.to_thread(store.remove, self.settings.models_dir, name)
+        await asyncio.to_thread(delete_model, self.settings.models_dir, name)
 
     async def close(self) -> None:
         if self.backend is not None:

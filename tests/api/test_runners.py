@@ -3,7 +3,6 @@ costs its own requests a clean error, never the server or another model's stream
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 import time

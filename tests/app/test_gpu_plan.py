@@ -24,9 +24,9 @@ def machine(free_mib: int, offload: bool = True) -> Hardware:
 
 
 def _layers(hw: Hardware | None, **options) -> int:
-    _, info, planned = prepare("smollm2:135m", LoadOptions(n_ctx=2048, **options), Settings(),
-                               hardware=lambda: hw)
-    return planned.n_gpu_layers, info.n_layer
+    prepared = prepare("smollm2:135m", LoadOptions(n_ctx=2048, **options), Settings(),
+                       hardware=lambda: hw)
+    return prepared.options.n_gpu_layers, prepared.info.n_layer
 
 
 def test_a_roomy_gpu_takes_every_layer():
@@ -53,7 +53,7 @@ def test_a_draft_model_takes_its_share_of_the_gpu_first():
 
 
 def test_a_draft_model_counts_in_the_ram_check():
-    _, info, _ = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings())
+    info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
     model = estimate_memory(info, 2048).total
     room = lambda: int(model * 1.9)  # noqa: E731  the model fits; with its draft, a smaller context
     options = LoadOptions(n_ctx=2048, n_gpu_layers=0)

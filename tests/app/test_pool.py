@@ -147,3 +147,62 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
 
     assert asyncio.run(preload()) == "smollm2:135m"
     assert len(probes) == 1
+
+
+def _machine(gpu_free: int):
+    """A machine as NVML reports one: an RTX 4090 with `gpu_free` bytes free, a CUDA build."""
+    from localinfer.model_store.hardware import CPU, GPU, Hardware
+
+    gpu = GPU("nvidia", 0, "NVIDIA GeForce RTX 4090", 24564 * 2**20, gpu_free, "cuda",
+              "550.54.14")
+    return Hardware(CPU("AMD Ryzen 9 7950X", 16, 32, ("avx2",)), 64 * 2**30, 60 * 2**30, (gpu,),
+                    True)
+
+
+def test_the_pool_counts_what_the_fit_check_planned(settings):
+    """A quantised KV cache is counted as the fit check counts it (not as f16), for /api/ps too."""
+    from localinfer.service import prepare
+
+    async def loaded(kv_type: str):
+        pool, _ = _pool(settings)
+        pool.options = LoadOptions(n_ctx=2048, kv_type=kv_type, n_gpu_layers=0)
+        model = await pool.get("smollm2")
+        await pool.close()
+        return model
+
+    f16, q8 = asyncio.run(loaded("f16")), asyncio.run(loaded("q8_0"))
+    planned = prepare("smollm2", LoadOptions(n_ctx=2048, kv_type="q8_0", n_gpu_layers=0),
+                      settings)
+    assert q8.memory_bytes == planned.memory_bytes and q8.gpu_bytes == 0
+    kv = f16.info.kv_bytes_per_token() * 2048
+    assert f16.memory_bytes - q8.memory_bytes == pytest.approx(kv - kv * 34 / 64, rel=0.01)
+
+
+def test_gpu_plans_make_room_on_the_gpu(settings):
+    """Two models that each fit the GPU but not together: the idle one is unloaded for the
+    other; a busy one keeps its share, and the newcomer is planned on what is left."""
+    from localinfer.service import prepare
+
+    options = LoadOptions(n_ctx=256)
+    alone = {name: prepare(name, options, settings, hardware=lambda: _machine(24 * 2**30))
+             for name in ("smollm2", "gemma3")}
+    assert all(p.options.n_gpu_layers == p.info.n_layer + 1 for p in alone.values())
+    free = alone["smollm2"].gpu_bytes + alone["gemma3"].gpu_bytes - 2**20
+
+    async def scenario():
+        pool = ModelPool(settings, options, backend_factory=llama_cpp_backend,
+                         hardware=_machine(free))
+        try:
+            first = await pool.get("smollm2")
+            assert first.gpu_bytes == alone["smollm2"].gpu_bytes  # as the planner counts it
+            await pool.get("gemma3")  # smollm2 is idle: it goes
+            assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+            await pool.unload("gemma3:270m")
+            async with pool.use("smollm2"):  # busy: it stays, gemma3 gets what is left
+                second = await pool.get("gemma3")
+                assert {m.name for m in pool.loaded()} == {"smollm2:135m", "gemma3:270m"}
+                assert second.options.n_gpu_layers < second.info.n_layer + 1
+                assert second.gpu_bytes <= free - alone["smollm2"].gpu_bytes
+        finally:
+            await pool.close()
+    asyncio.run(scenario())

@@ -170,8 +170,8 @@ def test_rm_deletes_the_file_and_the_entry(hub, _private_home):
     assert removed.returncode == 0 and f"deleted hf.co/{REPO}:Q4_1" in removed.stdout, \
         removed.stderr
     assert not file.exists() and manifests(_private_home) == []
-    one_line_error(cli(hub, "rm", "smollm2:135m"), "cannot be removed")
-    one_line_error(cli(hub, "rm", "smollm2"), "cannot be removed")  # the short name too
+    one_line_error(cli(hub, "rm", "smollm2:135m"), "cannot be deleted")
+    one_line_error(cli(hub, "rm", "smollm2"), "cannot be deleted")  # the short name too
 
 
 def test_a_server_that_ignores_the_range_gives_the_whole_file_anew(hub, _private_home):
