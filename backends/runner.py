@@ -103,6 +103,17 @@ class _Pipe:
             except (OSError, ValueError):
                 pass
 
+def _grow(stream: Any) -> None:
+    """A pipe that holds 1 MiB (Linux), not 64 KiB: the runner's engine writes its events
+    itself and waits only when the parent falls that far behind."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(stream.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, AttributeError, OSError):
+        pass
+
+
 def _wire_error(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
     """An error as it crosses the pipe: its class by name, its text and plain attributes
     (LocalinferErrors take arguments of their own, so they are not pickled as they are)."""
@@ -165,7 +176,7 @@ class _Runner:
         self.pipe = pipe
         self.parent = os.getppid()
         self._outbox: list[tuple[Any, ...]] = []
-        self._outbox_ready = threading.Condition()
+        self._outbox_lock = threading.Lock()
         self._live: dict[int, Generation] = {}
         self._cancelled: set[int] = set()  # cancels that came before their request was queued
         self._live_lock = threading.Lock()
@@ -189,7 +200,6 @@ class _Runner:
             self.send(("failed", _wire_error(exc)))
             return
         self.backend.engine.after_pass = self._flush
-        threading.Thread(target=self._send_events, daemon=True, name="runner-outbox").start()
         threading.Thread(target=self._beat, daemon=True, name="runner-beat").start()
         self.send(("ready", self.backend.info))
         while True:
@@ -207,7 +217,7 @@ class _Runner:
             elif kind == "close":
                 break
         self.backend.close()  # the engine's last pass flushes its events
-        self._drain()
+        self._flush()
         self.send(("closed",))
 
     def _call(self, rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -254,31 +264,21 @@ class _Runner:
                 self._live.pop(gid, None)
             item = ((gid, _DONE, event.stats) if isinstance(event, DoneEvent)
                     else (gid, _ERROR, _wire_error(event.error)))
-        with self._outbox_ready:
+        with self._outbox_lock:
             self._outbox.append(item)
 
     def _flush(self) -> None:
-        """After each engine pass: wake the outbox thread (it sends; the engine never waits
-        on the pipe)."""
+        """After each engine pass (and where events are put outside one): send what the
+        pass put, in one message. On the engine thread itself: a thread of its own to send
+        would cost a wake-up per step, and its CPU, which llama.cpp's threads feel on a
+        small machine (bench/results/runner_cost.md). A parent too slow to read holds the
+        engine back only once the pipe's buffer is full."""
         if self._fault:
             self._check_fault()
-        with self._outbox_ready:
-            if self._outbox:
-                self._outbox_ready.notify()
-
-    def _send_events(self) -> None:
-        while True:
-            with self._outbox_ready:
-                while not self._outbox:
-                    self._outbox_ready.wait()
-                batch, self._outbox = self._outbox, []
-            self.send(("events", batch))
-
-    def _drain(self) -> None:
-        with self._outbox_ready:
+        with self._outbox_lock:
             batch, self._outbox = self._outbox, []
-        if batch:
-            self.send(("events", batch))
+            if batch:  # sent under the lock: batches leave in the order they were made
+                self.send(("events", batch))
 
     def _beat(self) -> None:
         while True:
@@ -331,6 +331,7 @@ class _Link:
         # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         start_new_session=os.name == "posix")
+        _grow(self.process.stdout)
         self._pipe = _Pipe(self.process.stdout, self.process.stdin)
         self._lock = threading.Lock()
         self._ids = itertools.count(1)

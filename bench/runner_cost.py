@@ -72,11 +72,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=3, help="per client")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--models", default="fast-step,smollm2")
+    parser.add_argument("--out", default="runner_cost", help="file names under bench/results")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as home:
-        models = {"fast-step": str(fast_step_model(Path(home))), "smollm2": "smollm2:135m"}
+        models = {"fast-step": lambda: str(fast_step_model(Path(home))),
+                  "smollm2": lambda: "smollm2:135m"}
+        models = {label: models[label]() for label in args.models.split(",")}
         for label, model in models.items():
             servers = {name: start_server(launch, model, max(levels), CTX, Path(home))
                        for name, launch in VARIANTS.items()}
@@ -98,7 +102,7 @@ def main() -> None:
                     server.terminate()
                     server.wait(timeout=30)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "runner_cost.json").write_text(json.dumps(
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(
         {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))
     write_report(rows, args, levels, list(models))
 
@@ -144,9 +148,10 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
                 f"{m['parent_us_per_token']['in-process']:.0f} | "
                 f"{m['parent_us_per_token']['runner']:.0f} + "
                 f"{m['runner_us_per_token']['runner']:.0f} |")
-    lines += ["", "![runner cost](runner_cost.png)", ""]
-    (RESULTS / "runner_cost.md").write_text("\n".join(lines))
-    fig, axes = plt.subplots(1, len(models), figsize=(10, 3.6))
+    lines += ["", f"![runner cost]({args.out}.png)", ""]
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines))
+    fig, axes = plt.subplots(1, len(models), figsize=(10, 3.6), squeeze=False)
+    axes = axes[0]
     for ax, model in zip(axes, models):
         for i, server in enumerate(VARIANTS):
             xs = [x + i * 0.4 for x in range(len(levels))]
@@ -158,7 +163,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
     axes[0].legend()
     fig.suptitle("localinfer serve: model in a runner process vs in the server's process")
     fig.tight_layout()
-    fig.savefig(RESULTS / "runner_cost.png", dpi=120)
+    fig.savefig(RESULTS / f"{args.out}.png", dpi=120)
 
 
 if __name__ == "__main__":
