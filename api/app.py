@@ -62,7 +62,8 @@ def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
 
     @app.get("/metrics", tags=["operations"])
     async def metrics() -> Response:
-        return Response(render(), media_type=CONTENT_TYPE_LATEST)
+        # off the loop: each model's figures are asked of its runner
+        return Response(await asyncio.to_thread(render), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(Guard, allowed_hosts=serve.allowed_hosts + [serve.host],
                        api_key=serve.api_key, max_body_bytes=serve.max_body_bytes,

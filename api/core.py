@@ -116,26 +116,26 @@ async def start(
                                 f"({backend.info.n_ctx} tokens) — ask for fewer")
         if params.max_tokens is None and not limit_given:
             params = replace(params, max_tokens=pool.settings.reply_cap, context_shift=False)
-        # templating and tokenizing a long body takes seconds: off the loop, which keeps
-        # serving every other stream meanwhile; queueing stays here, so a request cancelled
-        # while its prompt is read never reaches the engine
         if (messages is not None and plain_without_template
                 and not backend.info.has_chat_template):
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
-        tokens, params = await asyncio.to_thread(_tokens, backend, params, messages, prompt,
-                                                 tools)
-        generation = await _queue(backend, tokens, params)
+        # templating and tokenizing a long body takes seconds, and a runner answers over its
+        # pipe: off the loop, which keeps serving every other stream meanwhile
+        n_prompt, generation = await _queue(backend, params, messages, prompt, tools)
     except BaseException:
         await stack.aclose()
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
-    return Job(loaded, generation, len(tokens), began, load, tools, stack)
+    return Job(loaded, generation, n_prompt, began, load, tools, stack)
 
 
-async def _queue(backend: Backend, tokens: list[int], params: SamplingParams) -> Generation:
-    """Queue the request (a runner answers over its pipe: off the loop). A caller cancelled
-    meanwhile (a client gone) cancels the request as soon as it is queued."""
-    queued = asyncio.ensure_future(asyncio.to_thread(backend.generate, tokens, params))
+async def _queue(backend: Backend, params: SamplingParams,
+                 messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+                 tools: ToolSpec | None) -> tuple[int, Generation]:
+    """The prompt's length in tokens, and the request queued with it, in one trip off the
+    loop. A caller cancelled meanwhile (a client gone) cancels the request once queued."""
+    queued = asyncio.ensure_future(asyncio.to_thread(_start, backend, params, messages, prompt,
+                                                     tools))
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
@@ -143,22 +143,18 @@ async def _queue(backend: Backend, tokens: list[int], params: SamplingParams) ->
         raise
 
 
-def _cancel_queued(queued: asyncio.Future[Generation]) -> None:
+def _cancel_queued(queued: asyncio.Future[tuple[int, Generation]]) -> None:
     if not queued.cancelled() and queued.exception() is None:
-        queued.result().cancel()
+        queued.result()[1].cancel()
 
 
-def _tokens(backend: Backend, params: SamplingParams,
-            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
-            tools: ToolSpec | None) -> tuple[list[int], SamplingParams]:
+def _start(backend: Backend, params: SamplingParams,
+           messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+           tools: ToolSpec | None) -> tuple[int, Generation]:
     _refuse_by_size(backend, messages, prompt)
-    if messages is not None:
-        if tools is not None:
-            messages, params = tools.prepare(messages, params)
-        return backend.tokenize(backend.apply_chat_template(messages)), params
-    if isinstance(prompt, str):
-        return backend.tokenize(prompt), params
-    return list(prompt or ()), params
+    if messages is not None and tools is not None:
+        messages, params = tools.prepare(messages, params)
+    return backend.start(params, messages, prompt)
 
 
 def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,

@@ -360,7 +360,8 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
     async with request.app.state.pool.use(core.check_model_name(body.model or None)) as loaded:
         data, n_tokens = [], 0
         for i, item in enumerate(inputs):
-            text = item if isinstance(item, str) else loaded.backend.detokenize(item)
+            text = item if isinstance(item, str) else await asyncio.to_thread(
+                loaded.backend.detokenize, item)
             vector, n = await asyncio.to_thread(loaded.backend.embed, text)
             n_tokens += n
             encoded: Any = vector

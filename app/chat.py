@@ -60,7 +60,7 @@ def fit_to_context(backend: Backend, messages: list[dict[str, str]], reserve: in
     budget = backend.info.n_ctx - reserve
     kept = list(messages)
     dropped = 0
-    while len(backend.tokenize(backend.apply_chat_template(kept))) > budget:
+    while len(backend.prompt_tokens(kept)) > budget:
         oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
         if oldest is None:  # only the newest message is left: the engine says it is too long
             break

@@ -203,7 +203,7 @@ class ModelPool:
             await self._make_room(prepared)
             started = time.monotonic()
             backend = await asyncio.to_thread(self._factory, resolved.path, prepared.options,
-                                              resolved.name)
+                                              resolved.name, asyncio.get_running_loop())
             model = LoadedModel(
                 name=resolved.name, backend=backend, info=prepared.info, resolved=resolved,
                 options=prepared.options, load_duration=time.monotonic() - started,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -29,26 +30,29 @@ __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_mem
 
 log = logging.getLogger("localinfer.service")
 
-BackendFactory = Callable[[Path, LoadOptions, str], Backend]
+# (path, options, name, loop=None): loop is the event loop of the server that will use it
+BackendFactory = Callable[..., Backend]
 
 
 def ram_available() -> int:
     return psutil.virtual_memory().available
 
 
-def llama_cpp_backend(path: Path, options: LoadOptions, name: str) -> Backend:
+def llama_cpp_backend(path: Path, options: LoadOptions, name: str,
+                      loop: asyncio.AbstractEventLoop | None = None) -> Backend:
     """The model in this process (benchmarks and tests of the engine itself)."""
     from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
 
     return LlamaCppBackend(path, options, name=name)
 
 
-def runner_backend(path: Path, options: LoadOptions, name: str) -> Backend:
+def runner_backend(path: Path, options: LoadOptions, name: str,
+                   loop: asyncio.AbstractEventLoop | None = None) -> Backend:
     """The model in a runner process of its own: a crash inside llama.cpp ends that runner,
-    not the program that uses it."""
+    not the program that uses it. loop: a server's, to read the runner's events on."""
     from localinfer.backends.runner import RunnerBackend
 
-    return RunnerBackend(path, options, name=name)
+    return RunnerBackend(path, options, name=name, loop=loop)
 
 
 def default_context(info: GGUFInfo, settings: Settings) -> int:

@@ -10,7 +10,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Union
+from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError
@@ -250,6 +250,7 @@ class _LoopPost:
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self._loop = loop
+        self._thread = threading.get_ident()  # made by the loop's own thread (events())
         self._pending: collections.deque[tuple[asyncio.Queue[Event], Event]] = (
             collections.deque())
         self._lock = threading.Lock()
@@ -264,6 +265,9 @@ class _LoopPost:
             return post
 
     def __call__(self, inbox: asyncio.Queue[Event], event: Event) -> None:
+        if threading.get_ident() == self._thread:  # put on the loop (a runner's events)
+            inbox.put_nowait(event)
+            return
         with self._lock:
             self._pending.append((inbox, event))
             if self._scheduled:
@@ -327,9 +331,26 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The messages in the model's chat template, as tokens (one call to a runner)."""
+        return self.tokenize(self.apply_chat_template(messages))
+
+    def start_tokens(self, messages: Sequence[Mapping[str, Any]] | None,
+                     prompt: str | Sequence[int] | None) -> list[int]:
+        """A request's prompt as tokens: messages in the chat template, or the prompt."""
+        if messages is not None:
+            return self.prompt_tokens(messages)
+        return self.tokenize(prompt) if isinstance(prompt, str) else list(prompt or ())
+
+    def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
+              prompt: str | Sequence[int] | None = None) -> tuple[int, Generation]:
+        """Template, tokens and queue in one (one trip to a runner): the prompt's length in
+        tokens and the running request."""
+        tokens = self.start_tokens(messages, prompt)
+        return len(tokens), self.generate(tokens, params)
+
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams) -> Generation:
-        prompt = self.apply_chat_template(messages)
-        return self.generate(self.tokenize(prompt), params)
+        return self.start(params, messages)[1]
 
     def __enter__(self) -> Backend:
         return self

@@ -191,7 +191,7 @@ class LocalClient(ChatClient):
                        memory_bytes=(self._memory or self.backend.memory_bytes)())
 
     async def status(self) -> ModelStatus | None:
-        return self._with_usage() if self.backend is not None else None
+        return await asyncio.to_thread(self._with_usage) if self.backend is not None else None
 
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:

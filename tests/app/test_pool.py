@@ -40,7 +40,7 @@ class CountingFactory:
     def __init__(self):
         self.loads: list[str] = []
 
-    def __call__(self, path, options, name):
+    def __call__(self, path, options, name, loop=None):
         self.loads.append(name)
         return llama_cpp_backend(path, options, name)
 
