@@ -91,9 +91,12 @@ class ModelPool:
         backend_factory: BackendFactory = runner_backend,
         available_memory: Callable[[], int] = ram_available,
         hardware: Hardware | None = None,  # else probed on first use
+        probe: Callable[[], Hardware] | None = None,  # how to probe it (hardware.detect)
+        paths: bool = False,  # any name may be a file's path, not only the operator's aliases
     ):
         self.settings = settings
         self.options = options
+        self.paths = paths
         self.max_loaded = max_loaded
         self.default_keep_alive = default_keep_alive
         self._factory = backend_factory
@@ -106,12 +109,13 @@ class ModelPool:
         self._names: dict[str, str] = {}  # what requests said → the name it loaded under
         self.default: str | None = None  # for requests that name no model (serve --model)
         self._hw: Hardware | None = hardware
-        self._probe = threading.Lock()
+        self._probe = probe
+        self._probing = threading.Lock()
 
     def hardware(self) -> Hardware:
-        with self._probe:  # requests plan in threads: one probe, not one each at once
+        with self._probing:  # requests plan in threads: one probe, not one each at once
             if self._hw is None:  # probing runs vendor tools: once per process is enough
-                self._hw = detect()
+                self._hw = (self._probe or detect)()
             return self._hw
 
     def alias(self, name: str, ref: str) -> None:
@@ -154,9 +158,10 @@ class ModelPool:
 
     def _target(self, ref: str | None) -> tuple[str | None, bool]:
         """What to resolve for a request's model name, and whether it may be a path: only
-        the operator's own names (`serve --model x.gguf`) may."""
+        the operator's own names (`serve --model x.gguf`) may, or every name where the user
+        is the only one naming models (the chat app)."""
         alias = self._aliases.get(ref or "")
-        return alias or ref, alias is not None
+        return alias or ref, alias is not None or self.paths
 
     def _resolve(self, ref: str | None) -> ResolvedModel:
         """A request's model name to its file, without loading it (blocking)."""
@@ -175,15 +180,7 @@ class ModelPool:
         if known is not None:  # the usual request: no resolving, no header parsing
             known.last_used = time.monotonic()
             return known
-        target, allow_paths = self._target(ref)
-        # planned as if the idle models were gone (the least recently used go first to make
-        # room); busy ones keep what they hold
-        idle_ram = sum(m.ram_bytes for m in self._idle())
-        busy_gpu = sum(m.gpu_bytes for m in self._loaded.values() if m.active)
-        prepared = await asyncio.to_thread(
-            prepare, target, self.options, self.settings,
-            lambda: self._available() + idle_ram, allow_paths,
-            lambda: less_gpu_memory(self.hardware(), busy_gpu))
+        prepared = await self.plan(ref)
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
@@ -196,6 +193,18 @@ class ModelPool:
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
         return await asyncio.shield(task)
+
+    async def plan(self, ref: str | None) -> Prepared:
+        """The fit check for `ref` beside the loaded models, loading nothing: planned as if
+        the idle ones were gone (the least recently used go first to make room); busy ones
+        keep what they hold. Raises what `get` would."""
+        target, allow_paths = self._target(ref or self.default)
+        idle_ram = sum(m.ram_bytes for m in self._idle())
+        busy_gpu = sum(m.gpu_bytes for m in self._loaded.values() if m.active)
+        return await asyncio.to_thread(
+            prepare, target, self.options, self.settings,
+            lambda: self._available() + idle_ram, allow_paths,
+            lambda: less_gpu_memory(self.hardware(), busy_gpu))
 
     async def _load(self, prepared: Prepared) -> LoadedModel:
         resolved = prepared.model

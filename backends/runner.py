@@ -21,11 +21,13 @@ treated the same. A runner whose parent has gone (its pipe reads end-of-file) ex
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import itertools
 import logging
 import os
 import pickle
+import queue
 import signal
 import struct
 import subprocess
@@ -385,6 +387,7 @@ class _Link:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         bufsize=0, start_new_session=os.name == "posix")
         _grow(self.process.stdout.fileno())
+        _grow(self.process.stdin.fileno())
         self._pipe = _Pipe(self.process.stdout.fileno(), self.process.stdin.fileno())
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
@@ -411,6 +414,11 @@ class _Link:
         self._steps = -1
         self._progress = time.monotonic()
         self._wake = threading.Event()
+        # cancels come from an event loop or a signal handler, which must never wait on a
+        # full pipe: a thread of their own writes them
+        self._notes: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        threading.Thread(target=self._send_notes, daemon=True,
+                         name=f"runner-notes {self.name}").start()
         self._loop = loop
         self._loop_thread: int | None = None
         self._reader = threading.Thread(target=self._read, daemon=True,
@@ -428,7 +436,7 @@ class _Link:
     def generate(self, method: str, args: tuple[Any, ...]) -> tuple[Any, Generation]:
         """A request queued by `generate` or `start`: the call's answer, and its events."""
         gid = next(self._ids)
-        generation = Generation(id=gid, _on_cancel=lambda: self._post_quietly(("cancel", gid)))
+        generation = Generation(id=gid, _on_cancel=lambda: self._notes.put(("cancel", gid)))
         with self._lock:  # listed first: its events may arrive right behind the reply
             self._live[gid] = generation
         try:
@@ -441,7 +449,7 @@ class _Link:
 
     def cancel_all(self) -> None:
         # called from a signal handler: never wait for the send lock on this thread
-        threading.Thread(target=self._post_quietly, args=(("cancel_all",),), daemon=True).start()
+        self._notes.put(("cancel_all",))
 
     def close(self) -> None:
         with self._lock:
@@ -501,6 +509,10 @@ class _Link:
             self._wake.wait(5)
             raise self._ended or EngineClosed(f"{self.name} has been unloaded") from None
 
+    def _send_notes(self) -> None:
+        while (note := self._notes.get()) is not None:
+            self._post_quietly(note)
+
     def _post_quietly(self, message: tuple[Any, ...]) -> None:
         try:
             self._pipe.send(message)
@@ -521,7 +533,6 @@ class _Link:
         self._loop_thread = threading.get_ident()
         frames = _Frames()
         fd = self._pipe.reader
-        os.set_blocking(fd, False)
 
         def readable() -> None:
             try:
@@ -536,10 +547,12 @@ class _Link:
             threading.Thread(target=self._end, daemon=True, name=f"runner-end {self.name}").start()
 
         try:
+            os.set_blocking(fd, False)
             self._loop.add_reader(fd, readable)
-        except (RuntimeError, NotImplementedError):  # a closed loop, or one without readers
+        except (AttributeError, OSError, RuntimeError, NotImplementedError):  # e.g. on Windows
             self._loop, self._loop_thread = None, None
-            os.set_blocking(fd, True)
+            with contextlib.suppress(AttributeError, OSError):
+                os.set_blocking(fd, True)
             self._reader.start()
 
     def _handle(self, message: tuple[Any, ...]) -> bool:
@@ -589,6 +602,7 @@ class _Link:
             live, self._live = self._live, {}
             calls = list(self._calls.values())
         self._wake.set()
+        self._notes.put(None)  # the notes thread ends
         if not self._closing:
             log.error("the runner of %s ended (%s%s); requests stopped: %d", self.name, how,
                       ", after no progress" if self._hung else "", len(live) + len(calls))
@@ -671,13 +685,15 @@ class RunnerBackend(Backend):
         return self._runner().call("embed", (text,))
 
     def stats(self) -> EngineStats:
-        link = self._link  # figures only: never starts a runner
-        if not link.alive:
-            return EngineStats(n_slots=self.info.n_slots, active=0, waiting=0, kv_cells_used=0,
-                               kv_cells_total=0, steps=0, tokens_evaluated=0,
-                               tokens_generated=0, requests_finished=0, preemptions=0,
-                               decode_seconds=0.0, step_seconds=0.0, threads=0)
-        return link.call("stats")
+        """Figures only: never starts a runner, and a runner gone reads as an idle one."""
+        link = self._link
+        with contextlib.suppress(RunnerDied, EngineClosed):
+            if link.alive:
+                return link.call("stats")
+        return EngineStats(n_slots=self.info.n_slots, active=0, waiting=0, kv_cells_used=0,
+                           kv_cells_total=0, steps=0, tokens_evaluated=0, tokens_generated=0,
+                           requests_finished=0, preemptions=0, decode_seconds=0.0,
+                           step_seconds=0.0, threads=0)
 
     def fewest_tokens(self, text_bytes: int) -> int:
         return self._runner().call("fewest_tokens", (text_bytes,))

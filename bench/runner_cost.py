@@ -74,7 +74,13 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--models", default="fast-step,smollm2")
     parser.add_argument("--out", default="runner_cost", help="file names under bench/results")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="llama.cpp threads in both servers; 0: each tunes its own as the "
+                             "machine's load changes (a single stream's level is too short "
+                             "for that to settle, so it adds noise to the comparison)")
     args = parser.parse_args()
+    if args.threads:
+        os.environ["LOCALINFER_THREADS"] = str(args.threads)
     levels = [int(x) for x in args.levels.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as home:
@@ -126,8 +132,10 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
         f"in its own process; {args.tokens} tokens a request, {args.requests} requests per "
         f"client, bench/serve_load.py's raw-socket client; medians of {args.reps} runs with "
         f"the servers in turns. {os.cpu_count()} CPUs, shared by the servers' processes and "
-        "the client. CPU is µs per streamed token: the server process (with the model in "
-        "it, that is everything), and the runner.",
+        "the client; llama.cpp threads: "
+        f"{args.threads or 'tuned by each server as the load changes'}. CPU is µs per "
+        "streamed token: the server process (with the model in it, that is everything), and "
+        "the runner.",
         "",
         "| model | clients | in-process tok/s | runner tok/s | runner ÷ in-process | "
         "TTFT p50 in-process / runner (ms) | TTFT p99 in-process / runner (ms) | "

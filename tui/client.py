@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -87,94 +86,78 @@ class ChatClient(ABC):
 
 # ---------------------------------------------------------------------------- in-process
 class LocalClient(ChatClient):
-    """The model loaded in this process, one at a time; switching models unloads the last."""
+    """A model of this machine, in a runner process, one at a time: the server's model
+    manager (`pool.ModelPool`) keeping one model; switching models unloads the last."""
 
-    where = "in-process"
+    where = "this machine"
 
     def __init__(self, settings: Settings | None = None, options: LoadOptions | None = None,
                  hardware: Callable[[], Hardware] | None = None,
                  process_memory: Callable[[], int] | None = None):
-        from localinfer.model_store.hardware import detect
+        from localinfer.pool import ModelPool
 
         self.settings = settings or Settings()
         self.options = options or LoadOptions()
-        self._detect = hardware or detect
         self._memory = process_memory
-        self._hw: Hardware | None = None
-        self._probe = threading.Lock()
-        self.backend: Backend | None = None
+        # one model, kept until another is chosen (no keep-alive)
+        self.pool = ModelPool(self.settings, self.options, max_loaded=1,
+                              default_keep_alive=None, probe=hardware, paths=True)
+        self._model: Any = None  # the pool's LoadedModel in use
         self._static: ModelStatus | None = None
         self._load_lock = asyncio.Lock()
-        self._loaded: tuple[Any, LoadOptions] | None = None  # (resolved model, its options)
-        self._prepared: Any = None  # the current model's plan (service.Prepared)
         self._generation: Any = None  # the reply being written
 
+    @property
+    def backend(self) -> Backend | None:
+        return self._model.backend if self._model is not None else None
+
     def hardware(self) -> Hardware:
-        with self._probe:
-            if self._hw is None:
-                self._hw = self._detect()
-            return self._hw
+        return self.pool.hardware()
 
     async def load(self, model: str, n_ctx: int | None = None) -> ModelStatus:
         async with self._load_lock:
-            return await asyncio.to_thread(self._load, model, n_ctx)
+            self.pool.options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
+            # planned before anything is unloaded: a model or context that cannot run leaves
+            # the current model in use
+            prepared = await self.pool.plan(model)
+            current = self._model
+            if current is not None and current.name == prepared.model.name:
+                if current.options.n_ctx == prepared.options.n_ctx:
+                    return await self.status()
+                await self.pool.unload(current.name)  # the same model, another context
+            try:
+                self._model = await self.pool.get(model)
+            except LocalinferError:
+                # llama.cpp refused it: the chat goes on with the previous model
+                self._model = None
+                if current is not None:
+                    self.pool.options = current.options
+                    with contextlib.suppress(LocalinferError):
+                        self._model = await self.pool.get(current.name)
+                raise
+            self._static = self._describe(self._model)
+            return await self.status()
 
-    def _prepare(self, model: str, n_ctx: int | None):
-        from localinfer.service import prepare, ram_available
-
-        options = replace(self.options, n_ctx=n_ctx or self.options.n_ctx)
-        # planned as if the current model were gone: loading another one unloads it first
-        freed = self._prepared.ram_bytes if self._prepared and self.backend else 0
-        return prepare(model, options, self.settings, lambda: ram_available() + freed,
-                       hardware=self.hardware)
-
-    def _load(self, model: str, n_ctx: int | None) -> ModelStatus:
+    def _describe(self, model: Any) -> ModelStatus:
         from localinfer.model_store.planner import KV_BYTES
 
-        # planned before anything is unloaded: a model or context that cannot run leaves
-        # the current model in use
-        prepared = self._prepare(model, n_ctx)
-        resolved, info, options = prepared.model, prepared.info, prepared.options
-        current = self.backend
-        if (current is not None and current.info.name == resolved.name
-                and current.info.n_ctx == options.n_ctx):
-            return self._with_usage()
-        self.backend = None
-        if current is not None:
-            current.close()
-        self.backend = self._open_or_reopen(resolved, options)
-        self._loaded = (resolved, options)
-        self._prepared = prepared
+        info, options = model.info, model.options
         layers = options.n_gpu_layers or 0
         gpu = next(iter(self.hardware().gpus), None)
         device = "CPU" if not layers else (
             f"{gpu.backend.upper() if gpu else 'GPU'} {min(layers, info.n_layer)}/{info.n_layer} "
             f"layers")
         kv = info.kv_bytes_per_token(KV_BYTES[options.kv_type]) * options.n_ctx * options.n_slots
-        self._static = ModelStatus(resolved.name, info.quant, device, options.n_ctx or 0,
-                                   kv_bytes=int(kv))
-        return self._with_usage()
-
-    def _open_or_reopen(self, resolved, options: LoadOptions) -> Backend:
-        """Load the planned model; if llama.cpp refuses it, load the previous one again
-        before raising, so the chat goes on with it."""
-        from localinfer.service import runner_backend
-
-        try:
-            return runner_backend(resolved.path, options, resolved.name)
-        except LocalinferError:
-            if self._loaded is not None:
-                previous, previous_options = self._loaded
-                with contextlib.suppress(LocalinferError):
-                    self.backend = runner_backend(previous.path, previous_options,
-                                                  previous.name)
-            raise
+        return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=int(kv))
 
     async def check_context(self, model: str, n_ctx: int) -> str | None:
+        options, self.pool.options = self.pool.options, replace(self.options, n_ctx=n_ctx)
         try:
-            await asyncio.to_thread(self._prepare, model, n_ctx)
+            await self.pool.plan(model)
         except (LocalinferError, OSError) as exc:
             return user_message(exc)
+        finally:
+            self.pool.options = options
         return None
 
     def stop(self) -> bool:
@@ -230,15 +213,13 @@ class LocalClient(ChatClient):
     async def delete(self, name: str) -> None:
         from localinfer.model_store.sources import delete_model, is_embedded
 
-        if (not is_embedded(name) and self.backend is not None
-                and self.backend.info.name == name):
+        if not is_embedded(name) and self._model is not None and self._model.name == name:
             raise LocalinferError(f"{name} is in use — switch to another model first")
         await asyncio.to_thread(delete_model, self.settings.models_dir, name)
 
     async def close(self) -> None:
-        if self.backend is not None:
-            backend, self.backend = self.backend, None
-            await asyncio.to_thread(backend.close)
+        self._model = None
+        await self.pool.close()
 
 
 def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):

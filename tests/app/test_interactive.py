@@ -54,6 +54,25 @@ def test_two_turns_ctrl_c_and_bye(chat):
     assert chat.exitstatus == 0
 
 
+def test_a_runner_that_dies_mid_reply_is_one_line_and_the_chat_goes_on(chat):
+    import signal
+
+    import psutil
+
+    (runner,) = psutil.Process(chat.pid).children()
+    chat.sendline("Write a very long story about a dragon who learns to sing.")
+    chat.expect(r"sing\.\r\n")
+    chat.expect(r"\w+ \w+ \w+")  # the reply has started streaming
+    runner.send_signal(signal.SIGKILL)
+    chat.expect(r"Error: the runner of smollm2:135m ended \(killed by SIGKILL\) — send the "
+                r"request again to reload it")
+    chat.expect(">>> ")
+    assert "Traceback" not in chat.before
+    assert "tok/s" in _ask(chat, "Hello!")  # a new runner answers
+    (again,) = psutil.Process(chat.pid).children()
+    assert again.pid != runner.pid
+
+
 def test_ctrl_c_at_prompt_hints_and_ctrl_d_exits(chat):
     chat.sendintr()
     chat.expect("Use Ctrl-D or /bye to exit.")

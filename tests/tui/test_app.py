@@ -113,7 +113,12 @@ async def test_escape_stops_the_reply_and_keeps_what_was_written(_private_home):
         assert app.store.messages(app.conversation.id)[-1].content == partial.content
         assert "stopped" in app.query(MessageBox).last().figures_label.render().plain
         backend = app.client.backend
-        await wait_until(pilot, lambda: backend.stats().active == 0, timeout=5)  # slot freed
+        for _ in range(250):  # the runner's answers are read on this loop: ask from a thread
+            if (await asyncio.to_thread(backend.stats)).active == 0:
+                break  # the slot was freed
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the slot was not freed")
 
 
 async def test_regenerate_edit_and_copy(_private_home, smollm2, smollm2_reference):
@@ -470,3 +475,32 @@ async def test_a_model_that_fails_to_load_keeps_the_message(_private_home):
         await pilot.press("enter")
         assert app.prompt.text == "Hello?" and not app.replying and app.conversation is None
         assert any("Ctrl+T" in n.message for n in app._notifications)
+
+
+async def test_a_runner_that_dies_mid_reply_is_one_notice_and_the_next_send_restarts_it(
+        _private_home):
+    import os
+    import signal
+
+    app = make_app(_private_home)
+    app.pending_settings = {"system": "", "params": {"temperature": 0, "max_tokens": 400}}
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        runner = app.client.backend.pid
+        question = "Write a long story about a lighthouse keeper."
+        app.prompt.load_text(question)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.replying and len(app.query(MessageBox)) == 2
+                         and len(app.query(MessageBox).last().content) > 20)
+        os.kill(runner, signal.SIGKILL)  # as the kernel's OOM killer would
+        await wait_until(pilot, lambda: not app.replying and app.prompt.text == question)
+        assert [n.message for n in app._notifications if "SIGKILL" in n.message] == [
+            "the runner of smollm2:135m ended (killed by SIGKILL) — send the request again "
+            "to reload it"]
+        await wait_until(pilot, lambda: len(app.query(MessageBox)) == 0)  # the question is back
+        assert app.history == []
+        app.pending_settings = GREEDY
+        app.prompt.load_text("")
+        await ask(app, pilot, "Hello!")
+        assert app.history[-1].role == "assistant" and app.history[-1].content
+        assert app.client.backend.pid != runner

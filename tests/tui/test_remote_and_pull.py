@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -180,6 +181,7 @@ async def test_a_file_llama_cpp_refuses_after_planning_brings_the_old_model_back
         await client.load(str(bad))
     assert client.backend is not None and client.backend is not first  # loaded again
     assert client.backend.info.name == "smollm2:135m"
-    reply = client.backend.generate(client.backend.tokenize("Hi"), SamplingParams(max_tokens=4))
-    assert reply.text()
-    client.backend.close()
+    backend = client.backend  # (its replies are read on this loop: asked from a thread)
+    reply = await asyncio.to_thread(backend.generate, "Hi", SamplingParams(max_tokens=4))
+    assert await asyncio.to_thread(reply.text)
+    await client.close()
