@@ -94,6 +94,7 @@ class NativeModel:
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self._heads: frozenset[str] | None = None
         self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
         self._piece_buf = ctypes.create_string_buffer(256)
         # What llama.cpp says of a token id never changes, and asking it is a ctypes call,
@@ -154,6 +155,17 @@ class NativeModel:
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity,
                                          add_special, parse_special)
         return list(buf[:n])
+
+    def control_heads(self) -> frozenset[str]:
+        """The first characters of the texts that tokenizing with parse_special turns into
+        control tokens (a text without any of them tokenizes the same either way). Asked of
+        every token once."""
+        if self._heads is None:
+            special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            texts = (self.token_text(t) for t in range(self.n_vocab)
+                     if llama_cpp.llama_vocab_get_attr(self.vocab, t) & special)
+            self._heads = frozenset(text[0] for text in texts if text)
+        return self._heads
 
     def piece(self, token: int) -> bytes:
         """The bytes of one token (special tokens render as nothing). Engine thread only."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping, Sequence
+from typing import Any
 from pathlib import Path
 
 import llama_cpp
@@ -16,9 +18,12 @@ from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats
 from localinfer.backends.threads import ThreadTuner, free_cores, physical_cores
+from localinfer.errors import InvalidRequest
 from localinfer.model_store.gguf_info import quant_name
 
 __all__ = ["LlamaCppBackend", "default_threads"]
+
+_MARK = re.compile("\ue000(\\d+)\ue001")  # where a message's own text goes
 
 
 def default_threads() -> int:
@@ -102,6 +107,37 @@ class LlamaCppBackend(Backend):
         if add_special and self.template.bos_token and text.startswith(self.template.bos_token):
             add_special = False
         return self.native.tokenize(text, add_special=add_special, parse_special=True)
+
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The messages in the chat template, as tokens. What a message says stays text: a
+        typed `<|im_end|>` is not the control token, so no one can forge a turn or a role.
+        Only the template writes control tokens."""
+        typed = [i for i, m in enumerate(messages) if self._holds_control(m.get("content"))]
+        if not typed:
+            return self.tokenize(self.apply_chat_template(messages))
+        marked = [{**m, "content": f"\ue000{i}\ue001"} if i in typed else m
+                  for i, m in enumerate(messages)]
+        text = self.apply_chat_template(marked)
+        tokens: list[int] = []
+        at, seen = 0, set()
+        for mark in _MARK.finditer(text):  # the template's text, then the message's, in turn
+            i = int(mark.group(1))
+            tokens += self.tokenize(text[at:mark.start()], add_special=not tokens and not at)
+            tokens += self.native.tokenize(messages[i]["content"], add_special=False,
+                                           parse_special=False)
+            at = mark.end()
+            seen.add(i)
+        if seen != set(typed):
+            raise InvalidRequest("a message holds text that this model reads as a control "
+                                 "token, and its chat template changes messages as it writes "
+                                 "them, so the two cannot be kept apart — remove it")
+        return tokens + self.tokenize(text[at:], add_special=not tokens)
+
+    def _holds_control(self, content: object) -> bool:
+        if not isinstance(content, str) or not self.native.control_heads().intersection(content):
+            return False
+        return (self.native.tokenize(content, add_special=False, parse_special=True)
+                != self.native.tokenize(content, add_special=False, parse_special=False))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.native.detokenize(tokens)
