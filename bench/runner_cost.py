@@ -127,7 +127,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
     lines = [
         "# What a runner process costs",
         "",
-        f"`python3 bench/runner_cost.py`: `localinfer serve --parallel {max(levels)} --ctx "
+        f"`python3 bench/runner_cost.py{''.join(' ' + a for a in sys.argv[1:])}`: "
+        f"`localinfer serve --parallel {max(levels)} --ctx "
         f"{CTX}` with the model in a runner process, against the same server with the model "
         f"in its own process; {args.tokens} tokens a request, {args.requests} requests per "
         f"client, bench/serve_load.py's raw-socket client; medians of {args.reps} runs with "
