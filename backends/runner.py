@@ -47,7 +47,8 @@ from localinfer.backends.metrics import EngineStats
 from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, LocalinferError,
                                ModelLoadFailed, RunnerDied)
 
-__all__ = ["BEAT_SECONDS", "HANG_SECONDS", "RunnerBackend", "hang_seconds", "runner_main"]
+__all__ = ["BEAT_SECONDS", "HANG_SECONDS", "LOAD_SECONDS", "RunnerBackend", "hang_seconds",
+           "load_seconds", "runner_main"]
 
 log = logging.getLogger("localinfer.runner")
 
@@ -56,6 +57,9 @@ log = logging.getLogger("localinfer.runner")
 # takes tens of seconds
 HANG_SECONDS = 120.0
 BEAT_SECONDS = 0.5
+# a load that takes longer is stopped (a hang inside llama.cpp: a GPU driver, an RPC worker
+# that froze); Ollama's OLLAMA_LOAD_TIMEOUT is the same 5 minutes
+LOAD_SECONDS = 300.0
 # what a parent may ask of the runner's backend
 _CALLS = frozenset({"generate", "start", "tokenize", "detokenize", "apply_chat_template",
                     "prompt_tokens", "embed", "stats", "fewest_tokens"})
@@ -86,11 +90,20 @@ def _quick(method: str, args: tuple[Any, ...]) -> bool:
 
 def hang_seconds() -> float:
     """LOCALINFER_RUNNER_TIMEOUT, in seconds (HANG_SECONDS when unset or not a number > 0)."""
+    return _seconds("LOCALINFER_RUNNER_TIMEOUT", HANG_SECONDS)
+
+
+def load_seconds() -> float:
+    """LOCALINFER_LOAD_TIMEOUT: how long a runner may take to load (LOAD_SECONDS unset)."""
+    return _seconds("LOCALINFER_LOAD_TIMEOUT", LOAD_SECONDS)
+
+
+def _seconds(variable: str, default: float) -> float:
     try:
-        value = float(os.environ.get("LOCALINFER_RUNNER_TIMEOUT", ""))
+        value = float(os.environ.get(variable, ""))
     except ValueError:
-        return HANG_SECONDS
-    return value if value > 0 else HANG_SECONDS
+        return default
+    return value if value > 0 else default
 
 
 # ---------------------------------------------------------------------------- the wire
@@ -235,6 +248,8 @@ class _Runner:
             os._exit(0)  # the parent has gone
 
     def serve(self, path: str, options: LoadOptions, name: str) -> None:
+        if self._fault:
+            self._check_fault()  # (tests: `hang` here is a load that never ends)
         try:
             from localinfer.backends.llamacpp import LlamaCppBackend  # loads llama.cpp
 
@@ -396,16 +411,28 @@ class _Link:
         self._ended: LocalinferError | None = None
         self._closing = False
         self._hung = False
+        limit = load_seconds()
+        # a crash reads as end-of-file; so does a load stopped for taking too long
+        too_long = threading.Timer(limit, self.process.kill)
+        too_long.daemon = True
+        too_long.start()
         try:
             levels = {logger: logging.getLogger(logger).getEffectiveLevel()
                       for logger in ("localinfer", "localinfer.llama_cpp")}
             self._pipe.send(("load", path, options, name, levels))
-            message = self._pipe.recv()  # the load takes what it takes; a crash reads as EOF
+            message = self._pipe.recv()
         except (EOFError, OSError):
             self._close_pipes()
+            how = _how(self._exit_code())
+            if too_long.finished.is_set():
+                raise ModelLoadFailed(
+                    f"{self.name} did not finish loading within {limit:g} s, so it was "
+                    f"stopped — LOCALINFER_LOAD_TIMEOUT gives it longer") from None
             raise ModelLoadFailed(
-                f"llama.cpp ended while loading {self.name} ({_how(self._exit_code())}) "
+                f"llama.cpp ended while loading {self.name} ({how}) "
                 f"— the file may be damaged, or too big for this machine") from None
+        finally:
+            too_long.cancel()
         if message[0] != "ready":
             self._close_pipes()
             self._exit_code()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
@@ -80,3 +82,14 @@ def test_a_typed_control_token_stays_text(runner, smollm2):
         # a message without such text gets the same tokens as ever
         assert backend.prompt_tokens(plain) == backend.tokenize(
             backend.apply_chat_template(plain))
+
+
+def test_a_load_that_never_ends_is_stopped(tmp_path, smollm2_path, monkeypatch):
+    fault = tmp_path / "fault"
+    fault.write_text("hang")  # the runner stops before llama.cpp has loaded anything
+    monkeypatch.setenv("LOCALINFER_RUNNER_FAULT", str(fault))
+    monkeypatch.setenv("LOCALINFER_LOAD_TIMEOUT", "1")
+    began = time.monotonic()
+    with pytest.raises(ModelLoadFailed, match="did not finish loading within 1 s"):
+        RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2:135m")
+    assert time.monotonic() - began < 10
