@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -134,13 +135,19 @@ async def _queue(backend: Backend, params: SamplingParams,
                  tools: ToolSpec | None) -> tuple[int, Generation]:
     """The prompt's length in tokens, and the request queued with it, in one trip off the
     loop. A caller cancelled meanwhile (a client gone) cancels the request once queued."""
-    queued = asyncio.ensure_future(asyncio.to_thread(_start, backend, params, messages, prompt,
-                                                     tools))
+    queued = asyncio.get_running_loop().run_in_executor(
+        _STARTS, _start, backend, params, messages, prompt, tools)
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
         queued.add_done_callback(_cancel_queued)
         raise
+
+
+# threads of their own for the trips to the runners: a runner that hangs or restarts holds its
+# requests' threads until its watchdog or its load ends, and the loop's default pool (a few
+# threads) also plans loads and answers /metrics
+_STARTS = ThreadPoolExecutor(64, thread_name_prefix="localinfer-start")
 
 
 def _cancel_queued(queued: asyncio.Future[tuple[int, Generation]]) -> None:

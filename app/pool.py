@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend, LoadOptions
-from localinfer.errors import ContextTooLarge, InvalidRequest
+from localinfer.errors import EngineBusy, InvalidRequest
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.hardware import Hardware, detect
 from localinfer.model_store.planner import free_memory
@@ -241,7 +241,7 @@ class ModelPool:
             if victim is None:
                 if len(self._loaded) < self.max_loaded:
                     return  # the plan counted on no more than this; llama.cpp has the last word
-                raise ContextTooLarge(
+                raise EngineBusy(
                     f"{len(self._loaded)} models are loaded and busy — wait for their requests "
                     f"to finish or raise the number of models kept loaded")
             log.info("unloading %s to make room for %s", victim.name, prepared.model.name)

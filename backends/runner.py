@@ -118,11 +118,19 @@ class _Pipe:
     def __init__(self, reader: int, writer: int):
         self.reader, self.writer = reader, writer
         self._send_lock = threading.Lock()
+        self.closed = False  # its descriptors' numbers may belong to other files by now
+
+    def shut(self) -> None:
+        """No message goes out after this (the caller then closes the descriptors)."""
+        with self._send_lock:
+            self.closed = True
 
     def send(self, message: tuple[Any, ...]) -> None:
         data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         view = memoryview(_LENGTH.pack(len(data)) + data)
         with self._send_lock:
+            if self.closed:
+                raise OSError("the runner's pipe is closed")
             while view:
                 view = view[os.write(self.writer, view):]
 
@@ -236,7 +244,8 @@ class _Runner:
         self._outbox: list[tuple[Any, ...]] = []
         self._outbox_lock = threading.Lock()
         self._live: dict[int, Generation] = {}
-        self._cancelled: set[int] = set()  # cancels that came before their request was queued
+        self._pending: set[int] = set()  # generate / start calls read, not yet answered
+        self._cancelled: set[int] = set()  # of those, the ones cancelled before they queued
         self._live_lock = threading.Lock()
         self._calls = ThreadPoolExecutor(4, thread_name_prefix="localinfer-runner-call")
         self._fault = os.environ.get("LOCALINFER_RUNNER_FAULT")  # tests only: see _check_fault
@@ -268,6 +277,9 @@ class _Runner:
             except (EOFError, OSError):
                 os._exit(0)  # the parent has gone: nobody is left to answer
             kind = message[0]
+            if kind == "call" and message[2] in ("generate", "start"):
+                with self._live_lock:
+                    self._pending.add(message[1])  # a cancel may come before it is queued
             if kind == "call" and _quick(message[2], message[3]):
                 self._call(*message[1:])  # here: a thread's wake-up costs more than the call
             elif kind == "call":
@@ -278,6 +290,7 @@ class _Runner:
                 self.backend.cancel_all()
             elif kind == "close":
                 break
+        self._calls.shutdown(wait=True, cancel_futures=True)  # none still uses the model
         self.backend.close()  # the engine's last pass flushes its events
         self._flush()
         self.send(("closed",))
@@ -298,6 +311,9 @@ class _Runner:
             reply = ("reply", rid, True, value)
         except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
             reply = ("reply", rid, False, _wire_error(exc))
+        with self._live_lock:
+            self._pending.discard(rid)
+            self._cancelled.discard(rid)
         self.send(reply)
 
     def _generate(self, gid: int, tokens: list[int], params: SamplingParams) -> None:
@@ -317,7 +333,7 @@ class _Runner:
     def _cancel(self, gid: int) -> None:
         with self._live_lock:
             generation = self._live.get(gid)
-            if generation is None:
+            if generation is None and gid in self._pending:  # else it has ended already
                 self._cancelled.add(gid)
         if generation is not None:
             generation.cancel()
@@ -421,7 +437,12 @@ class _Link:
                       for logger in ("localinfer", "localinfer.llama_cpp")}
             self._pipe.send(("load", path, options, name, levels))
             message = self._pipe.recv()
-        except (EOFError, OSError):
+        except BaseException as exc:
+            if not isinstance(exc, (EOFError, OSError)):  # not what a runner says: stop it
+                self.process.kill()
+                self._close_pipes()
+                self._exit_code()
+                raise
             self._close_pipes()
             how = _how(self._exit_code())
             if too_long.finished.is_set():
@@ -465,14 +486,21 @@ class _Link:
         gid = next(self._ids)
         generation = Generation(id=gid, _on_cancel=lambda: self._notes.put(("cancel", gid)))
         with self._lock:  # listed first: its events may arrive right behind the reply
+            self._busy()
             self._live[gid] = generation
         try:
             value = self.call(method, args, rid=gid)
         except BaseException:
             with self._lock:
                 self._live.pop(gid, None)
+            self._notes.put(("cancel", gid))  # accepted after all (an interrupted wait)?
             raise
         return value, generation
+
+    def _busy(self) -> None:
+        """(Under the lock.) Idle until now: the hang clock starts with this work."""
+        if not self._live and not self._calls:
+            self._progress = time.monotonic()
 
     def cancel_all(self) -> None:
         # called from a signal handler: never wait for the send lock on this thread
@@ -493,6 +521,19 @@ class _Link:
         self._close_pipes()
 
     def _close_pipes(self) -> None:
+        self._pipe.shut()
+        loop = getattr(self, "_loop", None)
+        if loop is not None and threading.get_ident() != self._loop_thread:
+            removed = threading.Event()  # off the loop's selector before the number is free
+
+            def remove() -> None:
+                with contextlib.suppress(Exception):
+                    loop.remove_reader(self._pipe.reader)
+                removed.set()
+
+            with contextlib.suppress(RuntimeError):  # a closed loop has nothing to remove
+                loop.call_soon_threadsafe(remove)
+                removed.wait(5)
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
@@ -516,8 +557,7 @@ class _Link:
         with self._lock:
             if self._ended is not None or self._closing:
                 raise self._ended or EngineClosed(f"{self.name} has been unloaded")
-            if not self._live and not self._calls:
-                self._progress = time.monotonic()  # idle until now: the hang clock starts
+            self._busy()
             self._calls[rid] = call
         try:
             self._post(("call", rid, method, args, kwargs or {}))

@@ -151,13 +151,14 @@ class LocalClient(ChatClient):
         return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=int(kv))
 
     async def check_context(self, model: str, n_ctx: int) -> str | None:
-        options, self.pool.options = self.pool.options, replace(self.options, n_ctx=n_ctx)
-        try:
-            await self.pool.plan(model)
-        except (LocalinferError, OSError) as exc:
-            return user_message(exc)
-        finally:
-            self.pool.options = options
+        async with self._load_lock:  # (the pool's options are the load's meanwhile)
+            options, self.pool.options = self.pool.options, replace(self.options, n_ctx=n_ctx)
+            try:
+                await self.pool.plan(model)
+            except (LocalinferError, OSError) as exc:
+                return user_message(exc)
+            finally:
+                self.pool.options = options
         return None
 
     def stop(self) -> bool:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localinfer.backends.base import LoadOptions
-from localinfer.errors import ContextTooLarge, InvalidRequest
+from localinfer.errors import EngineBusy, InvalidRequest
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.service import llama_cpp_backend
 from localinfer.settings import Settings
@@ -80,7 +80,7 @@ def test_a_busy_model_is_not_evicted(settings):
         pool, _ = _pool(settings, max_loaded=1)
         try:
             async with pool.use("smollm2"):
-                with pytest.raises(ContextTooLarge, match="busy"):
+                with pytest.raises(EngineBusy, match="busy"):
                     await pool.get("gemma3")
                 assert [m.name for m in pool.loaded()] == ["smollm2:135m"]
         finally:
