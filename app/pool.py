@@ -32,6 +32,7 @@ __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
 log = logging.getLogger("localinfer.pool")
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+CLAIM_SECONDS = 10.0  # a model loaded for callers that all gave up becomes unloadable
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
 
 
@@ -67,6 +68,10 @@ class LoadedModel:
     keep_alive: float | None
     active: int = 0
     last_used: float = field(default_factory=time.monotonic)
+    # handed to a caller yet: until then (or for CLAIM_SECONDS) no other load may unload it,
+    # or a request could find the model it waited for gone before it starts
+    claimed: bool = False
+    loaded_at: float = field(default_factory=time.monotonic)
 
     @property
     def memory_bytes(self) -> int:
@@ -178,21 +183,24 @@ class ModelPool:
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
         if known is not None:  # the usual request: no resolving, no header parsing
-            known.last_used = time.monotonic()
+            known.last_used, known.claimed = time.monotonic(), True
             return known
         prepared = await self.plan(ref)
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
             if name in self._loaded:
-                self._loaded[name].last_used = time.monotonic()
-                return self._loaded[name]
+                model = self._loaded[name]
+                model.last_used, model.claimed = time.monotonic(), True
+                return model
             task = self._loading.get(name)
             if task is None:
                 task = asyncio.create_task(self._load(prepared))
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
-        return await asyncio.shield(task)
+        model = await asyncio.shield(task)
+        model.claimed = True  # (use() marks it busy before anything else runs)
+        return model
 
     async def plan(self, ref: str | None) -> Prepared:
         """The fit check for `ref` beside the loaded models, loading nothing: planned as if
@@ -253,7 +261,11 @@ class ModelPool:
         return max((free_memory(g) for g in hw.usable_gpus), default=0)
 
     def _idle(self) -> list[LoadedModel]:
-        return [m for m in self._loaded.values() if not m.active]
+        """Models that may be unloaded to make room: no request runs on them, and the one
+        that asked for each has had it."""
+        now = time.monotonic()
+        return [m for m in self._loaded.values()
+                if not m.active and (m.claimed or now - m.loaded_at > CLAIM_SECONDS)]
 
     async def unload(self, name: str) -> bool:
         async with self._lock:

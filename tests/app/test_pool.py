@@ -206,3 +206,21 @@ def test_gpu_plans_make_room_on_the_gpu(settings):
         finally:
             await pool.close()
     asyncio.run(scenario())
+
+
+def test_a_model_just_loaded_stays_until_its_request_has_it(settings):
+    """Between a load's end and its waiting request's start, another load's room-making must
+    not take the model away (the request would find it unloaded)."""
+    async def scenario():
+        pool, _ = _pool(settings, max_loaded=1)
+        try:
+            await pool._load(await pool.plan("smollm2"))  # loaded; its caller not resumed yet
+            with pytest.raises(EngineBusy, match="busy"):
+                await pool.get("gemma3")
+            assert [m.name for m in pool.loaded()] == ["smollm2:135m"]
+            await pool.get("smollm2")  # its caller has it: now it may go
+            await pool.get("gemma3")
+            assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
