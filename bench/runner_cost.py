@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 from random_gguf import fast_step_model  # bench/, the script's own folder
-from stream_cost import _MAIN, start_server
+from stream_cost import _MAIN, start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -104,9 +104,7 @@ def main() -> None:
                                   f"parent {row['parent_us_per_token']:6.1f} µs/token  "
                                   f"runner {row['runner_us_per_token']:6.1f}", flush=True)
             finally:
-                for server, _ in servers.values():
-                    server.terminate()
-                    server.wait(timeout=30)
+                stop_servers(servers)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(
         {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))

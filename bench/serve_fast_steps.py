@@ -32,7 +32,8 @@ from pathlib import Path
 
 from random_gguf import fast_step_model  # bench/, the script's own folder
 from serve_load import level
-from stream_cost import NOW, VARIANTS, free_port, start_server, wait_until_ready
+from stream_cost import (NOW, VARIANTS, free_port, start_server, stop_servers,
+                         wait_until_ready)
 
 RESULTS = Path(__file__).parent / "results"
 CTX = 1024  # per request: the 300-word prefix (~400 tokens) and the reply fit
@@ -82,9 +83,7 @@ def main() -> None:
                                   f"{row['ttft_p50_s'] or 0:.3f} s, errors {row['errors']}",
                                   flush=True)
         finally:
-            for server, _ in servers.values():
-                server.terminate()
-                server.wait(timeout=30)
+            stop_servers(servers)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "serve_fast_steps.json").write_text(json.dumps(
         {"args": {**vars(args), "llama_server": args.llama_server.name}, "cpus": os.cpu_count(),

@@ -84,6 +84,13 @@ def start_server(launch: list[str], model: str, slots: int, ctx: int,
     return server, url
 
 
+def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
+    """End each server of a side-by-side run (SIGTERM: each unloads its models)."""
+    for server, _ in servers.values():
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def wait_until_ready(server: subprocess.Popen, url: str,
                      ready: Callable[[httpx.Response], bool], timeout: float = 120) -> None:
     """Poll `url` until its answer is `ready` (the model loaded); else stop the server."""
@@ -156,9 +163,7 @@ def main() -> None:
                                   f"{row['loop_us_per_token']:.0f} µs, client "
                                   f"{row['client_us_per_token']:.0f} µs", flush=True)
         finally:
-            for server, _ in servers.values():
-                server.terminate()
-                server.wait(timeout=30)
+            stop_servers(servers)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "stream_cost.json").write_text(json.dumps(
         {"args": {**vars(args), "model": model_name}, "runs": rows}, indent=2))
