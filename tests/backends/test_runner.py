@@ -51,13 +51,15 @@ def test_errors_keep_their_kind_and_figures(runner):
 def test_cancel_ends_a_stream_with_its_figures(runner):
     generation = runner.generate(runner.tokenize("Once upon a time"),
                                  SamplingParams(max_tokens=200, logit_bias={0: -100, 2: -100}))
-    for n, event in enumerate(generation):
-        if n == 2:
+    events = []
+    for event in generation:  # (iteration ends at the DoneEvent or an ErrorEvent)
+        events.append(event)
+        if len(events) == 3:
             generation.cancel()
-        if isinstance(event, DoneEvent):
-            assert event.stats.finish_reason == "cancelled"
-            assert event.stats.generated_tokens < 200
-            break
+    last = events[-1]
+    assert isinstance(last, DoneEvent)  # not an error, and not a stream that never ended
+    assert last.stats.finish_reason == "cancelled"
+    assert last.stats.generated_tokens < 200
 
 
 def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
