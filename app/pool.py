@@ -179,13 +179,15 @@ class ModelPool:
         resolved = self._resolve(ref)
         return resolved, read_gguf_info(resolved.path)
 
-    async def get(self, ref: str | None) -> LoadedModel:
+    async def get(self, ref: str | None, prepared: Prepared | None = None) -> LoadedModel:
+        """The loaded model for `ref`, loading it if need be. prepared: its plan, when the
+        caller has just made it (`plan`), not to read the header twice."""
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
         if known is not None:  # the usual request: no resolving, no header parsing
             known.last_used, known.claimed = time.monotonic(), True
             return known
-        prepared = await self.plan(ref)
+        prepared = prepared or await self.plan(ref)
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:

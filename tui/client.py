@@ -126,7 +126,7 @@ class LocalClient(ChatClient):
                     return await self.status()
                 await self.pool.unload(current.name)  # the same model, another context
             try:
-                self._model = await self.pool.get(model)
+                self._model = await self.pool.get(model, prepared)
             except LocalinferError:
                 # llama.cpp refused it: the chat goes on with the previous model
                 self._model = None
