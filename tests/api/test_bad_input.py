@@ -74,13 +74,30 @@ def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, pat
 def test_a_prompt_far_too_long_is_refused_before_it_is_read(server):
     """100,000 messages (2.4 MB) were templated and tokenized for minutes, the client long
     gone; its size alone says it cannot fit (smollm2: no token stands for more than 81 bytes)."""
-    many = {**CHAT, "messages": [{"role": "user", "content": "hello there, "}] * 100_000}
+    many = {**CHAT, "messages": [{"role": "user", "content": "hello there, " * 20}] * 10_000}
     response = server.post("/v1/chat/completions", json=many)
     assert response.status_code == 400, response.text
     assert "prompt is at least" in response.json()["error"]["message"]
     one = {**OLLAMA_CHAT, "messages": [{"role": "user", "content": "word " * 600_000}]}
     response = server.post("/api/chat", json=one)
     assert response.status_code == 400 and "at least" in response.json()["error"]
+    assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
+
+
+def test_a_body_of_countless_objects_is_refused_before_it_is_validated(server):
+    """Validating 100,000 tiny messages held the event loop, and every stream, for 0.5 s;
+    braces inside text are not objects and do not count."""
+    many = {**CHAT, "messages": [{"role": "user", "content": "hi"}] * 100_000}
+    response = server.post("/v1/chat/completions", json=many)
+    assert response.status_code == 413, response.text
+    assert "more than 20000 JSON objects" in response.json()["error"]["message"]
+    parts = {**OLLAMA_CHAT, "messages": [{"role": "user", "content": "hi"}] * 30_000}
+    response = server.post("/api/chat", json=parts)
+    assert response.status_code == 413 and "JSON objects" in response.json()["error"]
+    code = {**CHAT, "messages": [{"role": "user", "content": "f() { return {}; }" * 30_000}]}
+    response = server.post("/v1/chat/completions", json=code)
+    assert response.status_code == 400, response.text  # too long a prompt, not too many objects
+    assert "prompt is at least" in response.json()["error"]["message"]
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
