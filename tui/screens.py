@@ -111,7 +111,9 @@ class ModelPicker(ModalScreen[str | None]):
         table = self.query_one(DataTable)
         table.clear()
         for row in self.rows:
-            mark = "●" if row.name == self.current else ("✓" if row.installed else "")
+            # marks of neutral width: an "ambiguous" one (●) is drawn two cells wide by
+            # terminals set for East Asian widths, and its rows slid off the header
+            mark = "▸" if row.name == self.current else ("✓" if row.installed else "")
             table.add_row(mark, row.name, row.fit, row.quant, _size(row.size_bytes), key=row.name)
         table.focus()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
@@ -291,6 +292,10 @@ async def test_switching_models_with_the_picker(_private_home):
         assert rows["llama3.1:70b"].fit in ("~won't fit", "~CPU", "~partial")
         assert not rows["llama3.1:70b"].installed
         table = app.screen.query_one("DataTable")
+        cells = "".join(str(cell) for key in table.rows for cell in table.get_row(key))
+        assert "▸" in cells  # the model in use
+        # one cell per character in every terminal, so rows line up under the header
+        assert all(unicodedata.east_asian_width(c) in "NaH" for c in cells), cells
         table.move_cursor(row=[r.name for r in app.screen.rows].index("gemma3:270m"))
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.model_name == "gemma3:270m"
