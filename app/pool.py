@@ -3,7 +3,9 @@
 A model loads on first use and stays while requests keep it busy or its keep-alive has
 not run out; a request for a model that is still loading waits for that load. When a
 new model would not fit beside the loaded ones (by count, or by the memory estimate),
-the least recently used idle one is unloaded first.
+the least recently used idle one is unloaded first. Loads of different models take turns:
+each checks for room against memory as the loads before it left it. A model whose runner
+died is loaded again by its next request, through the same check.
 """
 
 from __future__ import annotations
@@ -109,6 +111,8 @@ class ModelPool:
         self._loaded: dict[str, LoadedModel] = {}
         self._loading: dict[str, asyncio.Task[LoadedModel]] = {}
         self._lock = asyncio.Lock()
+        self._turn = asyncio.Lock()  # one load at a time makes room and loads
+        self._changes = 0  # loads and unloads so far: a plan made before the last is stale
         self._reaper: asyncio.Task[None] | None = None
         self._aliases: dict[str, str] = {}
         self._names: dict[str, str] = {}  # what requests said → the name it loaded under
@@ -184,20 +188,25 @@ class ModelPool:
         caller has just made it (`plan`), not to read the header twice."""
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
-        if known is not None:  # the usual request: no resolving, no header parsing
+        if known is not None and known.backend.ended:
+            # its runner died and freed its memory, which another load may have taken since
+            log.info("the runner of %s has ended; loading it again", known.name)
+            await self.unload(known.name)
+        elif known is not None:  # the usual request: no resolving, no header parsing
             known.last_used, known.claimed = time.monotonic(), True
             return known
+        planned_at = self._changes
         prepared = prepared or await self.plan(ref)
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
-            if name in self._loaded:
+            if name in self._loaded and not self._loaded[name].backend.ended:
                 model = self._loaded[name]
                 model.last_used, model.claimed = time.monotonic(), True
                 return model
             task = self._loading.get(name)
             if task is None:
-                task = asyncio.create_task(self._load(prepared))
+                task = asyncio.create_task(self._load(ref, prepared, planned_at))
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
         model = await asyncio.shield(task)
@@ -216,13 +225,17 @@ class ModelPool:
             lambda: self._available() + idle_ram, allow_paths,
             lambda: less_gpu_memory(self.hardware(), busy_gpu))
 
-    async def _load(self, prepared: Prepared) -> LoadedModel:
+    async def _load(self, ref: str | None, prepared: Prepared, planned_at: int) -> LoadedModel:
         resolved = prepared.model
         try:
-            await self._make_room(prepared)
-            started = time.monotonic()
-            backend = await asyncio.to_thread(self._factory, resolved.path, prepared.options,
-                                              resolved.name, asyncio.get_running_loop())
+            async with self._turn:  # two loads checked at once would both find the same room
+                if self._changes != planned_at:  # planned beside models since (un)loaded
+                    prepared = await self.plan(ref)
+                await self._make_room(prepared)
+                started = time.monotonic()
+                backend = await asyncio.to_thread(self._factory, resolved.path,
+                                                  prepared.options, resolved.name,
+                                                  asyncio.get_running_loop())
             model = LoadedModel(
                 name=resolved.name, backend=backend, info=prepared.info, resolved=resolved,
                 options=prepared.options, load_duration=time.monotonic() - started,
@@ -231,6 +244,7 @@ class ModelPool:
             )
             async with self._lock:
                 self._loaded[resolved.name] = model
+                self._changes += 1
             log.info("loaded %s in %.2f s", resolved.name, model.load_duration)
             return model
         finally:
@@ -239,6 +253,8 @@ class ModelPool:
     async def _make_room(self, prepared: Prepared) -> None:
         """Unload idle models, least recently used first, until this one fits beside the
         rest: by count, in RAM as it is free now, and on the GPU as the plans count it."""
+        for model in [m for m in self._loaded.values() if m.backend.ended]:
+            await self.unload(model.name)  # holds nothing now
         while True:
             gpu_taken = sum(m.gpu_bytes for m in self._loaded.values())
             fits = (len(self._loaded) < self.max_loaded
@@ -274,6 +290,7 @@ class ModelPool:
             model = self._loaded.pop(name, None)
         if model is None:
             return False
+        self._changes += 1
         await asyncio.to_thread(model.backend.close)
         log.info("unloaded %s", name)
         return True

@@ -322,6 +322,12 @@ class Backend(ABC):
     def cancel_all(self) -> None:
         """End every running and waiting request now, each with its DoneEvent."""
 
+    @property
+    def ended(self) -> bool:
+        """Whether the process that held the model is gone (a runner that died): its
+        memory is free, and the next call would load the model again."""
+        return False
+
     def memory_bytes(self) -> int:
         """The resident memory of the process that holds the model."""
         import psutil

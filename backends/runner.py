@@ -711,6 +711,10 @@ class RunnerBackend(Backend):
     def pid(self) -> int:
         return self._link.process.pid
 
+    @property
+    def ended(self) -> bool:
+        return not self._closed and not self._link.alive
+
     def _runner(self) -> _Link:
         link = self._link
         if link.alive or self._closed:

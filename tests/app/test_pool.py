@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localinfer.backends.base import LoadOptions
-from localinfer.errors import EngineBusy, InvalidRequest
+from localinfer.errors import EngineBusy, InvalidRequest, LocalinferError
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.service import llama_cpp_backend
 from localinfer.settings import Settings
@@ -214,13 +214,74 @@ def test_a_model_just_loaded_stays_until_its_request_has_it(settings):
     async def scenario():
         pool, _ = _pool(settings, max_loaded=1)
         try:
-            await pool._load(await pool.plan("smollm2"))  # loaded; its caller not resumed yet
+            # loaded; its caller not resumed yet
+            await pool._load("smollm2", await pool.plan("smollm2"), pool._changes)
             with pytest.raises(EngineBusy, match="busy"):
                 await pool.get("gemma3")
             assert [m.name for m in pool.loaded()] == ["smollm2:135m"]
             await pool.get("smollm2")  # its caller has it: now it may go
             await pool.get("gemma3")
             assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
+def test_two_loads_at_once_do_not_both_take_the_same_room(settings):
+    """Memory for one model or the other, not both: two requests at once used to pass the
+    room check together (neither loaded yet) and load both."""
+    async def scenario():
+        pool, factory = _pool(settings)
+        need = {n: (await pool.plan(n)).ram_bytes for n in ("smollm2", "gemma3")}
+        total = max(need.values()) + min(need.values()) // 2
+        pool._available = lambda: total - sum(m.ram_bytes for m in pool.loaded())
+        beside: list[list[str]] = []
+        loads = factory.__call__
+
+        def watched(path, options, name, loop=None):
+            beside.append([m.name for m in pool.loaded()])
+            return loads(path, options, name, loop)
+
+        pool._factory = watched
+        try:
+            got = await asyncio.gather(pool.get("smollm2"), pool.get("gemma3"),
+                                       return_exceptions=True)
+            assert len(pool.loaded()) == 1, beside
+            assert beside[0] == [] and all(not others for others in beside), beside
+            for result in got:  # the second waited for the first: it replaced it or was refused
+                assert not isinstance(result, BaseException) or isinstance(result,
+                                                                          LocalinferError)
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
+def test_a_runner_that_died_holds_no_room_and_loads_again_through_the_check(settings):
+    """A runner killed under a busy model frees its memory: another model may take its
+    place, and the next request for it loads it again through the room check (a restart
+    behind the pool's back would have added it beside the other)."""
+    import os
+    import signal
+
+    from localinfer.service import runner_backend
+
+    async def scenario():
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), max_loaded=1,
+                         backend_factory=runner_backend)
+        try:
+            async with pool.use("smollm2") as smollm2:
+                os.kill(smollm2.backend.pid, signal.SIGKILL)
+                for _ in range(200):
+                    if smollm2.backend.ended:
+                        break
+                    await asyncio.sleep(0.05)
+                gemma3 = await pool.get("gemma3")  # no longer "busy": its runner is gone
+                assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+            again = await pool.get("smollm2")  # through the check: gemma3 (idle) made room
+            assert [m.name for m in pool.loaded()] == ["smollm2:135m"]
+            assert again is not smollm2 and not again.backend.ended
+            assert gemma3.backend.ended is False  # unloaded, not died
+            assert await asyncio.to_thread(again.backend.tokenize, "hi")
         finally:
             await pool.close()
     asyncio.run(scenario())
