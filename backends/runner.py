@@ -15,7 +15,8 @@ pickles; whatever llama.cpp prints goes to stderr).
 
 A runner that ends (a signal, an exit) ends each of its requests with `RunnerDied`; one that
 has work and makes no progress for `hang_seconds` (LOCALINFER_RUNNER_TIMEOUT) is killed and
-treated the same. A runner whose parent has gone (its pipe reads end-of-file) exits at once.
+treated the same (an embedding, one llama.cpp call that shows no progress until it ends, is
+not watched). A runner whose parent has gone (its pipe reads end-of-file) exits at once.
 """
 
 from __future__ import annotations
@@ -390,13 +391,16 @@ class _Runner:
 
 # ---------------------------------------------------------------------------- the parent
 class _Call:
-    __slots__ = ("done", "ok", "value", "started")
+    __slots__ = ("done", "ok", "value", "started", "watched")
 
-    def __init__(self) -> None:
+    def __init__(self, watched: bool = True) -> None:
         self.done = threading.Event()
         self.ok = False
         self.value: Any = None
         self.started = time.monotonic()
+        # an embedding is one llama_decode of up to a context of tokens, which shows no
+        # progress until it ends and may take minutes on a slow CPU: the watchdog leaves it
+        self.watched = watched
 
     def finish(self, ok: bool, value: Any) -> None:
         self.ok, self.value = ok, value
@@ -499,7 +503,7 @@ class _Link:
 
     def _busy(self) -> None:
         """(Under the lock.) Idle until now: the hang clock starts with this work."""
-        if not self._live and not self._calls:
+        if not self._live and not any(c.watched for c in self._calls.values()):
             self._progress = time.monotonic()
 
     def cancel_all(self) -> None:
@@ -552,12 +556,13 @@ class _Link:
         if self._loop_thread == threading.get_ident():
             raise EngineError("a runner's reply is read on this event loop: call it from a "
                               "thread (asyncio.to_thread), never on the loop itself")
-        call = _Call()
+        call = _Call(watched=method != "embed")
         rid = rid or next(self._ids)
         with self._lock:
             if self._ended is not None or self._closing:
                 raise self._ended or EngineClosed(f"{self.name} has been unloaded")
-            self._busy()
+            if call.watched:
+                self._busy()
             self._calls[rid] = call
         try:
             self._post(("call", rid, method, args, kwargs or {}))
@@ -683,8 +688,9 @@ class _Link:
         while not self._wake.wait(min(1.0, self.hang_seconds / 4)):
             now = time.monotonic()
             with self._lock:
-                busy = bool(self._live or self._calls)
-                oldest = min((c.started for c in self._calls.values()), default=now)
+                watched = [c.started for c in self._calls.values() if c.watched]
+                busy = bool(self._live or watched)
+                oldest = min(watched, default=now)
             stalled = now - self._progress > self.hang_seconds or now - oldest > self.hang_seconds
             if busy and stalled and self._ended is None:
                 self._hung = True

@@ -95,3 +95,17 @@ def test_a_load_that_never_ends_is_stopped(tmp_path, smollm2_path, monkeypatch):
     with pytest.raises(ModelLoadFailed, match="did not finish loading within 1 s"):
         RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2:135m")
     assert time.monotonic() - began < 10
+
+
+def test_a_long_embedding_is_not_taken_for_a_hang(smollm2_path):
+    """An embedding is one llama.cpp call that shows no progress until it ends: ~2,000
+    tokens outlast a 0.3 s hang limit here, and took the runner down with them."""
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=2048, n_slots=1), name="smollm2",
+                            hang=0.3)
+    try:
+        started = time.monotonic()
+        vector, n_tokens = backend.embed("hello world, this is a test. " * 240)
+        assert time.monotonic() - started > 0.3 and n_tokens > 1500 and len(vector) == 576
+        assert backend._link.alive
+    finally:
+        backend.close()
