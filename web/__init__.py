@@ -56,6 +56,15 @@ async def models(request: Request) -> dict[str, Any]:
             or settings.default_model}
 
 
+class _PageFiles(StaticFiles):
+    """The page's files, each with the page's headers: /ui/index.html is the page as well."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers.update(PAGE_HEADERS)
+        return response
+
+
 def install(app: FastAPI) -> None:
     app.include_router(router)
-    app.mount("/ui", StaticFiles(directory=STATIC), name="ui")
+    app.mount("/ui", _PageFiles(directory=STATIC), name="ui")

@@ -163,30 +163,36 @@ def test_a_reply_can_neither_fetch_a_url_nor_show_a_form(browser, desktop_app):
     other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Listener)
     threading.Thread(target=other.serve_forever, daemon=True).start()
     leak = f"http://127.0.0.1:{other.server_address[1]}/x.png?data=secret"
-    base = desktop_app.split("/#", 1)[0]
-    assert "img-src 'self' data:" in httpx.get(base + "/", headers={"Accept": "text/html"},
-                                               timeout=30).headers["content-security-policy"]
+    base, key = desktop_app.split("/#", 1)
+    # the page is served at / and, as a file, at /ui/index.html: the same policy at both
+    for path in ("/", "/ui/index.html", "/ui/app.js"):
+        headers = httpx.get(base + path, headers={"Accept": "text/html"}, timeout=30).headers
+        assert "img-src 'self' data:" in headers["content-security-policy"], path
+        assert headers["x-frame-options"] == "DENY", path
     reply = (f"![x]({leak})\n\n<form action='{leak}'><input name='q'>"
              f"<button>Send</button></form><p style='color: red'>styled</p>")
     chat = {"id": "c1", "title": "Crafted", "model": "smollm2:135m", "system": "", "params": {},
             "updated": 1, "messages": [{"role": "user", "content": "hi"},
                                        {"role": "assistant", "content": reply}]}
-    context = browser.new_context()
-    page = context.new_page()
     try:
-        page.goto(desktop_app)
-        page.evaluate("c => localStorage.setItem('localinfer.chats.v1', JSON.stringify([c]))",
-                      chat)
-        page.reload()
-        page.click("#chats li a")
-        page.wait_for_selector(".message.assistant img")
-        content = page.locator(".message.assistant .content")
-        assert content.locator("form, input, button").count() == 0
-        assert content.locator("[style]").count() == 0 and "styled" in content.inner_text()
-        page.wait_for_timeout(500)  # time for a fetch to arrive, were it allowed
-        assert hits == []
+        for address in (desktop_app, f"{base}/ui/index.html#{key}"):
+            context = browser.new_context()
+            page = context.new_page()
+            try:
+                page.goto(address)
+                page.evaluate("c => localStorage.setItem('localinfer.chats.v1', "
+                              "JSON.stringify([c]))", chat)
+                page.reload()
+                page.click("#chats li a")
+                page.wait_for_selector(".message.assistant img")
+                content = page.locator(".message.assistant .content")
+                assert content.locator("form, input, button").count() == 0
+                assert content.locator("[style]").count() == 0 and "styled" in content.inner_text()
+                page.wait_for_timeout(500)  # time for a fetch to arrive, were it allowed
+                assert hits == [], address
+            finally:
+                context.close()
     finally:
-        context.close()
         other.shutdown()
 
 
