@@ -8,11 +8,12 @@ Python's internals, not from the machine: `{{ 'x' * 10**10 }}` took 10 GB and ne
 `range(100000)` loops ran for ever. Here a render has a budget: `*` and `**` may not
 build a value longer than `MAX_OUTPUT`, nor may a template read one (attributes and items are checked as
 they are read); `range`, and the messages and their lists, check the clock as they are
-iterated, as does every call, attribute and item; the output is counted as it is written.
-Past `MAX_SECONDS` or `MAX_OUTPUT`, and for a template that recurses without end or breaks
-in any other way, the answer is one InvalidRequest. (A loop that reads nothing and writes
-nothing, or a chain of `~` in straight-line code, escapes these checks: the hard limit is
-a process of its own.)
+iterated, as does every call, attribute and item, and every `for` loop's every turn
+(whatever it iterates: four nested loops over one string ran for minutes); the output is
+counted as it is written. Past `MAX_SECONDS` or `MAX_OUTPUT`, and for a template that
+recurses without end or breaks in any other way, the answer is one InvalidRequest. (A chain
+of `~` in straight-line code escapes these checks, bounded by the template's own length:
+the hard limit is a process of its own.)
 """
 
 from __future__ import annotations
@@ -157,6 +158,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
         return _sized(super().call(__context, __obj, *args, **kwargs))
 
 
+def _turns(iterable: Any) -> Iterator[Any]:
+    """What a template's `for` iterates, checking the clock at every turn."""
+    for item in iterable:
+        _check()
+        yield item
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(source: str) -> jinja2.Template:
     # loop controls ({% break %}, {% continue %}), as Hugging Face renders templates: several
@@ -165,7 +173,12 @@ def _compile(source: str) -> jinja2.Template:
     env.globals["range"] = _Range
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    env.globals["__turns"] = _turns  # (a name no template can write: Jinja's names are words)
+    tree = env.parse(source)
+    for loop in tree.find_all(jinja2.nodes.For):  # every loop's iterable goes through _turns
+        loop.iter = jinja2.nodes.Call(jinja2.nodes.Name("__turns", "load"), [loop.iter], [],
+                                      None, None, lineno=loop.lineno)
+    return env.template_class.from_code(env, env.compile(tree), env.make_globals(None), None)
 
 
 class ChatTemplate:

@@ -60,6 +60,8 @@ SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% e
     (SPIN, "ran for more than 0.2 s"),  # ran for ever
     ("{% for a in messages %}{% for b in messages %}{% endfor %}{% endfor %}",
      "ran for more than 0.2 s"),
+    ("{% set s = 'x' * 2500 %}{% for a in s %}{% for b in s %}{% for c in s %}{% endfor %}"
+     "{% endfor %}{% endfor %}", "ran for more than 0.2 s"),  # read and wrote nothing: minutes
     ("{% for i in range(10**9) %}{% endfor %}", "asked too much"),  # an OverflowError
     ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", "recurses without end"),
     ("{{ messages[0].content + 5 }}", "failed to render: TypeError"),
