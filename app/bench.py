@@ -32,7 +32,8 @@ from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import PromptTooLong
 from localinfer.model_store.gguf_info import read_gguf_info
-from localinfer.model_store.hardware import Hardware, detect
+from localinfer.backends.machine import detect
+from localinfer.model_store.hardware import Hardware
 
 __all__ = ["Workload", "closed_loop", "decode_bare", "planned_device", "prefill_label",
            "read_prompt", "run_bench", "time_split", "typical_context"]

@@ -228,7 +228,7 @@ def show(
     import json
 
     from localinfer.model_store.gguf_info import read_gguf_info
-    from localinfer.model_store.hardware import detect
+    from localinfer.backends.machine import detect
     from localinfer.model_store.planner import WontFit
     from localinfer.model_store.sources import resolve
     from localinfer.service import default_context, plan_for
@@ -501,7 +501,7 @@ def hw(
     import json
     import textwrap
 
-    from localinfer.model_store.hardware import detect
+    from localinfer.backends.machine import detect
 
     found = detect()
     if as_json:

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import EngineBusy, InvalidRequest
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
-from localinfer.model_store.hardware import Hardware, detect
+from localinfer.backends.machine import detect
+from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import (BackendFactory, Prepared, less_gpu_memory, prepare, ram_available,

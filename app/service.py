@@ -15,7 +15,8 @@ from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import store
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
-from localinfer.model_store.hardware import Hardware, detect
+from localinfer.backends.machine import detect
+from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, KV_BYTES, Plan, WontFit,
                                             free_memory, plan)

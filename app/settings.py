@@ -9,9 +9,9 @@ import platformdirs
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from localinfer.model_store.sources import DEFAULT_MODEL
+__all__ = ["DEFAULT_MODEL", "ServeSettings", "Settings"]
 
-__all__ = ["ServeSettings", "Settings"]
+DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
 
 
 class Settings(BaseSettings):

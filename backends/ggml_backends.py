@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import sys
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
+from localinfer.model_store.hardware import BackendLibrary, Device
+
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "devices", "ensure_loaded",
-           "library_dir"]
+           "library_dir", "route_llama_log"]
+
+log = logging.getLogger("localinfer.llama_cpp")
 
 # enum ggml_backend_dev_type, in order
 _DEVICE_KINDS = ("cpu", "gpu", "igpu", "accel", "meta")
@@ -27,21 +31,29 @@ _state_lock = threading.Lock()
 _state: dict[str, bool | None] = {"at_run_time": None}
 
 
-@dataclass(frozen=True)
-class Device:
-    backend: str  # the ggml backend that drives it: "CPU", "CUDA", "Vulkan", "Metal"
-    name: str  # "CUDA0"
-    description: str  # "NVIDIA H100 80GB HBM3"
-    kind: str  # "cpu", "gpu", "igpu", "accel"
-    free_bytes: int
-    total_bytes: int
+# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5
+_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
+_log_lock = threading.Lock()
+_log_state: dict = {"callback": None, "last_level": logging.INFO}
 
 
-@dataclass(frozen=True)
-class BackendLibrary:
-    name: str  # "ggml-cpu-haswell", "ggml-cuda"
-    loaded: bool | None  # None where the platform cannot tell
-    why_not: str = ""  # a GPU library that did not load: what the system's loader says
+def _on_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
+    # level 5 (CONT) continues the previous line at the previous level
+    py_level = _LEVELS.get(level, _log_state["last_level"])
+    _log_state["last_level"] = py_level
+    message = text.decode("utf-8", errors="replace").rstrip("\n")
+    if message and log.isEnabledFor(py_level):
+        log.log(py_level, "%s", message)
+
+
+def route_llama_log() -> None:
+    """Send llama.cpp's own log into the `localinfer.llama_cpp` logger (once per process)."""
+    import llama_cpp
+
+    with _log_lock:
+        if _log_state["callback"] is None:  # kept: llama.cpp calls it for the process's life
+            _log_state["callback"] = llama_cpp.llama_log_callback(_on_llama_log)
+            llama_cpp.llama_log_set(_log_state["callback"], ctypes.c_void_p(0))
 
 
 @functools.cache
@@ -101,8 +113,6 @@ def ensure_loaded() -> bool:
 
     True when backends were loaded at run time, False when the build links them in.
     """
-    from localinfer.backends.llama_native import route_llama_log
-
     route_llama_log()  # llama.cpp says which library it loaded: into our log, not stderr
     with _state_lock:
         if _state["at_run_time"] is None:

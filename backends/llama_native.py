@@ -7,7 +7,6 @@ and safe from any thread.
 from __future__ import annotations
 
 import ctypes
-import logging
 import threading
 from collections.abc import Sequence
 
@@ -15,38 +14,14 @@ import llama_cpp
 import numpy
 
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.ggml_backends import ensure_loaded
+from localinfer.backends.ggml_backends import ensure_loaded, route_llama_log
 from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
-__all__ = ["NativeModel", "SamplerChain", "grammar_sampler", "route_llama_log"]
+__all__ = ["NativeModel", "SamplerChain", "grammar_sampler"]
 
-log = logging.getLogger("localinfer.llama_cpp")
-
-# ggml_log_level: NONE=0, DEBUG=1, INFO=2, WARN=3, ERROR=4, CONT=5
-_LEVELS = {1: logging.DEBUG, 2: logging.INFO, 3: logging.WARNING, 4: logging.ERROR}
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
              "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-_log_lock = threading.Lock()
-_log_state = {"installed": False, "last_level": logging.INFO}
-
-
-@llama_cpp.llama_log_callback
-def _on_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
-    # level 5 (CONT) continues the previous line at the previous level
-    py_level = _LEVELS.get(level, _log_state["last_level"])
-    _log_state["last_level"] = py_level
-    message = text.decode("utf-8", errors="replace").rstrip("\n")
-    if message and log.isEnabledFor(py_level):
-        log.log(py_level, "%s", message)
-
-
-def route_llama_log() -> None:
-    """Send llama.cpp's own log into the `localinfer.llama_cpp` logger (once per process)."""
-    with _log_lock:
-        if not _log_state["installed"]:
-            llama_cpp.llama_log_set(_on_llama_log, ctypes.c_void_p(0))
-            _log_state["installed"] = True
 
 
 class NativeModel:

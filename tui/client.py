@@ -24,8 +24,7 @@ from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOption
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
 from localinfer.model_store.hardware import Hardware
-from localinfer.model_store.sources import DEFAULT_MODEL
-from localinfer.settings import Settings
+from localinfer.settings import DEFAULT_MODEL, Settings
 
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient"]
 

@@ -124,7 +124,7 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
     from localinfer import pool as pool_module
     from localinfer import service
     from localinfer.api import server
-    from localinfer.model_store.hardware import detect
+    from localinfer.backends.machine import detect
     from localinfer.settings import ServeSettings
 
     probes = []

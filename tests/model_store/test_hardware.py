@@ -12,12 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from localinfer.model_store.hardware import (
-    apple_gpu_share,
-    detect,
-    parse_nvidia_smi,
-    parse_rocm_smi,
-)
+from localinfer.backends.machine import detect
+from localinfer.model_store.hardware import apple_gpu_share, parse_nvidia_smi, parse_rocm_smi
 
 # nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits
 NVIDIA_TWO_GPUS = """0, NVIDIA GeForce RTX 4090, 24564, 23012, 550.54.14

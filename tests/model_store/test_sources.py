@@ -5,7 +5,8 @@ import pytest
 
 from localinfer.errors import DiskFull, ModelFileMissing, ModelNotFound
 from localinfer.model_store.gguf_info import read_gguf_info
-from localinfer.model_store.sources import DEFAULT_MODEL, resolve
+from localinfer.model_store.sources import resolve
+from localinfer.settings import DEFAULT_MODEL
 
 
 def test_default_model_is_the_packaged_smollm2(tmp_path, smollm2_path):
