@@ -27,7 +27,7 @@ from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import (BackendFactory, Prepared, less_gpu_memory, prepare, ram_available,
-                                runner_backend)
+                                runner_backend, warm_runner)
 from localinfer.settings import Settings
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -221,10 +221,14 @@ class ModelPool:
         target, allow_paths = self._target(ref or self.default)
         idle_ram = sum(m.ram_bytes for m in self._idle())
         busy_gpu = sum(m.gpu_bytes for m in self._loaded.values() if m.active)
-        return await asyncio.to_thread(
-            prepare, target, self.options, self.settings,
-            lambda: self._available() + idle_ram, allow_paths,
-            lambda: less_gpu_memory(self.hardware(), busy_gpu))
+
+        def planned() -> Prepared:
+            warm_runner(self._factory)  # a load may follow: its runner starts meanwhile
+            return prepare(target, self.options, self.settings,
+                           lambda: self._available() + idle_ram, allow_paths,
+                           lambda: less_gpu_memory(self.hardware(), busy_gpu))
+
+        return await asyncio.to_thread(planned)
 
     async def _load(self, ref: str | None, prepared: Prepared, planned_at: int) -> LoadedModel:
         resolved = prepared.model

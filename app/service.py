@@ -27,7 +27,8 @@ from localinfer.model_store.store import Manifest
 from localinfer.settings import Settings
 
 __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
-           "load_model", "plan_for", "prepare", "pull_model", "ram_available", "runner_backend"]
+           "load_model", "plan_for", "prepare", "pull_model", "ram_available", "runner_backend",
+           "warm_runner"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -54,6 +55,15 @@ def runner_backend(path: Path, options: LoadOptions, name: str,
     from localinfer.backends.runner import RunnerBackend
 
     return RunnerBackend(path, options, name=name, loop=loop)
+
+
+def warm_runner(factory: BackendFactory) -> None:
+    """Before planning a load by `factory`: a runner's process starts meanwhile (see
+    runner.warm_spare), so the load that follows waits ~0.25 s less."""
+    if factory is runner_backend:
+        from localinfer.backends.runner import warm_spare
+
+        warm_spare()
 
 
 def default_context(info: GGUFInfo, settings: Settings) -> int:
@@ -163,6 +173,7 @@ def load_model(
     available_memory: Callable[[], int] = ram_available,
     backend_factory: BackendFactory = runner_backend,
 ) -> Backend:
+    warm_runner(backend_factory)
     prepared = prepare(ref, options, settings, available_memory)
     return backend_factory(prepared.model.path, prepared.options, prepared.model.name)
 

@@ -49,7 +49,7 @@ from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, Locali
                                ModelLoadFailed, RunnerDied)
 
 __all__ = ["BEAT_SECONDS", "HANG_SECONDS", "LOAD_SECONDS", "RunnerBackend", "hang_seconds",
-           "load_seconds", "runner_main"]
+           "load_seconds", "runner_main", "warm_spare"]
 
 log = logging.getLogger("localinfer.runner")
 
@@ -228,6 +228,10 @@ def runner_main() -> None:
     out = os.dup(1)
     os.dup2(2, 1)  # whatever llama.cpp prints must not land in the messages
     pipe = _Pipe(0, out)
+    # llama.cpp loads before the model is named, while the parent plans (a spare runner);
+    # a failure here is the load's to report
+    with contextlib.suppress(Exception):
+        importlib.import_module("localinfer.backends.llamacpp")
     try:
         _, path, options, name, levels = pipe.recv()
     except EOFError:
@@ -407,6 +411,50 @@ class _Call:
         self.done.set()
 
 
+def _spawn() -> subprocess.Popen[bytes]:
+    command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
+               else [sys.executable, "-m", "localinfer.backends.runner"])
+    # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                            start_new_session=os.name == "posix")
+
+
+_spare: tuple[subprocess.Popen[bytes], dict[str, str]] | None = None
+_spare_lock = threading.Lock()
+
+
+def warm_spare() -> None:
+    """Start the next load's runner now: its interpreter and llama.cpp (~0.25 s) load while
+    the caller reads the model's header and plans. It waits for a model to be named, and
+    ends with its parent (its pipe reads end-of-file)."""
+    global _spare
+    with _spare_lock:
+        if _spare is None or _spare[0].poll() is not None:
+            _spare = _spawn(), dict(os.environ)
+
+
+def _runner_process() -> subprocess.Popen[bytes]:
+    """The spare runner if it is waiting and started with the environment of now (tests set
+    variables a runner reads), else a new one."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None:
+        process, environ = spare
+        if process.poll() is None and environ == os.environ:
+            return process
+        _dismiss(process)
+    return _spawn()
+
+
+def _dismiss(process: subprocess.Popen[bytes]) -> None:
+    for stream in (process.stdin, process.stdout):
+        with contextlib.suppress(OSError):
+            stream.close()  # end-of-file: it exits
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5)
+
+
 class _Link:
     """The parent's side of one runner process: started loaded, or an error."""
 
@@ -416,11 +464,7 @@ class _Link:
         thread of our own: one wake-up a step fewer."""
         self.name = name
         self.hang_seconds = hang
-        command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
-                   else [sys.executable, "-m", "localinfer.backends.runner"])
-        # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        bufsize=0, start_new_session=os.name == "posix")
+        self.process = _runner_process()
         _grow(self.process.stdout.fileno())
         _grow(self.process.stdin.fileno())
         self._pipe = _Pipe(self.process.stdout.fileno(), self.process.stdin.fileno())

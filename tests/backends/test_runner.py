@@ -109,3 +109,27 @@ def test_a_long_embedding_is_not_taken_for_a_hang(smollm2_path):
         assert backend._link.alive
     finally:
         backend.close()
+
+
+def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed(
+        smollm2_path, monkeypatch):
+    """`run`, `chat`, `serve` and `app` start a runner before they plan; the load takes it.
+    One started under other variables (tests set those a runner reads) is not used."""
+    from localinfer.backends import runner as runner_module
+
+    runner_module.warm_spare()
+    spare = runner_module._spare[0]
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    try:
+        assert backend.pid == spare.pid and runner_module._spare is None
+        assert backend.tokenize("hi")
+    finally:
+        backend.close()
+    runner_module.warm_spare()
+    stale = runner_module._spare[0]
+    monkeypatch.setenv("LOCALINFER_RUNNER_FAULT", "/nonexistent")
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    try:
+        assert backend.pid != stale.pid and stale.poll() is not None  # dismissed: it exited
+    finally:
+        backend.close()

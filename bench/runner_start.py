@@ -1,0 +1,122 @@
+"""How soon `localinfer run` answers: its runner process started at the command's start (a
+spare that loads llama.cpp while the command imports, reads the model's header and plans),
+against the runner started when the load begins (as before), and against no runner at all
+(the model in the command's own process, as before runners).
+
+Each run is a fresh `localinfer run MODEL --prompt ... --max-tokens 8`, as a user types it;
+the figures are the time from starting the command to the reply's first byte on its stdout,
+and to its exit. The variants take turns.
+
+    python3 bench/runner_start.py [--model smollm2:135m] [--reps 10]
+
+Writes bench/results/runner_start.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+_MAIN = "import sys\nfrom localinfer.cli import main\nsys.argv[0] = 'localinfer'\nmain()\n"
+_NO_SPARE = ("import localinfer.backends.runner as runner\n"
+             "runner.warm_spare = lambda: None  # the runner starts when the load does\n")
+_IN_PROCESS = ("import localinfer.service as service\n"  # no runner: the model in `run` itself
+               "load = service.load_model\n"
+               "service.load_model = lambda *a, **k: load(*a, **{**k, 'backend_factory': "
+               "service.llama_cpp_backend})\n")
+VARIANTS = {"at the load": ["-c", _NO_SPARE + _MAIN], "at the start": ["-m", "localinfer"],
+            "none (in process)": ["-c", _IN_PROCESS + _MAIN]}
+
+
+def once(variant: list[str], model: str) -> tuple[float, float]:
+    """(seconds to the reply's first byte, seconds to exit) of one `run`."""
+    command = [sys.executable, *variant, "run", model, "--prompt", "Say hello.",
+               "--max-tokens", "8", "--temperature", "0"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               env=env)
+    first = process.stdout.read(1)
+    first_at = time.perf_counter() - started
+    process.stdout.read()
+    if process.wait() != 0 or not first:
+        raise SystemExit(f"`{' '.join(command)}` failed")
+    return first_at, time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2:135m")
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--out", default="runner_start")
+    args = parser.parse_args()
+    rows = []
+    for name, variant in VARIANTS.items():  # a warm-up each: the OS caches the files
+        once(variant, args.model)
+    for rep in range(args.reps):
+        for name, variant in VARIANTS.items():
+            first, total = once(variant, args.model)
+            rows.append({"variant": name, "rep": rep, "first_byte_s": first, "exit_s": total})
+            print(f"{name:13s} first byte {first:.3f} s  exit {total:.3f} s", flush=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.out}.json").write_text(json.dumps(
+        {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))
+    write_report(rows, args)
+
+
+def write_report(rows: list[dict], args: argparse.Namespace) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def median(key: str, variant: str) -> float:
+        return statistics.median(r[key] for r in rows if r["variant"] == variant)
+
+    ratios = [a["first_byte_s"] / b["first_byte_s"] for a, b in zip(
+        (r for r in rows if r["variant"] == "at the start"),
+        (r for r in rows if r["variant"] == "at the load"))]
+    lines = [
+        "# When `localinfer run` starts its runner",
+        "",
+        f"`python3 bench/runner_start.py{''.join(' ' + a for a in sys.argv[1:])}`: "
+        f"`localinfer run {args.model} --prompt 'Say hello.' --max-tokens 8`, a fresh command "
+        f"each time, the variants in turns; medians of {args.reps} runs on "
+        f"{os.cpu_count()} CPUs. The runner process started when the command starts (a "
+        "spare, loading llama.cpp meanwhile) or when the load begins; or no runner, the model "
+        "in the command's own process.",
+        "",
+        "| runner started | to the reply's first byte (s) | to exit (s) |",
+        "|---|---|---|",
+    ]
+    for variant in VARIANTS:
+        lines.append(f"| {variant} | {median('first_byte_s', variant):.3f} | "
+                     f"{median('exit_s', variant):.3f} |")
+    lines += ["", f"First byte, at the start ÷ at the load, pair by pair: median "
+              f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}).",
+              "", f"![runner start]({args.out}.png)", ""]
+    (RESULTS / f"{args.out}.md").write_text("\n".join(lines))
+    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+    for i, key in enumerate(("first_byte_s", "exit_s")):
+        xs = [x + i * 0.4 for x in range(len(VARIANTS))]
+        ax.bar(xs, [median(key, v) for v in VARIANTS], 0.4,
+               label="first byte of the reply" if i == 0 else "exit")
+    ax.set_xticks([x + 0.2 for x in range(len(VARIANTS))],
+                  [f"runner: {v}" for v in VARIANTS])
+    ax.set_ylabel("seconds from the command's start")
+    ax.legend()
+    ax.set_title(f"localinfer run {args.model}: when its runner starts")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{args.out}.png", dpi=120)
+
+
+if __name__ == "__main__":
+    main()
