@@ -88,15 +88,17 @@ def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: 
     sock = _bind(serve_settings.host, serve_settings.port)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5, access_log=verbose,
-                            http=_http_protocol(serve_settings.header_timeout))
+                            http=_http_protocol(serve_settings.header_timeout,
+                                                serve_settings.body_timeout))
     return _Server(config, on_exit=pool.cancel_all), sock
 
 
-def _http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
+def _http_protocol(header_timeout: float, body_timeout: float) -> type[asyncio.Protocol] | str:
     """uvicorn's httptools protocol, which closes a connection whose request's headers have
-    not all come within `header_timeout` seconds. uvicorn has no such timer: 500 connections
-    that sent their headers a byte at a time stayed open as long as their clients liked (with
-    1,024 file descriptors, a few more and the server could accept no one)."""
+    not all come within `header_timeout` seconds, or its body within `body_timeout` seconds
+    after them. uvicorn has no such timer: 500 connections that sent their headers a byte at
+    a time stayed open as long as their clients liked (with 1,024 file descriptors, a few more
+    and the server could accept no one), and so did one that sent its body a byte a second."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:  # no httptools on this platform: uvicorn's own choice
@@ -105,9 +107,9 @@ def _http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
     class HeaderDeadline(HttpToolsProtocol):
         _deadline: asyncio.TimerHandle | None = None
 
-        def _arm(self) -> None:
+        def _arm(self, seconds: float = header_timeout) -> None:
             if self._deadline is None:
-                self._deadline = self.loop.call_later(header_timeout, self._too_slow)
+                self._deadline = self.loop.call_later(seconds, self._too_slow)
 
         def _disarm(self) -> None:
             if self._deadline is not None:
@@ -129,7 +131,12 @@ def _http_protocol(header_timeout: float) -> type[asyncio.Protocol] | str:
 
         def on_headers_complete(self) -> None:
             self._disarm()
+            self._arm(body_timeout)  # until the body has come (at once, for one without)
             super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            super().on_message_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()

@@ -53,6 +53,8 @@ class ServeSettings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "
                                                           "request's headers")
+    body_timeout: float = Field(60.0, gt=0, description="seconds a client has to send a "
+                                                        "request's body after its headers")
     parallel: int = Field(4, ge=1, le=64, description="requests decoded together per model")
     keep_alive: str = Field("5m", description="how long an idle model stays loaded")
     max_loaded_models: int = Field(3, ge=1)

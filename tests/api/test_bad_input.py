@@ -206,7 +206,7 @@ def test_a_client_slow_to_send_its_headers_is_cut_off(tmp_path):
     import time
 
     srv = start_server(tmp_path / "home", "--parallel", "1", "--ctx", "256",
-                       env={"LOCALINFER_HEADER_TIMEOUT": "1"})
+                       env={"LOCALINFER_HEADER_TIMEOUT": "1", "LOCALINFER_BODY_TIMEOUT": "2"})
     try:
         port = int(srv.url.rsplit(":", 1)[1])
         slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(20)]
@@ -229,7 +229,22 @@ def test_a_client_slow_to_send_its_headers_is_cut_off(tmp_path):
         assert answer().startswith(b"HTTP/1.1 200")
         time.sleep(1.5)  # an answered, kept-alive connection is not cut by the header timer
         assert answer().startswith(b"HTTP/1.1 200")
-        for s in (*slow, kept):
+        # a body sent a byte at a time is cut off too, once LOCALINFER_BODY_TIMEOUT has passed
+        dribble = socket.create_connection(("127.0.0.1", port), timeout=10)
+        dribble.sendall(b"POST /api/chat HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                        b"Content-Length: 1000\r\n\r\n")
+        started, closed = time.monotonic(), False
+        while time.monotonic() - started < 8 and not closed:
+            try:
+                dribble.sendall(b" ")
+                dribble.settimeout(0.3)
+                closed = dribble.recv(100) == b""
+            except socket.timeout:
+                pass
+            except OSError:  # reset: closed as well
+                closed = True
+        assert closed and 1.5 < time.monotonic() - started < 5
+        for s in (*slow, kept, dribble):
             s.close()
     finally:
         stop_server(srv)
