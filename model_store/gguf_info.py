@@ -188,7 +188,7 @@ def _count(key: str, value: Any, default: int) -> int:
         return default
     if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _MAX_COUNT
                for v in values):
-        raise ValueError(f"{key} is {str(value)[:60]}, not a count")
+        raise ValueError(f"{key} is {value!r:.60}, not a count")  # (repr: the string "32" too)
     return max(values)
 
 

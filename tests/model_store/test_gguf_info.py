@@ -134,7 +134,7 @@ CRAFTED = {
     "alignment an array": ([_ARCH, _kv("general.alignment", _ARR, struct.pack("<IQI", _U32, 1, 32))],
                            (64, 64), "not a power of two"),
     "block count a string": ([_ARCH, _kv("llama.block_count", _STR, _string("thirty"))], (64, 64),
-                             "llama.block_count is thirty, not a count"),
+                             "llama.block_count is 'thirty', not a count"),
     "head count a mixed list": ([_ARCH, _kv("llama.attention.head_count", _ARR,
                                             struct.pack("<IQ", _STR, 2) + _string("8") + _string("x"))],
                                 (64, 64), "not a count"),
