@@ -296,7 +296,7 @@ async def tags(request: Request) -> dict[str, Any]:
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
-            "size": stat.st_size if stat else 0,
+            "size": stat.st_size if stat else known and known.size or 0,  # (not unpacked yet)
             "digest": known and known.sha256 or "",
             "details": _details(name, info, known and known.quant),
         })

@@ -172,3 +172,16 @@ def test_stop_command_unloads_a_model_from_the_running_server(tmp_path):
         assert unknown.returncode == 1 and "404" in unknown.stderr and "not found" in unknown.stderr
     finally:
         stop_server(server)
+
+
+def test_an_embedded_model_not_unpacked_yet_is_listed_with_its_size(tmp_path):
+    """gemma3 ships in pieces joined on first use; `list` said 241 MiB and /api/tags 0."""
+    from .conftest import start_server, stop_server
+
+    srv = start_server(tmp_path / "home", "--parallel", "1", "--ctx", "256")
+    try:
+        sizes = {m.model: m.size for m in ollama.Client(host=srv.url).list().models}
+        assert 200 * 2**20 < sizes["gemma3:270m"] < 300 * 2**20
+        assert not list((tmp_path / "home").rglob("*.gguf"))  # listed, not unpacked
+    finally:
+        stop_server(srv)
