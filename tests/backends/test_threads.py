@@ -3,6 +3,7 @@ threads 8 ms a step and 1 thread 11 ms; beside one busy process, 2 threads 25 ms
 
 from __future__ import annotations
 
+import pytest
 
 from localinfer.backends.threads import ThreadTuner, free_cores
 
@@ -50,10 +51,16 @@ def test_one_core_never_changes():
     assert all(tuner.observe(0.1, 1, 0) is None for _ in range(1000))
 
 
-def test_free_cores_is_between_one_and_the_physical_cores():
+@pytest.mark.parametrize("busy_percent,free", [(0, 8), (25, 6), (50, 4), (80, 2), (100, 1)])
+def test_free_cores_are_the_physical_cores_other_processes_leave(monkeypatch, busy_percent,
+                                                                 free):
+    """8 cores with 2 threads each, as psutil reads a machine: the load is over logical CPUs,
+    the answer in whole physical cores, and never none."""
     import psutil
 
-    assert 1 <= free_cores(0.05) <= (psutil.cpu_count(logical=False) or 1)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 8)
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: float(busy_percent))
+    assert free_cores(0.0) == free
 
 
 def test_engine_reports_its_thread_count(smollm2):
