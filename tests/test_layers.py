@@ -35,8 +35,13 @@ def _modules() -> dict[str, Path]:
         "package-dir"]
     found = {}
     for package, folder in mapping.items():
-        for path in (ROOT / folder).glob("*.py"):
-            found[package if path.stem == "__init__" else f"{package}.{path.stem}"] = path
+        for path in (ROOT / folder).rglob("*.py"):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            if not (ROOT / folder).joinpath(*parts[:-1]).joinpath("__init__.py").exists():
+                continue  # a folder of files that are not modules (web/static)
+            found[".".join((package, *parts))] = path
     return found
 
 
@@ -73,7 +78,8 @@ def _graph() -> dict[str, set[str]]:
 def test_the_layers_are_read_from_every_module():
     graph = _graph()
     assert {"localinfer.cli", "localinfer.backends.engine", "localinfer.api.core",
-            "localinfer.model_store.planner", "localinfer.tui.app"} <= graph.keys()
+            "localinfer.model_store.planner", "localinfer.tui.app",
+            "localinfer.tui.screens.model_picker"} <= graph.keys()
     assert "localinfer.backends.llama_native" in graph["localinfer.backends.engine"]
     assert "localinfer.pool" in graph["localinfer.cli"]  # imported inside a function
 
