@@ -31,9 +31,9 @@ from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
-from localinfer.model_store import store
+from localinfer.model_store import pulled
 from localinfer.model_store.sources import delete_model, installed_models, is_embedded
-from localinfer.model_store.store import Manifest
+from localinfer.model_store.pulled import Manifest
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
 
@@ -395,7 +395,7 @@ async def _pull_lines(name: str, job: PullJob) -> AsyncIterator[dict[str, Any]]:
 async def delete(body: NameRequest, request: Request):
     name = core.check_model_name(body.which)
     models_dir = request.app.state.settings.models_dir
-    if not is_embedded(name) and store.find(models_dir, name) is not None:
+    if not is_embedded(name) and pulled.find(models_dir, name) is not None:
         await request.app.state.pool.unload(name)  # as Ollama does: a deleted model stops
     await asyncio.to_thread(delete_model, models_dir, name)
     return Response(status_code=200)

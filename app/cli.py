@@ -127,7 +127,7 @@ def run(
 ) -> None:
     """Chat with a model in the terminal, or answer one prompt."""
     _warm_runner()
-    from localinfer.chat import answer_once, interactive
+    from localinfer.repl import answer_once, interactive
     from localinfer.service import load_model
     from localinfer.settings import Settings
 
@@ -174,7 +174,7 @@ def _read_piped_text() -> str:
 
 
 def _pull(name: str) -> None:
-    from localinfer.model_store.store import Manifest
+    from localinfer.model_store.pulled import Manifest
     from localinfer.service import pull_model
 
     _err.print(f"pulling {name} …", style="dim", highlight=False, markup=False)
@@ -391,7 +391,7 @@ def chat(
     from localinfer.settings import Settings
     from localinfer.tui.app import ChatApp
     from localinfer.tui.client import LocalClient, RemoteClient
-    from localinfer.tui.store import ConversationStore
+    from localinfer.tui.conversations import ConversationStore
 
     _setup_logging(verbose)
     with _user_errors():

@@ -13,7 +13,7 @@ import psutil
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
-from localinfer.model_store import store
+from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
 from localinfer.model_store.hardware import Hardware
@@ -23,7 +23,7 @@ from localinfer.model_store.planner import (DEFAULT_OUTPUTS, KV_BYTES, Plan, Won
 from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
-from localinfer.model_store.store import Manifest
+from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
 __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
@@ -207,4 +207,4 @@ def pull_model(ref: str, settings: Settings | None = None,
     if hub_ref is None:
         resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
-    return store.pull(hub_ref, settings.models_dir, choose_quant, progress)
+    return pulled.pull(hub_ref, settings.models_dir, choose_quant, progress)

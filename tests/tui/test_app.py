@@ -15,7 +15,7 @@ from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
 from localinfer.tui.client import LocalClient
 from localinfer.tui.screens import ConversationList, ModelPicker, SettingsScreen
-from localinfer.tui.store import ConversationStore
+from localinfer.tui.conversations import ConversationStore
 from localinfer.tui.widgets import MessageBox, PromptArea
 
 GREEDY = {"system": "", "params": {"temperature": 0, "max_tokens": 12}}

@@ -13,7 +13,7 @@ from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
 from localinfer.tui.client import LocalClient, RemoteClient
 from localinfer.tui.screens import ModelPicker, TextPrompt
-from localinfer.tui.store import ConversationStore
+from localinfer.tui.conversations import ConversationStore
 
 from ..api.conftest import start_server, stop_server
 from ..fake_hub import FakeHub

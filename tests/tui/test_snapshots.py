@@ -15,7 +15,7 @@ from localinfer.model_store.hardware import CPU, Hardware
 from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
 from localinfer.tui.client import LocalClient
-from localinfer.tui.store import ConversationStore, StoredMessage
+from localinfer.tui.conversations import ConversationStore, StoredMessage
 
 GIB = 2**30
 MACHINE = Hardware(cpu=CPU("Example CPU", 8, 16, ("avx", "avx2", "fma", "f16c")),

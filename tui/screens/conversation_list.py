@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Label
 from localinfer.tui.screens.confirm import ConfirmScreen
 from localinfer.tui.screens.dialog import DIALOG_CSS
 from localinfer.tui.screens.text_prompt import TextPrompt
-from localinfer.tui.store import Conversation, ConversationStore
+from localinfer.tui.conversations import Conversation, ConversationStore
 
 __all__ = ["ConversationDeleted", "ConversationList"]
 

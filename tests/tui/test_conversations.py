@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localinfer.tui.store import ConversationStore, StoredMessage, to_markdown
+from localinfer.tui.conversations import ConversationStore, StoredMessage, to_markdown
 
 
 def test_conversations_survive_reopening(tmp_path: Path):
@@ -89,7 +89,7 @@ def test_a_database_from_elsewhere_keeps_its_tables(tmp_path: Path):
 
 
 def test_markdown_export():
-    from localinfer.tui.store import Conversation
+    from localinfer.tui.conversations import Conversation
 
     text = to_markdown(Conversation(1, "Capitals", "smollm2:135m", "Be brief."),
                        [StoredMessage("user", "Capital of France?"),
@@ -138,7 +138,7 @@ def test_a_file_from_before_replies_named_their_model_is_brought_up_to_date(tmp_
 def test_a_write_that_fails_is_one_clear_error(tmp_path: Path):
     import pytest
 
-    from localinfer.tui.store import SaveFailed
+    from localinfer.tui.conversations import SaveFailed
 
     store = ConversationStore(tmp_path / "chats.db")
     chat = store.create("m", "t")
