@@ -23,27 +23,59 @@ from localinfer.errors import LocalinferError
 
 __all__ = ["Conversation", "ConversationStore", "SaveFailed", "StoredMessage", "to_markdown"]
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS conversations (
-    id INTEGER PRIMARY KEY,
-    title TEXT NOT NULL,
-    model TEXT NOT NULL,
-    system TEXT NOT NULL DEFAULT '',
-    params TEXT NOT NULL DEFAULT '{}',
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id INTEGER PRIMARY KEY,
-    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
-    content TEXT NOT NULL,
-    figures TEXT,
-    created_at TEXT NOT NULL,
-    model TEXT
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
-"""
+# The file's schema version is SQLite's user_version; each step brings a file from the
+# version before it to its own, in one transaction. Append steps; never edit one.
+_MIGRATIONS = [
+    """
+    CREATE TABLE IF NOT EXISTS conversations (
+        id INTEGER PRIMARY KEY,
+        title TEXT NOT NULL,
+        model TEXT NOT NULL,
+        system TEXT NOT NULL DEFAULT '',
+        params TEXT NOT NULL DEFAULT '{}',
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS messages (
+        id INTEGER PRIMARY KEY,
+        conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+        role TEXT NOT NULL CHECK (role IN ('user', 'assistant')),
+        content TEXT NOT NULL,
+        figures TEXT,
+        created_at TEXT NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+    """,
+    # 2: each reply names the model that wrote it
+    "ALTER TABLE messages ADD COLUMN model TEXT;",
+]
+VERSION = len(_MIGRATIONS)
+
+
+class _TooNew(sqlite3.DatabaseError):
+    """A file written by a newer localinfer: kept as it is, not moved aside."""
+
+
+def _version(db: sqlite3.Connection) -> int:
+    """The file's schema version; a file from before versions counts by its columns."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0:
+        columns = {row[1] for row in db.execute("PRAGMA table_info(messages)")}
+        version = 0 if not columns else 2 if "model" in columns else 1
+    return version
+
+
+def _migrate(db: sqlite3.Connection) -> None:
+    version = _version(db)
+    if version > VERSION:
+        raise _TooNew(f"it was written by a newer localinfer (schema {version}; this one "
+                      f"knows {VERSION}) — update localinfer to open it")
+    for number, step in enumerate(_MIGRATIONS[version:], start=version + 1):
+        with db:  # (executescript commits what came before; each step is whole or absent)
+            db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
+    if db.execute("PRAGMA user_version").fetchone()[0] != VERSION:
+        with db:
+            db.execute(f"PRAGMA user_version = {VERSION}")
 
 
 class SaveFailed(LocalinferError):
@@ -90,6 +122,8 @@ class ConversationStore:
             path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 self.db = self._open(path)
+            except _TooNew:
+                raise  # not damaged: left as it is for the localinfer that wrote it
             except sqlite3.DatabaseError as exc:
                 aside = self._move_aside()
                 self.notice = (f"The saved conversations could not be read ({exc}); the file "
@@ -109,11 +143,7 @@ class ConversationStore:
             check = db.execute("PRAGMA quick_check").fetchone()[0]
             if check != "ok":
                 raise sqlite3.DatabaseError(f"integrity check: {check}")
-            with db:
-                db.executescript(_SCHEMA)
-                columns = {row["name"] for row in db.execute("PRAGMA table_info(messages)")}
-                if "model" not in columns:  # a file from before replies named their model
-                    db.execute("ALTER TABLE messages ADD COLUMN model TEXT")
+            _migrate(db)
         except sqlite3.DatabaseError:
             db.close()
             raise

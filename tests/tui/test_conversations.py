@@ -5,7 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from localinfer.tui.conversations import ConversationStore, StoredMessage, to_markdown
+from localinfer.tui.conversations import VERSION, ConversationStore, StoredMessage, to_markdown
 
 
 def test_conversations_survive_reopening(tmp_path: Path):
@@ -126,6 +126,7 @@ def test_a_file_from_before_replies_named_their_model_is_brought_up_to_date(tmp_
         """)
     store = ConversationStore(path)
     assert store.notice is None
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION
     (old,) = store.messages(1)
     assert old.content == "Paris." and old.model is None
     store.add(1, StoredMessage("assistant", "Rome.", model="gemma3:270m"))
@@ -147,3 +148,28 @@ def test_a_write_that_fails_is_one_clear_error(tmp_path: Path):
         store.add(chat.id, StoredMessage("user", "hi"))
     with pytest.raises(SaveFailed, match="could not save the conversation's changes"):
         store.update(chat)
+
+
+def test_a_new_file_has_the_latest_schema_and_reopens_without_a_step(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ConversationStore(path)
+    chat = store.create("smollm2:135m", "kept")
+    store.add(chat.id, StoredMessage("assistant", "Paris.", model="smollm2:135m"))
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION == 2
+    store.db.close()
+    again = ConversationStore(path)
+    assert [m.model for m in again.messages(chat.id)] == ["smollm2:135m"]
+
+
+def test_a_file_from_a_newer_localinfer_is_left_as_it_is(tmp_path: Path):
+    """Moved aside, it would vanish from the newer localinfer that wrote it."""
+    path = tmp_path / "chats.db"
+    ConversationStore(path).db.close()
+    with sqlite3.connect(path) as db:
+        db.execute(f"PRAGMA user_version = {VERSION + 1}")
+    before = path.read_bytes()
+    store = ConversationStore(path)
+    assert store.notice and "newer localinfer" in store.notice
+    chat = store.create("m", "this session only")  # kept in memory
+    store.add(chat.id, StoredMessage("user", "hi"))
+    assert path.read_bytes() == before and not list(tmp_path.glob("*damaged*"))
