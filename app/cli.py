@@ -20,6 +20,7 @@ from rich.console import Console
 
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.model_store.planner import KvType
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
 
 __all__ = ["app", "main"]
@@ -111,8 +112,8 @@ def run(
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads (default: the cores other programs leave free, re-chosen "
                     "as their load changes).")] = None,
-    kv_type: Annotated[str, typer.Option(
-        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
+    kv_type: Annotated[KvType, typer.Option(
+        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = KvType.F16,
     flash_attn: Annotated[Optional[bool], typer.Option(
         "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
     draft: Annotated[int, typer.Option(
@@ -440,9 +441,9 @@ def serve(
         envvar="LOCALINFER_DRAFT_MODEL",
         help="Speculative decoding for a lone stream with this small model of the same family "
              "guessing (8 tokens a step unless --draft says).")] = None,
-    kv_type: Annotated[str, typer.Option(
+    kv_type: Annotated[KvType, typer.Option(
         envvar="LOCALINFER_KV_TYPE",
-        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = "f16",
+        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = KvType.F16,
     kv_unified: Annotated[bool, typer.Option(
         "--kv-unified", envvar="LOCALINFER_KV_UNIFIED", help="One KV pool for all requests: a long chat may use what idle "
                              "slots leave; requests wait for free cells [off: a fixed share "

@@ -14,6 +14,7 @@ from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError
+from localinfer.model_store.planner import KvType
 
 __all__ = [
     "Backend",
@@ -106,7 +107,7 @@ class LoadOptions:
     kv_unified: bool = False
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
-    kv_type: str = "f16"  # "f16", "q8_0" or "q4_0": quantised K and V halve or quarter the cache
+    kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
     flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
 
     @property
@@ -122,8 +123,12 @@ class LoadOptions:
         return max(self.n_slots, 1 + self.guesses)
 
     def __post_init__(self) -> None:
-        if self.kv_type not in ("f16", "q8_0", "q4_0"):
-            raise InvalidRequest(f"KV cache type must be f16, q8_0 or q4_0, not {self.kv_type!r}")
+        try:
+            object.__setattr__(self, "kv_type", KvType(self.kv_type))
+        except ValueError:
+            *others, last = KvType
+            raise InvalidRequest(f"KV cache type must be {', '.join(others)} or {last}, not "
+                                 f"{self.kv_type!r}") from None
         if self.step_budget is not None and self.step_budget != 0 and self.step_budget <= 1:
             raise InvalidRequest("the step budget is a multiple of a decode step: more than 1 "
                                  "(or 0 to turn it off)")

@@ -17,18 +17,19 @@ from localinfer.backends.base import SamplingParams
 from localinfer.backends.ggml_backends import ensure_loaded, route_llama_log
 from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
+from localinfer.model_store.planner import KvType
 
 __all__ = ["NativeModel", "SamplerChain", "grammar_sampler"]
 
-_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-             "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+_KV_TYPES = {KvType.F16: llama_cpp.GGML_TYPE_F16, KvType.Q8_0: llama_cpp.GGML_TYPE_Q8_0,
+             KvType.Q4_0: llama_cpp.GGML_TYPE_Q4_0}
 
 
 class NativeModel:
     """A llama.cpp model and one context, owned together."""
 
     def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
-                 n_threads: int, n_gpu_layers: int = 0, kv_type: str = "f16",
+                 n_threads: int, n_gpu_layers: int = 0, kv_type: KvType = KvType.F16,
                  flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode."""

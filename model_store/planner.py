@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from localinfer.model_store.hardware import GPU
 
@@ -33,7 +34,20 @@ _GIB = 1024 * _MIB
 # logits a step may ask for when the caller does not say (LoadOptions.n_outputs does): room
 # for a few slots, or a lone stream's token and 8 guesses
 DEFAULT_OUTPUTS = 16
-KV_BYTES = {"f16": 2.0, "q8_0": 34 / 32, "q4_0": 18 / 32}  # per element, with block scales
+
+
+class KvType(StrEnum):
+    """The KV cache's element type: quantised K and V halve or quarter the cache (the one
+    list of them: the CLI's choices, LoadOptions' check, the planner's bytes, llama.cpp's
+    ggml type in llama_native)."""
+
+    F16 = "f16"
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+
+
+KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
+# block scales (a StrEnum: the plain names index it as well)
 # What a process holds on a GPU besides llama.cpp's buffers: the driver's context, the math
 # libraries' workspaces and kernels. CUDA measured (bench/gpu_memory.py, see
 # bench/results/gpu_h100.md); the others are estimates until a machine measures them.
