@@ -75,7 +75,7 @@ def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: 
             f"set an API key with --api-key or LOCALINFER_API_KEY first")
     settings = Settings()
     pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
-                     default_keep_alive=parse_keep_alive(serve_settings.keep_alive, 300.0))
+                     default_keep_alive=parse_keep_alive(serve_settings.keep_alive, None))
     preload = model
     if model:  # a missing model, or a context it cannot take, is one clear line now,
         # not a failed preload and a server whose every request fails

@@ -21,9 +21,12 @@ from rich.console import Console
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.model_store.planner import KvType
+from localinfer.settings import DEFAULT_CTX
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
 
 __all__ = ["app", "main"]
+
+SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
 app = typer.Typer(
     name="localinfer",
@@ -97,9 +100,10 @@ def run(
     prompt: Annotated[Optional[str], typer.Option(
         "--prompt", "-p", help="Answer this once and exit (text piped on stdin works too).")] = None,
     system: Annotated[Optional[str], typer.Option(help="System prompt.")] = None,
-    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")] = 0.8,
-    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = 0.95,
-    top_k: Annotated[int, typer.Option(min=0, help="0 turns it off.")] = 40,
+    temperature: Annotated[float, typer.Option(min=0.0, help="0 is greedy.")
+                           ] = SAMPLING.temperature,
+    top_p: Annotated[float, typer.Option(min=0.0, max=1.0)] = SAMPLING.top_p,
+    top_k: Annotated[int, typer.Option(min=0, help="0 turns it off.")] = SAMPLING.top_k,
     seed: Annotated[Optional[int], typer.Option(
         min=0, help="Fix the random seed to reproduce a reply.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(
@@ -108,7 +112,7 @@ def run(
     stop: Annotated[Optional[list[str]], typer.Option(
         help="Stop when this text appears (repeatable).")] = None,
     ctx: Annotated[Optional[int], typer.Option(
-        min=16, help="Context size in tokens (default 4096, or the model's maximum).")] = None,
+        min=16, help=f"Context size in tokens (default {DEFAULT_CTX}, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads (default: the cores other programs leave free, re-chosen "
                     "as their load changes).")] = None,
@@ -420,7 +424,7 @@ def serve(
         min=1, max=64, help="Requests decoded together per model [4].")] = None,
     ctx: Annotated[Optional[int], typer.Option(
         envvar="LOCALINFER_CTX",
-        min=16, help="Context tokens per request (default 4096, or the model's maximum).")] = None,
+        min=16, help=f"Context tokens per request (default {DEFAULT_CTX}, or the model's maximum).")] = None,
     threads: Annotated[Optional[int], typer.Option(
         envvar="LOCALINFER_THREADS",
         min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
@@ -486,7 +490,7 @@ def desktop_app(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to load at start (default smollm2:135m); the page picks others.")] = None,
     ctx: Annotated[Optional[int], typer.Option(
-        min=16, help="Context size in tokens per chat [4096].")] = None,
+        min=16, help=f"Context size in tokens per chat [{DEFAULT_CTX}].")] = None,
     parallel: Annotated[int, typer.Option(min=1, max=64, help="Chats decoded together.")] = 4,
     threads: Annotated[Optional[int], typer.Option(
         min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,

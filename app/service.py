@@ -69,7 +69,7 @@ def warm_runner(factory: BackendFactory) -> None:
 def default_context(info: GGUFInfo, settings: Settings) -> int:
     """The context a chat gets when none is asked for: the setting, within what the model
     was trained on."""
-    return min(settings.default_ctx, info.n_ctx_train or settings.default_ctx)
+    return min(settings.ctx, info.n_ctx_train or settings.ctx)
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import platformdirs
-from pydantic import Field, field_validator
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_MODEL", "ServeSettings", "Settings"]
+__all__ = ["DEFAULT_CTX", "DEFAULT_MODEL", "KEEP_ALIVE", "ServeSettings", "Settings"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
+DEFAULT_CTX = 4096  # context tokens per chat when none is asked for (within the model's)
+KEEP_ALIVE = "5m"  # how long a server keeps an idle model loaded
 
 
 class Settings(BaseSettings):
@@ -22,7 +24,10 @@ class Settings(BaseSettings):
         description="where models and data live (LOCALINFER_HOME)",
     )
     default_model: str = Field(DEFAULT_MODEL, description="the model `run` uses when none is named")
-    default_ctx: int = Field(4096, ge=16, description="context tokens per chat when --ctx is not given")
+    # LOCALINFER_CTX, as `serve --ctx` reads it (LOCALINFER_DEFAULT_CTX, its old name, too)
+    ctx: int = Field(DEFAULT_CTX, ge=16, description="context tokens per chat when --ctx is "
+                     "not given", validation_alias=AliasChoices("ctx", "LOCALINFER_CTX",
+                                                                "LOCALINFER_DEFAULT_CTX"))
     # a base model, or a model caught in a loop, writes until the context is full: minutes
     # of junk. 0: no cap, a reply ends when the context is full
     max_tokens: int = Field(2048, ge=0, description="the longest reply when a client sets "
@@ -56,7 +61,7 @@ class ServeSettings(BaseSettings):
     body_timeout: float = Field(60.0, gt=0, description="seconds a client has to send a "
                                                         "request's body after its headers")
     parallel: int = Field(4, ge=1, le=64, description="requests decoded together per model")
-    keep_alive: str = Field("5m", description="how long an idle model stays loaded")
+    keep_alive: str = Field(KEEP_ALIVE, description="how long an idle model stays loaded")
     max_loaded_models: int = Field(3, ge=1)
 
     @field_validator("allowed_origins", "allowed_hosts", mode="before")

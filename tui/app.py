@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from dataclasses import replace
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,8 @@ class ChatApp(App):
 
     def _sampling(self) -> SamplingParams:
         p = self._params()
-        return SamplingParams(temperature=p.get("temperature", 0.8), top_p=p.get("top_p", 0.95),
-                              max_tokens=p.get("max_tokens"), seed=p.get("seed"))
+        return replace(SamplingParams(), **{k: p[k] for k in ("temperature", "top_p",
+                                                              "max_tokens", "seed") if k in p})
 
     def _messages_for_model(self) -> list[dict[str, str]]:
         system = self._system()

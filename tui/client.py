@@ -202,7 +202,7 @@ class LocalClient(ChatClient):
 
     async def models(self) -> list[ModelRow]:
         return await asyncio.to_thread(local_rows, self.settings, self.hardware(),
-                                       self.options.n_ctx or self.settings.default_ctx)
+                                       self.options.n_ctx or self.settings.ctx)
 
     async def pull(self, name: str, progress: PullProgress) -> str:
         from localinfer.service import pull_model

@@ -49,7 +49,7 @@ async def models(request: Request) -> dict[str, Any]:
     from localinfer.model_rows import local_rows
 
     pool, settings = request.app.state.pool, request.app.state.settings
-    n_ctx = pool.options.n_ctx or settings.default_ctx
+    n_ctx = pool.options.n_ctx or settings.ctx
     rows = await asyncio.to_thread(local_rows, settings, pool.hardware(), n_ctx)
     return {"models": [dataclasses.asdict(r) for r in rows],
             "loaded": [m.name for m in pool.loaded()], "default": pool.default
