@@ -133,3 +133,60 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         assert backend.pid != stale.pid and stale.poll() is not None  # dismissed: it exited
     finally:
         backend.close()
+
+
+def _no_spare(runner_module) -> None:
+    spare, runner_module._spare = runner_module._spare, None
+    if spare is not None:
+        runner_module._dismiss(spare[0])
+
+
+def test_a_loop_that_cannot_watch_pipes_falls_back_to_a_reader_thread(smollm2_path):
+    """Windows' Proactor loop has no add_reader: the runner's messages are then read on a
+    thread of their own, and a server on that loop gets its events all the same."""
+    import asyncio
+    import threading
+
+    class ProactorLike(asyncio.SelectorEventLoop):
+        def add_reader(self, *args, **kwargs):
+            raise NotImplementedError
+
+    loop = ProactorLike()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
+    try:
+        events = list(backend.generate(backend.tokenize("Once upon a time"),
+                                       SamplingParams(temperature=0, max_tokens=4)))
+        assert isinstance(events[-1], DoneEvent) and len(events) >= 2
+        assert backend._link._loop is None and backend._link._reader.is_alive()
+    finally:
+        backend.close()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeypatch):
+    """In the bundled app sys.executable is localinfer itself, and `__runner__` makes it a
+    runner (packaging/localinfer_main.py); here a script stands in for the executable."""
+    import os
+    import stat
+    import sys
+    from pathlib import Path
+
+    from localinfer.backends import runner as runner_module
+
+    main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
+    bundle = tmp_path / "localinfer"
+    bundle.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{main}" "$@"\n')
+    bundle.chmod(bundle.stat().st_mode | stat.S_IXUSR)
+    _no_spare(runner_module)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", str(bundle))
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    try:
+        assert backend._link.process.args == [str(bundle), "__runner__"]
+        assert backend.tokenize("hi") and backend.pid != os.getpid()
+    finally:
+        backend.close()
