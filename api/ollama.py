@@ -142,16 +142,13 @@ def _ns(seconds: float | None) -> int:
 
 
 def _final(job: core.Job, stats: RequestStats) -> dict[str, Any]:
-    decode = stats.decode_time or 0.0
     return {
         "done": True,
         "done_reason": stats.finish_reason if stats.finish_reason == "length" else "stop",
         "total_duration": _ns(time.monotonic() - job.started),
         "load_duration": _ns(job.load_duration),
         "prompt_eval_count": job.prompt_tokens,
-        "prompt_eval_duration": _ns(stats.prefill_time),
-        "eval_count": stats.generated_tokens,
-        "eval_duration": _ns(decode),
+        **stats.figures().ollama_durations(),
     }
 
 

@@ -19,9 +19,11 @@ From those, with n generated tokens:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
-__all__ = ["EngineStats", "RequestStats"]
+__all__ = ["EngineStats", "Figures", "RequestStats"]
 
 
 @dataclass
@@ -99,12 +101,106 @@ class RequestStats:
             return None
         return self.evaluated_prompt_tokens / prefill_time
 
+    def figures(self) -> Figures:
+        """What these timings come to, as every front end shows, stores and sends them."""
+        return Figures(
+            prompt_tokens=self.prompt_tokens, cached_tokens=self.cached_tokens,
+            generated_tokens=self.generated_tokens, queue_time_s=self.queue_time,
+            ttft_s=self.ttft, tpot_s=self.tpot, e2el_s=self.e2el,
+            prefill_s=self.prefill_time, decode_s=self.decode_time,
+            prefill_tps=self.prefill_tps, decode_tps=self.decode_tps,
+            finish_reason=self.finish_reason, context_shifts=self.context_shifts,
+            draft_tokens=self.draft_tokens, accepted_tokens=self.accepted_tokens,
+            preemptions=self.preemptions)
+
     def summary(self) -> str:
-        """One line for humans: the stats line after each reply."""
+        return self.figures().summary()
+
+
+_MS = 1000.0
+
+
+def _scaled(value: float | None, factor: float) -> float | None:
+    return None if value is None else round(value * factor, 6)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One reply's numbers, from the engine to the screen: what `run` prints, the chat app
+    shows and stores, and the API sends (OpenAI `timings`, Ollama's durations) — and reads
+    back from a server, so that nothing is lost on the way. Seconds, or tokens/s."""
+
+    prompt_tokens: int | None = None  # None: not known (a reply stopped before the engine said)
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    queue_time_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2el_s: float | None = None
+    prefill_s: float | None = None  # the slot's start to the first token
+    decode_s: float | None = None  # the first token to the last
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    finish_reason: str | None = None
+    context_shifts: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    preemptions: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Figures:
+        """From `to_dict()`'s keys; one written by an older version lacks some: defaults."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_timings(self) -> dict[str, Any]:
+        """The OpenAI dialect's extra `timings` field, in milliseconds (`prompt_ms`,
+        `predicted_ms` and the counts as llama-server names them)."""
+        return {
+            "queue_ms": _scaled(self.queue_time_s, _MS), "ttft_ms": _scaled(self.ttft_s, _MS),
+            "tpot_ms": _scaled(self.tpot_s, _MS), "e2el_ms": _scaled(self.e2el_s, _MS),
+            "prompt_ms": _scaled(self.prefill_s, _MS),
+            "predicted_ms": _scaled(self.decode_s, _MS),
+            "prompt_n": self.prompt_tokens, "cached_n": self.cached_tokens,
+            "predicted_n": self.generated_tokens,
+            "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps,
+            "draft_n": self.draft_tokens, "draft_n_accepted": self.accepted_tokens,
+            "context_shifts": self.context_shifts, "preemptions": self.preemptions,
+        }
+
+    @classmethod
+    def from_timings(cls, timings: Mapping[str, Any], finish: str | None) -> Figures:
+        """`to_timings()` read back (the chat app on a server)."""
+        def seconds(key: str) -> float | None:
+            return _scaled(timings.get(key), 1 / _MS)
+
+        return cls(
+            prompt_tokens=timings.get("prompt_n"), cached_tokens=timings.get("cached_n") or 0,
+            generated_tokens=timings.get("predicted_n") or 0,
+            queue_time_s=seconds("queue_ms"), ttft_s=seconds("ttft_ms"),
+            tpot_s=seconds("tpot_ms"), e2el_s=seconds("e2el_ms"),
+            prefill_s=seconds("prompt_ms"), decode_s=seconds("predicted_ms"),
+            prefill_tps=timings.get("prefill_tps"), decode_tps=timings.get("decode_tps"),
+            finish_reason=finish, context_shifts=timings.get("context_shifts") or 0,
+            draft_tokens=timings.get("draft_n") or 0,
+            accepted_tokens=timings.get("draft_n_accepted") or 0,
+            preemptions=timings.get("preemptions") or 0)
+
+    def ollama_durations(self) -> dict[str, int]:
+        """Ollama's prompt and reply durations, in nanoseconds."""
+        return {"prompt_eval_duration": int((self.prefill_s or 0) * 1e9),
+                "eval_count": self.generated_tokens,
+                "eval_duration": int((self.decode_s or 0) * 1e9)}
+
+    def summary(self) -> str:
+        """The line `run` prints after a reply: each figure with its rate."""
         parts = []
-        if self.ttft is not None:
-            parts.append(f"TTFT {self.ttft * 1000:.0f} ms")
-        prompt = f"prompt {self.prompt_tokens} tok"
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s * 1000:.0f} ms")
+        prompt = f"prompt {self.prompt_tokens or 0} tok"
         if self.cached_tokens:
             prompt += f" ({self.cached_tokens} cached)"
         if self.prefill_tps is not None:
@@ -114,31 +210,39 @@ class RequestStats:
         if self.decode_tps is not None:
             gen += f" @ {self.decode_tps:.1f} tok/s"
         parts.append(gen)
-        if self.context_shifts:
-            parts.append(f"context shifted {self.context_shifts}×")
-        if self.draft_tokens:
-            parts.append(f"drafts accepted {self.accepted_tokens}/{self.draft_tokens}")
+        parts += self._extras()
         if self.finish_reason:
             parts.append(f"finish: {self.finish_reason}")
         return " · ".join(parts)
 
-    def to_dict(self) -> dict[str, float | int | str | None]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "generated_tokens": self.generated_tokens,
-            "queue_time_s": self.queue_time,
-            "ttft_s": self.ttft,
-            "tpot_s": self.tpot,
-            "e2el_s": self.e2el,
-            "prefill_tps": self.prefill_tps,
-            "decode_tps": self.decode_tps,
-            "finish_reason": self.finish_reason,
-            "context_shifts": self.context_shifts,
-            "draft_tokens": self.draft_tokens,
-            "accepted_tokens": self.accepted_tokens,
-            "preemptions": self.preemptions,
-        }
+    def line(self) -> str:
+        """The short line under a reply in the chat app, and its status bar's."""
+        parts = []
+        if self.ttft_s is not None:
+            parts.append(f"TTFT {self.ttft_s * 1000:,.0f} ms")
+        if self.decode_tps:
+            parts.append(f"{self.decode_tps:.1f} tok/s")
+        if self.prompt_tokens:  # unknown for a reply stopped before the engine said
+            prompt = f"prompt {self.prompt_tokens}"
+            if self.cached_tokens:
+                prompt += f" ({self.cached_tokens} cached)"
+            parts.append(prompt)
+        parts.append(f"{self.generated_tokens} generated")
+        parts += self._extras()
+        if self.finish_reason not in (None, "stop"):
+            parts.append(str(self.finish_reason))
+        return " · ".join(parts)
+
+    def _extras(self) -> list[str]:
+        """What happened besides the usual: context shifts, guesses, preemptions."""
+        extras = []
+        if self.context_shifts:
+            extras.append(f"context shifted {self.context_shifts}×")
+        if self.draft_tokens:
+            extras.append(f"drafts accepted {self.accepted_tokens}/{self.draft_tokens}")
+        if self.preemptions:
+            extras.append(f"preempted {self.preemptions}×")
+        return extras
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from textual.widgets import Footer, Header, Markdown, Static
 from textual.worker import Worker, WorkerState
 
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.metrics import RequestStats
+from localinfer.backends.metrics import Figures, RequestStats
 from localinfer.errors import LocalinferError, user_message
 from localinfer.files import write_atomically
 from localinfer.tui.client import ChatClient
@@ -210,7 +210,7 @@ class ChatApp(App):
         stream = Markdown.get_stream(box.markdown)
         live = RequestStats(submitted_at=time.monotonic())  # our clock, until the engine's arrives
         pieces: list[str] = []
-        figures: dict[str, Any] | None = None
+        figures: Figures | None = None
         stopped = False
         shown_at, unshown = 0.0, 0
         agen = self.client.stream(self._messages_for_model(), self._sampling())
@@ -230,8 +230,8 @@ class ChatApp(App):
                     figures = piece
             if unshown:
                 await self._draw(box, stream, pieces, unshown, live)
-            if figures is not None and figures.get("finish_reason") == "cancelled":
-                figures["finish_reason"] = "stopped"  # by Esc, with the engine's own figures
+            if figures is not None and figures.finish_reason == "cancelled":
+                figures = replace(figures, finish_reason="stopped")  # by Esc: the engine's own
         except LocalinferError as exc:
             await agen.aclose()
             await stream.stop()
@@ -241,7 +241,7 @@ class ChatApp(App):
         except asyncio.CancelledError:
             stopped = True
             live.finish_reason = "stopped"
-            figures = live.to_dict()
+            figures = live.figures()
             raise
         finally:
             await agen.aclose()
@@ -255,10 +255,10 @@ class ChatApp(App):
                     live: RequestStats) -> None:
         box.content = "".join(pieces)
         await stream.write("".join(pieces[len(pieces) - unshown:]))
-        self.status_bar.figures = live.to_dict()
+        self.status_bar.figures = live.figures()
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 
-    def _keep_reply(self, box: MessageBox, text: str, figures: dict[str, Any] | None) -> None:
+    def _keep_reply(self, box: MessageBox, text: str, figures: Figures | None) -> None:
         assert self.conversation is not None
         saved = StoredMessage("assistant", text, figures, model=self.model_name)
         # not saved: shown and kept for this session, only not on disk (its id stays None)

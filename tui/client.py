@@ -2,9 +2,9 @@
 `localinfer serve` (`--url`). Both speak the same small interface, so the screens never
 know which one they talk to.
 
-A reply streams as text pieces followed by one dict of figures — `RequestStats.to_dict()`
-in-process, the server's `timings` converted to the same keys remotely — so the status bar
-and the saved conversation read one shape, measured by the engine that produced the tokens.
+A reply streams as text pieces followed by its `Figures` — the engine's own in-process, the
+server's `timings` read back into them remotely — so the status bar and the saved
+conversation read one type, measured by the engine that produced the tokens.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import httpx
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
+from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
 from localinfer.model_store.hardware import Hardware
@@ -29,7 +30,7 @@ from localinfer.settings import DEFAULT_MODEL, Settings
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient"]
 
 Messages = Sequence[Mapping[str, str]]
-Piece = str | dict  # text, then the figures of the finished reply
+Piece = str | Figures  # text, then the figures of the finished reply
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ class LocalClient(ChatClient):
                     yield event.text
                 elif isinstance(event, DoneEvent):
                     finished = True
-                    yield event.stats.to_dict()
+                    yield event.stats.figures()
                 elif isinstance(event, ErrorEvent):
                     finished = True
                     raise event.error
@@ -321,7 +322,7 @@ class RemoteClient(ChatClient):
                             yield choice["delta"]["content"]
                     if "timings" in chunk:
                         finish = (chunk.get("choices") or [{}])[0].get("finish_reason")
-                        yield figures_from_timings(chunk["timings"], finish)
+                        yield Figures.from_timings(chunk["timings"], finish)
         except httpx.HTTPError as exc:
             raise LocalinferError(f"the server stopped answering ({exc.__class__.__name__})") \
                 from None
@@ -348,16 +349,6 @@ class RemoteClient(ChatClient):
 
     async def close(self) -> None:
         await self.http.aclose()
-
-
-def figures_from_timings(timings: Mapping[str, Any], finish: str | None) -> dict[str, Any]:
-    """The server's `timings` (milliseconds) in `RequestStats.to_dict()`'s shape."""
-    seconds = lambda key: None if timings.get(key) is None else timings[key] / 1000  # noqa: E731
-    return {"prompt_tokens": timings.get("prompt_n"), "cached_tokens": timings.get("cached_n"),
-            "generated_tokens": timings.get("predicted_n"), "queue_time_s": seconds("queue_ms"),
-            "ttft_s": seconds("ttft_ms"), "tpot_s": seconds("tpot_ms"),
-            "e2el_s": seconds("e2el_ms"), "prefill_tps": timings.get("prefill_tps"),
-            "decode_tps": timings.get("decode_tps"), "finish_reason": finish}
 
 
 def _error_text(response: httpx.Response) -> str:

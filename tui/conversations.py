@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError
 
 __all__ = ["Conversation", "ConversationStore", "SaveFailed", "StoredMessage", "to_markdown"]
@@ -99,7 +100,7 @@ def _now() -> str:
 class StoredMessage:
     role: str
     content: str
-    figures: dict[str, Any] | None = None  # the reply's measured numbers (RequestStats.to_dict)
+    figures: Figures | None = None  # the reply's measured numbers
     id: int | None = None
     model: str | None = None  # the model that wrote a reply
 
@@ -209,7 +210,7 @@ class ConversationStore:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
                                (conversation_id,))
         return [StoredMessage(r["role"], r["content"],
-                              json.loads(r["figures"]) if r["figures"] else None, r["id"],
+                              Figures.from_dict(json.loads(r["figures"])) if r["figures"] else None, r["id"],
                               r["model"])
                 for r in rows]
 
@@ -220,7 +221,8 @@ class ConversationStore:
                 "INSERT INTO messages (conversation_id, role, content, figures, created_at,"
                 " model) VALUES (?, ?, ?, ?, ?, ?)",
                 (conversation_id, message.role, message.content,
-                 json.dumps(message.figures) if message.figures else None, now, message.model))
+                 json.dumps(message.figures.to_dict()) if message.figures else None, now,
+                 message.model))
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?",
                             (now, conversation_id))
         message.id = cur.lastrowid

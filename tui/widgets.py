@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual import events
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -11,33 +9,18 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Markdown, Static, TextArea
 
+from localinfer.backends.metrics import Figures
 from localinfer.tui.client import ModelStatus
 
-__all__ = ["MessageBox", "PromptArea", "StatusBar", "figures_line"]
+__all__ = ["MessageBox", "PromptArea", "StatusBar"]
 
 
 def _mib(n: int | None) -> str:
     return "—" if n is None else f"{n / 2**20:,.0f} MiB"
 
 
-def figures_line(figures: dict[str, Any] | None) -> str:
-    """The numbers under a reply, from `RequestStats.to_dict()`'s keys."""
-    if not figures:
-        return ""
-    parts = []
-    if figures.get("ttft_s") is not None:
-        parts.append(f"TTFT {figures['ttft_s'] * 1000:,.0f} ms")
-    if figures.get("decode_tps"):
-        parts.append(f"{figures['decode_tps']:.1f} tok/s")
-    if figures.get("prompt_tokens"):  # unknown for a reply stopped before the engine said
-        prompt = f"prompt {figures['prompt_tokens']}"
-        if figures.get("cached_tokens"):
-            prompt += f" ({figures['cached_tokens']} cached)"
-        parts.append(prompt)
-    parts.append(f"{figures.get('generated_tokens') or 0} generated")
-    if figures.get("finish_reason") not in (None, "stop"):
-        parts.append(str(figures["finish_reason"]))
-    return " · ".join(parts)
+def _line(figures: Figures | None) -> str:
+    return figures.line() if figures is not None else ""
 
 
 class MessageBox(Vertical, can_focus=True):
@@ -54,7 +37,7 @@ class MessageBox(Vertical, can_focus=True):
     MessageBox .figures { color: $text-muted; height: auto; }
     """
 
-    def __init__(self, role: str, content: str = "", figures: dict[str, Any] | None = None,
+    def __init__(self, role: str, content: str = "", figures: Figures | None = None,
                  message_id: int | None = None):
         super().__init__(classes=role)
         self.role = role
@@ -62,16 +45,16 @@ class MessageBox(Vertical, can_focus=True):
         self.figures = figures
         self.message_id = message_id
         self.markdown = Markdown(content)
-        self.figures_label = Static(figures_line(figures), classes="figures", markup=False)
+        self.figures_label = Static(_line(figures), classes="figures", markup=False)
         self.figures_label.display = bool(figures)
 
     def compose(self):
         yield self.markdown
         yield self.figures_label
 
-    def set_figures(self, figures: dict[str, Any] | None) -> None:
+    def set_figures(self, figures: Figures | None) -> None:
         self.figures = figures
-        line = figures_line(figures)
+        line = _line(figures)
         self.figures_label.update(line)
         self.figures_label.display = bool(line)
 
@@ -111,17 +94,17 @@ class StatusBar(Static):
                 text-overflow: ellipsis; }
     """
     model: reactive[ModelStatus | None] = reactive(None)
-    figures: reactive[dict[str, Any] | None] = reactive(None)
+    figures: reactive[Figures | None] = reactive(None)
     activity: reactive[str] = reactive("")
 
     def __init__(self) -> None:
         super().__init__(markup=False)
         self.context_used: int | None = None
 
-    def show_reply(self, figures: dict[str, Any] | None) -> None:
+    def show_reply(self, figures: Figures | None) -> None:
         """A finished reply's numbers; the context it leaves is its prompt plus its reply."""
-        self.context_used = ((figures.get("prompt_tokens") or 0)
-                             + (figures.get("generated_tokens") or 0)) if figures else None
+        self.context_used = ((figures.prompt_tokens or 0) + figures.generated_tokens
+                             if figures else None)
         self.figures = figures
         self.refresh()
 
@@ -146,7 +129,7 @@ class StatusBar(Static):
         return " · ".join(parts)
 
     def _reply_line(self) -> str:
-        line = figures_line(self.figures)
+        line = _line(self.figures)
         if self.activity and self.model is not None:
             return f"{self.activity} {line}".strip()
         return line or "TTFT — · tok/s —"

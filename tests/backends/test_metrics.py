@@ -36,3 +36,25 @@ def test_summary_line_shows_cached_tokens_and_rates():
     assert "prompt 120 tok (20 cached) @ 200.0 tok/s" in line
     assert "generated 4 tok @ 5.0 tok/s" in line
     assert "finish: length" in line
+
+
+def test_figures_survive_the_openai_timings_and_a_stored_chat():
+    """The chat app on a server read back TTFT and rates only: the draft, context-shift and
+    preemption counts and the durations were lost between the engine and the screen."""
+    from localinfer.backends.metrics import Figures
+
+    stats = _stats()
+    stats.context_shifts, stats.draft_tokens, stats.accepted_tokens, stats.preemptions = 1, 9, 6, 2
+    figures = stats.figures()
+    back = Figures.from_timings(figures.to_timings(), figures.finish_reason)
+    for name, value in figures.to_dict().items():
+        assert getattr(back, name) == (pytest.approx(value, abs=1e-6)
+                                       if isinstance(value, float) else value), name
+    assert Figures.from_dict(figures.to_dict()) == figures
+    assert Figures.from_dict({"ttft_s": 0.2, "an older key": 1}) == Figures(ttft_s=0.2)
+    line = figures.line()
+    assert "context shifted 1×" in line and "drafts accepted 6/9" in line
+    assert "preempted 2×" in line and line.startswith("TTFT 1,000 ms · 5.0 tok/s")
+    durations = figures.ollama_durations()
+    assert durations["prompt_eval_duration"] == 500_000_000
+    assert durations["eval_duration"] == pytest.approx(600_000_000, abs=2)

@@ -76,15 +76,15 @@ async def test_a_reply_streams_and_the_status_bar_fills(_private_home, smollm2,
         reply = app.history[-1]
         figures = reply.figures
         assert reply.role == "assistant" and reply.content.strip()
-        assert figures["generated_tokens"] == 48 and figures["finish_reason"] == "length"
+        assert figures.generated_tokens == 48 and figures.finish_reason == "length"
         # the greedy reply, which on no CPU could have ended sooner (tests/greedy.py)
         assert smollm2_reference.follows(chat_prompt(smollm2, question), reply.content,
                                          "length", sure_length=True) > 30
-        assert figures["ttft_s"] > 0 and figures["decode_tps"] > 0
+        assert figures.ttft_s > 0 and figures.decode_tps > 0
         status = app.status_bar.render()
-        assert f"TTFT {figures['ttft_s'] * 1000:,.0f} ms" in status
-        assert f"{figures['decode_tps']:.1f} tok/s" in status
-        used = figures["prompt_tokens"] + figures["generated_tokens"]
+        assert f"TTFT {figures.ttft_s * 1000:,.0f} ms" in status
+        assert f"{figures.decode_tps:.1f} tok/s" in status
+        used = figures.prompt_tokens + figures.generated_tokens
         assert f"ctx {used}/512" in status
         await wait_until(pilot, lambda: "KV " in app.status_bar.render()
                          and "mem " in app.status_bar.render())
@@ -107,10 +107,10 @@ async def test_escape_stops_the_reply_and_keeps_what_was_written(_private_home):
         await wait_until(pilot, lambda: not app.replying, timeout=5)
         partial = app.history[-1]
         assert partial.role == "assistant" and len(partial.content) > 20
-        assert partial.figures["finish_reason"] == "stopped"
-        assert partial.figures["generated_tokens"] < 400
+        assert partial.figures.finish_reason == "stopped"
+        assert partial.figures.generated_tokens < 400
         # the engine's own figures, its prompt count among them, not the app's stopwatch
-        assert partial.figures["prompt_tokens"] > 5 and partial.figures["ttft_s"] > 0
+        assert partial.figures.prompt_tokens > 5 and partial.figures.ttft_s > 0
         assert app.store.messages(app.conversation.id)[-1].content == partial.content
         assert "stopped" in app.query(MessageBox).last().figures_label.render().plain
         backend = app.client.backend
@@ -139,7 +139,7 @@ async def test_regenerate_edit_and_copy(_private_home, smollm2, smollm2_referenc
         prompt = chat_prompt(smollm2, "Say hello.")
         for reply in (old, app.history[-1]):
             assert smollm2_reference.follows(prompt, reply.content,
-                                             reply.figures["finish_reason"]) > 4
+                                             reply.figures.finish_reason) > 4
         assert len(app.store.messages(app.conversation.id)) == 2
 
         await pilot.press("ctrl+l")  # edit: the question goes back into the prompt
@@ -168,7 +168,7 @@ async def test_settings_screen_sets_the_system_prompt_and_parameters(_private_ho
         saved = app.store.get(app.conversation.id)
         assert saved.system == "Answer in one word."
         assert saved.params == {"temperature": 0.0, "max_tokens": 5}
-        assert app.history[-1].figures["generated_tokens"] <= 5
+        assert app.history[-1].figures.generated_tokens <= 5
 
 
 async def test_a_context_the_model_cannot_run_with_is_refused_in_settings(_private_home):

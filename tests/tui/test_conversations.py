@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from localinfer.backends.metrics import Figures
 from localinfer.tui.conversations import VERSION, ConversationStore, StoredMessage, to_markdown
 
 
@@ -14,7 +15,8 @@ def test_conversations_survive_reopening(tmp_path: Path):
     chat = store.create("smollm2:135m", "Capitals", system="Be brief.",
                         params={"temperature": 0.2, "n_ctx": 2048})
     store.add(chat.id, StoredMessage("user", "Capital of France?"))
-    store.add(chat.id, StoredMessage("assistant", "Paris.", {"ttft_s": 0.1, "decode_tps": 50.0}))
+    store.add(chat.id, StoredMessage("assistant", "Paris.", Figures(ttft_s=0.1, decode_tps=50.0,
+                                                                 context_shifts=1)))
     store.close()
 
     again = ConversationStore(path)
@@ -25,7 +27,7 @@ def test_conversations_survive_reopening(tmp_path: Path):
     messages = again.messages(listed.id)
     assert [(m.role, m.content) for m in messages] == [("user", "Capital of France?"),
                                                        ("assistant", "Paris.")]
-    assert messages[1].figures == {"ttft_s": 0.1, "decode_tps": 50.0}
+    assert messages[1].figures == Figures(ttft_s=0.1, decode_tps=50.0, context_shifts=1)
 
 
 def test_rename_delete_and_rewrite_the_tail(tmp_path: Path):

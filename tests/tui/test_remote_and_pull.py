@@ -44,11 +44,11 @@ async def test_chat_through_a_running_server(served, _private_home, smollm2, smo
         figures = app.history[-1].figures
         assert app.history[-1].content.strip()
         # the server's own measurements, carried in its `timings` field
-        assert figures["generated_tokens"] == 12 and figures["ttft_s"] > 0
-        assert figures["prompt_tokens"] > 0 and figures["finish_reason"] == "length"
+        assert figures.generated_tokens == 12 and figures.ttft_s > 0
+        assert figures.prompt_tokens > 0 and figures.finish_reason == "length"
         # the status polls every 0.2 s: a reading taken before the question may still show
         await wait_until(pilot, lambda: "KV " in app.status_bar.render() and (
-            app.status_bar.model.kv_cells_used or 0) >= figures["prompt_tokens"])
+            app.status_bar.model.kv_cells_used or 0) >= figures.prompt_tokens)
         status = app.status_bar.model
         assert status.n_ctx == 512 and status.kv_cells_total == 1024
         reply = served.post("/v1/chat/completions", json={

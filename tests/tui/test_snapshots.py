@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from localinfer.backends.base import LoadOptions
+from localinfer.backends.metrics import Figures
 from localinfer.model_store.hardware import CPU, Hardware
 from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
@@ -29,9 +30,9 @@ def greet(name: str) -> str:
 ```
 
 It returns a **greeting**."""
-FIGURES = {"prompt_tokens": 41, "cached_tokens": 0, "generated_tokens": 38, "ttft_s": 0.084,
-           "tpot_s": 0.011, "e2el_s": 0.49, "prefill_tps": 520.0, "decode_tps": 91.3,
-           "queue_time_s": 0.0, "finish_reason": "stop"}
+FIGURES = Figures(prompt_tokens=41, cached_tokens=0, generated_tokens=38, ttft_s=0.084,
+                  tpot_s=0.011, e2el_s=0.49, prefill_tps=520.0, decode_tps=91.3,
+                  queue_time_s=0.0, finish_reason="stop")
 
 
 def _app(home) -> ChatApp:
