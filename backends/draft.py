@@ -15,8 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import llama_cpp
-
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.llama_native import NativeModel, SamplerChain
 from localinfer.errors import ModelLoadFailed
@@ -64,7 +62,7 @@ class DraftModel:
         self.n_ctx = self.native.n_ctx()
         self.n_batch = self.native.n_batch()
         self.cache: list[int] = []
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = self.native.batch(self.n_batch)
         self._greedy = SamplerChain(self.native, SamplingParams(temperature=0))  # an argmax
 
     def propose(self, tokens: Sequence[int], max_draft: int) -> list[int]:
@@ -73,7 +71,7 @@ class DraftModel:
             return []
         # keep what it has seen, but read at least the last token again for its logits
         keep = min(common_prefix(self.cache, tokens), len(tokens) - 1)
-        llama_cpp.llama_memory_seq_rm(self.native.memory, 0, keep, -1)
+        self.native.forget(0, keep)
         del self.cache[keep:]
         for start in range(keep, len(tokens), self.n_batch):
             if not self._decode(tokens[start:start + self.n_batch], last_logits=True):
@@ -95,9 +93,9 @@ class DraftModel:
             b.seq_id[i][0] = 0
             b.logits[i] = last_logits and i == len(tokens) - 1
         b.n_tokens = len(tokens)
-        if llama_cpp.llama_decode(self.native.ctx, b) != 0:
+        if self.native.decode(b) != 0:
             self.cache.clear()  # unknown state: start over next time
-            llama_cpp.llama_memory_clear(self.native.memory, True)
+            self.native.forget_all()
             return False
         self.cache.extend(tokens)
         return True
@@ -105,7 +103,7 @@ class DraftModel:
     def close(self) -> None:
         if self._greedy:
             self._greedy.close()
-            llama_cpp.llama_batch_free(self._batch)
+            self.native.free_batch(self._batch)
             self._greedy = None
             self.native.close()
 

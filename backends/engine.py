@@ -21,7 +21,6 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-import llama_cpp
 import numpy
 
 from localinfer.backends.draft import DraftModel, common_prefix, ngram_draft
@@ -172,7 +171,7 @@ class Engine:
         # their difference is what the engine itself costs on top of llama.cpp
         self._seconds = {"decode": 0.0, "step": 0.0}
         self._n_outputs = 0  # logits asked for by the batch being filled
-        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self._batch = native.batch(self.n_batch)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
         self.on_step: Callable[[float, int, int], None] | None = None
@@ -222,7 +221,7 @@ class Engine:
             preemptions=self._counters["preempted"],
             decode_seconds=self._seconds["decode"],
             step_seconds=self._seconds["step"],
-            threads=llama_cpp.llama_n_threads(self.native.ctx) if self.native.ctx else 0,
+            threads=self.native.threads(),
         )
 
     def _check_logit_bias(self, params: SamplingParams) -> None:
@@ -252,7 +251,7 @@ class Engine:
         self._closed = True
         self._inbox.put(_CLOSE)
         self._thread.join()
-        llama_cpp.llama_batch_free(self._batch)
+        self.native.free_batch(self._batch)
         if self.drafter is not None:
             self.drafter.close()
         self.native.close()
@@ -347,10 +346,9 @@ class Engine:
         shared = min(donor.common_prefix(prompt), len(prompt) - 1)
         if shared < own + self._MIN_SHARED:
             return
-        memory = self.native.memory
-        llama_cpp.llama_memory_seq_rm(memory, slot.id, -1, -1)
-        llama_cpp.llama_memory_seq_cp(memory, donor.id, slot.id, -1, -1)
-        llama_cpp.llama_memory_seq_rm(memory, slot.id, shared, -1)
+        self.native.forget(slot.id)
+        self.native.copy_cells(donor.id, slot.id)
+        self.native.forget(slot.id, shared)
         slot.cache = list(prompt[:shared])
 
     def _start(self, slot: Slot, task: Task) -> None:
@@ -359,8 +357,8 @@ class Engine:
         self._borrow_prefix(slot, tokens)
         # a new prompt keeps at least one token to evaluate: its logits give the first token
         n_keep = min(slot.common_prefix(tokens), len(tokens) - (0 if resume else 1))
-        if not llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, n_keep, -1):
-            llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+        if not self.native.forget(slot.id, n_keep):
+            self.native.forget(slot.id)
             n_keep = 0
         del slot.cache[n_keep:]
         slot.task = task
@@ -411,7 +409,7 @@ class Engine:
         return self._free_cells() >= need
 
     def _forget(self, slot: Slot) -> None:
-        llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+        self.native.forget(slot.id)
         slot.cache.clear()
 
     def _make_room_for_decode(self) -> None:
@@ -462,10 +460,8 @@ class Engine:
             raise EngineError(f"a step asked for {self._n_outputs} logits, more than the "
                               f"{self.native.n_outputs} the context holds")
         decode_started = time.perf_counter()
-        rc = llama_cpp.llama_decode(self.native.ctx, self._batch)
-        # a GPU backend returns before the work is done; the first logits read would wait
-        # for it, and that wait belongs to the decode, not to the engine's own time
-        llama_cpp.llama_synchronize(self.native.ctx)
+        rc = self.native.decode(self._batch)  # until the device is done: the wait for a GPU
+        # belongs to the decode, not to the engine's own time
         self._seconds["decode"] += time.perf_counter() - decode_started
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
@@ -493,7 +489,7 @@ class Engine:
         if self.threads is not None:
             count = self.threads.observe(seconds, n_decode, n_prompt)
             if count is not None:
-                llama_cpp.llama_set_n_threads(self.native.ctx, count, count)
+                self.native.set_threads(count)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 
@@ -504,7 +500,7 @@ class Engine:
                      if s.task and s.batch_index >= 0 and not s.draft and s.sampler.argmax)
         if greedy < 2:
             return None
-        logits = llama_cpp.llama_get_logits(self.native.ctx)  # rows in batch order
+        logits = self.native.logits()  # rows in batch order
         rows = numpy.ctypeslib.as_array(logits, shape=(self._n_outputs, self.native.n_vocab))
         return rows.argmax(axis=1)  # the first of the highest, as llama.cpp's greedy picks
 
@@ -576,7 +572,7 @@ class Engine:
         task.stats.draft_tokens += len(draft)
         token = self._sample(slot, slot.batch_index)
         if token is None:  # failed: the guesses' KV goes all the same
-            llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, len(slot.cache), -1)
+            self.native.forget(slot.id, len(slot.cache))
             return
         slot.state = SlotState.GENERATING
         self._on_token(slot, token)
@@ -591,7 +587,7 @@ class Engine:
         task.stats.accepted_tokens += accepted
         slot.draft_quality += 0.3 * (accepted / len(draft) - slot.draft_quality)
         # the rejected guesses' KV goes
-        llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, len(slot.cache), -1)
+        self.native.forget(slot.id, len(slot.cache))
 
     def _sample(self, slot: Slot, batch_index: int) -> int | None:
         """The slot's next token; None when its grammar took too long and it was failed."""
@@ -651,8 +647,7 @@ class Engine:
         The kept prefix is the request's n_keep prompt tokens (and the BOS token); the tokens
         after the gap keep their KV, re-positioned, as llama.cpp's server does.
         """
-        memory = self.native.memory
-        if not llama_cpp.llama_memory_can_shift(memory):
+        if not self.native.can_shift():
             return False
         n_past = len(slot.cache)
         bos = 1 if slot.cache and slot.cache[0] == self.native.bos() else 0
@@ -660,8 +655,8 @@ class Engine:
         n_discard = (n_past - n_keep) // 2
         if n_discard <= 0:
             return False
-        llama_cpp.llama_memory_seq_rm(memory, slot.id, n_keep, n_keep + n_discard)
-        llama_cpp.llama_memory_seq_add(memory, slot.id, n_keep + n_discard, n_past, -n_discard)
+        self.native.forget(slot.id, n_keep, n_keep + n_discard)
+        self.native.shift(slot.id, n_keep + n_discard, n_past, -n_discard)
         del slot.cache[n_keep:n_keep + n_discard]
         slot.task.stats.context_shifts += 1
         log.debug("slot %d: context shifted, kept %d, dropped %d", slot.id, n_keep, n_discard)
@@ -699,7 +694,7 @@ class Engine:
             if slot.task:
                 slot.task.generation.put(ErrorEvent(error))
                 # its KV may be half-written: forget it
-                llama_cpp.llama_memory_seq_rm(self.native.memory, slot.id, -1, -1)
+                self.native.forget(slot.id)
                 slot.cache.clear()
                 self._release(slot)
 

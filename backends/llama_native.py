@@ -95,6 +95,14 @@ class NativeModel:
     def n_params(self) -> int:
         return llama_cpp.llama_model_n_params(self.model)
 
+    def size_bytes(self) -> int:
+        return llama_cpp.llama_model_size(self.model)
+
+    def chat_template(self) -> str | None:
+        """The GGUF's chat template; None when the file carries none."""
+        source = llama_cpp.llama_model_chat_template(self.model, None)
+        return source.decode("utf-8", errors="replace") if source else None
+
     def meta(self, key: str) -> str | None:
         buf = ctypes.create_string_buffer(256)
         n = llama_cpp.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
@@ -117,6 +125,53 @@ class NativeModel:
         if eog is None:
             eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
         return eog
+
+    # -- the KV cache: one sequence per slot, positions [start, end), -1 for an open end
+    def forget(self, seq: int, start: int = -1, end: int = -1) -> bool:
+        """Drop a sequence's cells in [start, end); False where llama.cpp cannot cut the
+        sequence there (a recurrent model's state), and nothing was dropped."""
+        return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, end))
+
+    def forget_all(self) -> None:
+        llama_cpp.llama_memory_clear(self.memory, True)
+
+    def copy_cells(self, src: int, dst: int) -> None:
+        """Let sequence `dst` share every cell of `src` (no copy of the KV itself)."""
+        llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
+
+    def can_shift(self) -> bool:
+        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+
+    def shift(self, seq: int, start: int, end: int, delta: int) -> None:
+        """Move a sequence's cells in [start, end) by `delta` positions."""
+        llama_cpp.llama_memory_seq_add(self.memory, seq, start, end, delta)
+
+    # -- decoding
+    @staticmethod
+    def batch(capacity: int) -> llama_cpp.llama_batch:
+        """llama.cpp's batch of up to `capacity` tokens with one sequence id each; its
+        fields are written directly (token, pos, n_seq_id, seq_id, logits, n_tokens)."""
+        return llama_cpp.llama_batch_init(capacity, 0, 1)
+
+    @staticmethod
+    def free_batch(batch: llama_cpp.llama_batch) -> None:
+        llama_cpp.llama_batch_free(batch)
+
+    def decode(self, batch: llama_cpp.llama_batch) -> int:
+        """llama_decode's return code, once the device is done: a GPU backend returns before
+        the work is, and the first logits read would wait for it."""
+        rc = llama_cpp.llama_decode(self.ctx, batch)
+        llama_cpp.llama_synchronize(self.ctx)
+        return rc
+
+    def logits(self):  # a ctypes float pointer: the output rows of the last decode, in order
+        return llama_cpp.llama_get_logits(self.ctx)
+
+    def threads(self) -> int:
+        return llama_cpp.llama_n_threads(self.ctx) if self.ctx else 0
+
+    def set_threads(self, count: int) -> None:
+        llama_cpp.llama_set_n_threads(self.ctx, count, count)
 
     # -- text
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:

@@ -8,8 +8,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from pathlib import Path
 
-import llama_cpp
-
 from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
 from localinfer.backends.draft import DraftModel
@@ -86,7 +84,7 @@ class LlamaCppBackend(Backend):
             n_ctx_train=self.native.n_ctx_train(),
             n_slots=options.n_slots,
             n_params=self.native.n_params(),
-            size_bytes=llama_cpp.llama_model_size(self.native.model),
+            size_bytes=self.native.size_bytes(),
             has_chat_template=self._template_source() is not None,
         )
 
@@ -95,9 +93,7 @@ class LlamaCppBackend(Backend):
         return quant_name(int(file_type)) if file_type and file_type.isdigit() else "unknown"
 
     def _template_source(self) -> str | None:
-        # llama.cpp returns the GGUF's template, or NULL when the file carries none
-        source = llama_cpp.llama_model_chat_template(self.native.model, None)
-        return source.decode("utf-8", errors="replace") if source else None
+        return self.native.chat_template()
 
     def fewest_tokens(self, text_bytes: int) -> int:
         # halved: a tokenizer's normalisation may shorten a text before it is split
