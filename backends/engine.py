@@ -11,7 +11,6 @@ prefix (the same system prompt, earlier turns of the same chat) prefills only th
 from __future__ import annotations
 
 import codecs
-import enum
 import itertools
 import logging
 import queue
@@ -19,14 +18,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import numpy
 
-from localinfer.backends.draft import DraftModel, common_prefix, ngram_draft
+from localinfer.backends.draft import DraftModel
+from localinfer.backends.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel, SamplerChain
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.slots import Resume, Slot, SlotState, Task
+from localinfer.backends.speculator import Speculator
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
 from localinfer.backends.threads import ThreadTuner
@@ -43,73 +44,9 @@ __all__ = ["Engine", "Slot", "SlotState", "Task"]
 
 log = logging.getLogger("localinfer.engine")
 
-_MIN_DRAFT_QUALITY = 0.25
 _WAKE = object()
 _CLOSE = object()
 _CANCEL_ALL = object()
-
-
-class SlotState(enum.Enum):
-    IDLE = "idle"
-    PROCESSING_PROMPT = "processing_prompt"
-    GENERATING = "generating"
-
-
-@dataclass
-class Resume:
-    """What a preempted request needs to go on where it stopped, once its KV is rebuilt."""
-
-    tokens: list[int]  # whose KV it held: the prompt and what it had generated (shifts applied)
-    next_token: int  # sampled, not yet fed to the model
-    sampler: SamplerChain
-    decoder: codecs.IncrementalDecoder
-    stop: StopMatcher
-
-
-@dataclass
-class Task:
-    id: int
-    prompt: list[int]
-    params: SamplingParams
-    generation: Generation
-    stats: RequestStats
-    sampler: SamplerChain | None = None  # built when submitted; the slot takes it
-    resume: Resume | None = None
-
-    def close(self) -> None:
-        if self.sampler:
-            self.sampler.close()
-            self.sampler = None
-        if self.resume:
-            self.resume.sampler.close()
-            self.resume = None
-
-
-@dataclass
-class Slot:
-    id: int
-    state: SlotState = SlotState.IDLE
-    cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds
-    last_used: float = 0.0
-    task: Task | None = None
-    to_read: list[int] = field(default_factory=list)  # the prompt, or a preempted one's tokens
-    n_prompt_done: int = 0
-    next_token: int = -1  # sampled last step, fed to the model this step
-    batch_index: int = -1  # where this slot's logits sit in the current batch, -1 if none
-    output_row: int = -1  # the row of those logits among the step's outputs
-    sampler: SamplerChain | None = None
-    decoder: codecs.IncrementalDecoder | None = None
-    stop: StopMatcher | None = None
-    draft: list[int] = field(default_factory=list)  # guesses in this step's batch
-    draft_quality: float = 1.0  # moving share of guesses accepted for the current request
-
-    @property
-    def rebuilding(self) -> bool:
-        """Reading a preempted request's tokens back: its next token is already known."""
-        return self.task is not None and self.to_read is not self.task.prompt
-
-    def common_prefix(self, tokens: Sequence[int]) -> int:
-        return common_prefix(self.cache, tokens)
 
 
 class Engine:
@@ -144,17 +81,13 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
         self.budget = StepBudget(step_budget)
-        # a lone stream also decodes up to this many prompt-lookup guesses per step (draft.py)
-        self.draft_tokens = draft_tokens
-        self.drafter = drafter  # guesses from a small model instead of prompt lookup; owned
-        self.n_cells = native.n_ctx()
-        # split: each sequence owns n_cells / n_slots cells. unified: one pool of cells for
-        # all, any request may grow to the pool (up to the trained context), and requests
-        # are admitted, and if need be preempted, by free cells
-        self.unified = unified
-        self.n_ctx_slot = self.n_cells // n_slots
-        if unified:
-            self.n_ctx_slot = max(self.n_ctx_slot, min(self.n_cells, native.n_ctx_train()))
+        # a lone stream also decodes guesses with its next token (speculator.py)
+        self.speculator = Speculator(draft_tokens, drafter)
+        # how the slots share the context's cells: a fixed share each, or one pool that
+        # admits and preempts requests by free cells (cells.py)
+        self.cells = (SharedCells if unified else SplitCells)(native, n_slots)
+        self.n_cells = self.cells.n_cells
+        self.n_ctx_slot = self.cells.per_slot
         self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
@@ -252,8 +185,7 @@ class Engine:
         self._inbox.put(_CLOSE)
         self._thread.join()
         self.native.free_batch(self._batch)
-        if self.drafter is not None:
-            self.drafter.close()
+        self.speculator.close()
         self.native.close()
 
     # ------------------------------------------------------------------ engine thread
@@ -270,8 +202,7 @@ class Engine:
             if not any(s.task for s in self.slots):
                 continue
             try:
-                if self.unified:
-                    self._make_room_for_decode()
+                self.cells.before_step(self.slots, self._preempt)
                 self._step()
             except Exception as exc:  # never let one bad step kill the engine thread
                 log.exception("decode step failed")
@@ -316,7 +247,7 @@ class Engine:
             tokens = task.resume.tokens if task.resume else task.prompt
             # the longest cached prefix wins; among equals, the least recently used
             slot = max(idle, key=lambda s: (s.common_prefix(tokens), -s.last_used))
-            if self.unified and not self._admit(slot, tokens):
+            if not self.cells.admit(slot, tokens, self.slots):
                 return  # first come, first served: nobody overtakes the head of the queue
             self._waiting.popleft()
             self._dequeued(task)
@@ -382,48 +313,7 @@ class Engine:
         log.debug("slot %d: task %d, %d prompt tokens, %d cached",
                   slot.id, task.id, len(task.prompt), n_keep)
 
-    # ------------------------------------------------------------ unified cache: cells
-    # Cells are counted as the tokens each slot holds. A prefix one slot borrowed from
-    # another shares its cells in llama.cpp but is counted twice here: the count errs on the
-    # safe side, so a decode never finds the cache full.
-    _ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
-
-    def _free_cells(self) -> int:
-        return self.n_cells - sum(len(s.cache) for s in self.slots)
-
-    def _admit(self, slot: Slot, tokens: list[int]) -> bool:
-        """Whether the head of the queue may start: its tokens fit, with room to grow."""
-        # the slot keeps the shared prefix and drops the rest of what it holds
-        need = len(tokens) + 1 - len(slot.cache)
-        active = sum(1 for s in self.slots if s.task)
-        if active:  # running streams keep some cells to grow into before anyone is preempted
-            need += self._ROOM_PER_STREAM * active
-        return self._make_room(need, keep=slot)
-
-    def _make_room(self, need: int, keep: Slot | None = None) -> bool:
-        """Free cells held by finished requests' prefixes, least recently used first."""
-        idle = sorted((s for s in self.slots if s.task is None and s.cache and s is not keep),
-                      key=lambda s: s.last_used)
-        while self._free_cells() < need and idle:
-            self._forget(idle.pop(0))
-        return self._free_cells() >= need
-
-    def _forget(self, slot: Slot) -> None:
-        self.native.forget(slot.id)
-        slot.cache.clear()
-
-    def _make_room_for_decode(self) -> None:
-        """Every generating stream needs a cell this step: the newest requests yield theirs."""
-        need = sum(1 for s in self.slots if s.state is SlotState.GENERATING)
-        while not self._make_room(need):
-            active = [s for s in self.slots if s.task]
-            if len(active) < 2:
-                return  # a lone request never outgrows the pool (n_ctx_slot <= n_cells)
-            newest = max(active, key=lambda s: s.task.stats.submitted_at)
-            if newest.state is SlotState.GENERATING:
-                need -= 1
-            self._preempt(newest)
-
+    # ------------------------------------------------------------ unified cache: preemption
     def _preempt(self, slot: Slot) -> None:
         """Drop a request's KV and queue it first, to be rebuilt from its tokens later.
 
@@ -444,7 +334,7 @@ class Engine:
             task.sampler = slot.sampler
         slot.sampler = None  # now the task's
         log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
-        self._forget(slot)
+        self.cells.forget(slot)
         self._release(slot)
         self._waiting.appendleft(task)
         with self._lock:
@@ -514,8 +404,8 @@ class Engine:
         n = self._add_draft(n)
         n_decode = n
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
-        if self.unified:  # (the decode tokens' cells are already counted in the caches)
-            allowed = min(allowed, self._free_cells())
+        # (the decode tokens' cells are already counted in the caches)
+        allowed = min(allowed, self.cells.free(self.slots))
         for slot in self.slots:
             room = min(self.prefill_chunk, allowed - (n - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
@@ -529,31 +419,17 @@ class Engine:
         return n_decode, n - n_decode
 
     def _add_draft(self, n: int) -> int:
-        """A lone generating stream gets guesses after its next token (draft model or lookup)."""
-        if not self.draft_tokens:
+        """The speculator's guesses for a lone generating stream, after its next token."""
+        slot = self.speculator.candidate(self.slots)
+        if slot is None:
             return n
-        generating = [s for s in self.slots if s.state is SlotState.GENERATING]
-        if len(generating) != 1 or any(s.state is SlotState.PROCESSING_PROMPT
-                                       for s in self.slots):
-            return n
-        slot = generating[0]
-        # guesses that keep failing cost a prompt token's compute each: stop guessing, and
-        # probe with two every 16 tokens in case the text turns repetitive
-        probing = slot.draft_quality < _MIN_DRAFT_QUALITY
-        if probing and slot.task.stats.generated_tokens % 16:
-            return n
-        room = min(2 if probing else self.draft_tokens, self.n_batch - n, self.n_ctx_slot - len(slot.cache) - 1)
-        if self.unified:
-            room = min(room, self._free_cells())
+        # as many as the batch, the slot's cells and the pool have room for
+        room = min(self.n_batch - n, self.n_ctx_slot - len(slot.cache) - 1,
+                   self.cells.free(self.slots))
         max_tokens = slot.task.params.max_tokens
         if max_tokens is not None:  # no guesses past the last token it may write
             room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
-        if room <= 0:
-            return n
-        if self.drafter is not None:
-            slot.draft = self.drafter.propose(slot.cache, room)
-        else:
-            slot.draft = ngram_draft(slot.cache, max_draft=room)
+        slot.draft = self.speculator.guesses(slot, room)
         index, row = slot.batch_index, slot.output_row
         for token in slot.draft:
             n = self._add(n, slot, token, logits=True)
@@ -585,7 +461,7 @@ class Engine:
                 break
             self._on_token(slot, token)
         task.stats.accepted_tokens += accepted
-        slot.draft_quality += 0.3 * (accepted / len(draft) - slot.draft_quality)
+        self.speculator.record(slot, accepted, len(draft))
         # the rejected guesses' KV goes
         self.native.forget(slot.id, len(slot.cache))
 

@@ -46,7 +46,7 @@ try:
     print("no error")
 except EngineError as exc:
     print(exc)
-engine.draft_tokens = 0
+engine.speculator.draft_tokens = 0
 print(engine.submit(list(range(10, 30)), SamplingParams(temperature=0, max_tokens=8)).text()
       != "")  # the engine goes on
 """

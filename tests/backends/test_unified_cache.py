@@ -174,10 +174,10 @@ def test_a_request_preempted_again_while_read_back_goes_on_where_it_stopped(pool
     """The newest stream yields its cells, and yields them again before its tokens are read
     back (the pool still short): it must resume from where it stopped, not start over."""
     engine = pooled.engine
-    make_room = engine._make_room_for_decode
+    make_room = engine.cells.before_step
     target: dict = {"preempted": 0}
 
-    def squeeze():  # where the engine preempts, just before a step
+    def squeeze(slots, preempt):  # where the engine preempts, just before a step
         slot = next((s for s in engine.slots if s.task and s.task.id == target.get("id")), None)
         if slot is not None:
             if not target["preempted"] and slot.task.stats.generated_tokens >= 20:
@@ -186,10 +186,10 @@ def test_a_request_preempted_again_while_read_back_goes_on_where_it_stopped(pool
             elif target["preempted"] == 1 and slot.rebuilding:
                 engine._preempt(slot)
                 target["preempted"] = 2
-        make_room()
+        make_room(slots, preempt)
 
     older = _count(pooled, 101, max_tokens=80)  # keeps running: the target is the newest
-    monkeypatch.setattr(engine, "_make_room_for_decode", squeeze)
+    monkeypatch.setattr(engine.cells, "before_step", squeeze)
     generation = _count(pooled, 1, max_tokens=60)
     target["id"] = generation.id
     text = generation.text()

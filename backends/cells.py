@@ -1,0 +1,86 @@
+"""How the slots share the context's KV cells: the engine's KV policy.
+
+- `SplitCells` (the default): each slot's sequence owns n_cells / n_slots cells. A request
+  fits its share or is refused when submitted; nothing is admitted or preempted by cells.
+- `SharedCells` (--kv-unified): one pool. Any request may grow to the pool (up to the
+  trained context); requests are admitted by free cells, idle prefixes give theirs back
+  first (least recently used), and when generating streams need more, the newest request
+  is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
+
+Cells are counted as the tokens each slot holds. A prefix one slot borrowed from another
+shares its cells in llama.cpp but is counted twice here: the count errs on the safe side,
+so a decode never finds the cache full.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.slots import Slot, SlotState
+
+__all__ = ["SharedCells", "SplitCells"]
+
+
+class SplitCells:
+    def __init__(self, native: NativeModel, n_slots: int):
+        self.native = native
+        self.n_cells = native.n_ctx()
+        self.per_slot = self.n_cells // n_slots  # the longest request: prompt and reply
+
+    def free(self, slots: Sequence[Slot]) -> int:
+        """Cells a step may still fill (beyond a slot's own share, which bounds it)."""
+        return sys.maxsize
+
+    def admit(self, slot: Slot, tokens: Sequence[int], slots: Sequence[Slot]) -> bool:
+        """Whether the head of the queue may start in `slot`."""
+        return True
+
+    def before_step(self, slots: Sequence[Slot], preempt: Callable[[Slot], None]) -> None:
+        """Make room for this step's decode tokens (preempting requests if need be)."""
+
+    def forget(self, slot: Slot) -> None:
+        """Drop a slot's KV, whatever it held."""
+        self.native.forget(slot.id)
+        slot.cache.clear()
+
+
+class SharedCells(SplitCells):
+    ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
+
+    def __init__(self, native: NativeModel, n_slots: int):
+        super().__init__(native, n_slots)
+        self.per_slot = max(self.per_slot, min(self.n_cells, native.n_ctx_train()))
+
+    def free(self, slots: Sequence[Slot]) -> int:
+        return self.n_cells - sum(len(s.cache) for s in slots)
+
+    def admit(self, slot: Slot, tokens: Sequence[int], slots: Sequence[Slot]) -> bool:
+        """Its tokens fit, with room to grow (the slot keeps the shared prefix and drops the
+        rest of what it holds)."""
+        need = len(tokens) + 1 - len(slot.cache)
+        active = sum(1 for s in slots if s.task)
+        if active:  # running streams keep some cells to grow into before anyone is preempted
+            need += self.ROOM_PER_STREAM * active
+        return self._make_room(need, slots, keep=slot)
+
+    def before_step(self, slots: Sequence[Slot], preempt: Callable[[Slot], None]) -> None:
+        """Every generating stream needs a cell this step: the newest requests yield theirs."""
+        need = sum(1 for s in slots if s.state is SlotState.GENERATING)
+        while not self._make_room(need, slots):
+            active = [s for s in slots if s.task]
+            if len(active) < 2:
+                return  # a lone request never outgrows the pool (per_slot <= n_cells)
+            newest = max(active, key=lambda s: s.task.stats.submitted_at)
+            if newest.state is SlotState.GENERATING:
+                need -= 1
+            preempt(newest)
+
+    def _make_room(self, need: int, slots: Sequence[Slot], keep: Slot | None = None) -> bool:
+        """Free cells held by finished requests' prefixes, least recently used first."""
+        idle = sorted((s for s in slots if s.task is None and s.cache and s is not keep),
+                      key=lambda s: s.last_used)
+        while self.free(slots) < need and idle:
+            self.forget(idle.pop(0))
+        return self.free(slots) >= need
