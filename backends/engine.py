@@ -24,7 +24,7 @@ import numpy
 from localinfer.backends.draft import DraftModel
 from localinfer.backends.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
-from localinfer.backends.llama_native import NativeModel, SamplerChain
+from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.slots import Resume, Slot, SlotState, Task
 from localinfer.backends.speculator import Speculator
@@ -124,7 +124,7 @@ class Engine:
         self._check_logit_bias(params)
         # built here, in the caller's thread (it reads only the vocabulary): a grammar that
         # does not parse is refused before it is queued, and parsed once
-        sampler = SamplerChain(self.native, params, prompt)
+        sampler = self.native.sampler(params, prompt)
         with self._lock:
             busy = self._n_queued - self._n_requeued >= self.max_waiting
             if not busy:

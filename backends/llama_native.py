@@ -126,6 +126,10 @@ class NativeModel:
             eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
         return eog
 
+    def sampler(self, params: SamplingParams, prompt: Sequence[int] = ()) -> SamplerChain:
+        """A request's sampler chain (its grammar parsed now: a bad one raises here)."""
+        return SamplerChain(self, params, prompt)
+
     # -- the KV cache: one sequence per slot, positions [start, end), -1 for an open end
     def forget(self, seq: int, start: int = -1, end: int = -1) -> bool:
         """Drop a sequence's cells in [start, end); False where llama.cpp cannot cut the

@@ -1,0 +1,134 @@
+"""The slot scheduler against a fake model (fake_native.py), in milliseconds: which slot a
+request takes, prefix reuse and borrowing, the wait queue, cancels, and the shared pool's
+preemptions — each reply checked token by token against what the model gives, and every
+decode checked against the KV cache the scheduler must keep. (The same behaviour on the
+real models: test_prefix_sharing.py, test_unified_cache.py, test_engine_limits.py.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from localinfer.backends.base import SamplingParams
+from localinfer.backends.engine import Engine
+from localinfer.errors import EngineBusy
+
+from .fake_native import FakeNative, reference, text
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12)
+
+
+def _engine(native: FakeNative, n_slots: int = 2, **kw) -> Engine:
+    return Engine(native, n_slots=n_slots, n_batch=64, **kw)
+
+
+def _prompt(start: int, n: int = 10) -> list[int]:
+    return [(start + i) % 97 for i in range(n)]
+
+
+def test_every_reply_is_the_models_whatever_shares_the_batch():
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native, n_slots=3)
+    try:
+        prompts = [_prompt(s, 5 + s) for s in range(7)]  # more requests than slots: a queue
+        generations = [engine.submit(p, GREEDY) for p in prompts]
+        for prompt, generation in zip(prompts, generations):
+            assert generation.text() == text(reference(prompt, 12))
+            assert generation.stats.generated_tokens == 12
+        assert engine.stats().requests_finished == 7
+    finally:
+        engine.close()
+
+
+def test_a_chat_turn_reads_only_what_is_new():
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native)
+    try:
+        first = _prompt(1, 40)
+        reply = engine.submit(first, GREEDY)
+        said = reference(first, 12)
+        assert reply.text() == text(said)
+        turn = first + said + _prompt(50, 8)
+        second = engine.submit(turn, GREEDY)
+        assert second.text() == text(reference(turn, 12))
+        # the slot kept the first turn: all of it but the token the reply ended on
+        assert second.stats.cached_tokens >= len(first) + len(said) - 1
+    finally:
+        engine.close()
+
+
+def test_a_prefix_another_busy_slot_holds_is_borrowed():
+    native = FakeNative(n_ctx=1024)
+    engine = _engine(native)
+    try:
+        system = _prompt(3, 60)  # a shared system prompt, past the 32 tokens worth copying
+        native.gate.clear()
+        long_one = engine.submit(system + [5, 6], SamplingParams(temperature=0, max_tokens=150))
+        assert native.held.wait(5)  # slot 0 reads the system prompt, and will go on generating
+        other = engine.submit(system + [7, 8, 9], GREEDY)
+        native.gate.set()
+        assert other.text() == text(reference(system + [7, 8, 9], 12))
+        assert native.copies == 1  # borrowed from the busy slot, not read again
+        assert other.stats.cached_tokens == 60
+        assert long_one.text() == text(reference(system + [5, 6], 150))
+    finally:
+        engine.close()
+
+
+def test_a_full_wait_queue_is_busy_and_a_cancel_frees_the_slot():
+    native = FakeNative()
+    engine = _engine(native, n_slots=1, max_waiting=2)
+    native.gate.clear()  # the engine holds in its first decode
+    try:
+        running = engine.submit(_prompt(1), SamplingParams(temperature=0, max_tokens=100))
+        assert native.held.wait(5)  # it has the slot
+        waiting = [engine.submit(_prompt(s), GREEDY) for s in (2, 3)]
+        with pytest.raises(EngineBusy, match="waiting"):
+            engine.submit(_prompt(4), GREEDY)
+        running.cancel()
+        native.gate.set()
+        running.text()
+        assert running.stats.finish_reason == "cancelled"
+        assert running.stats.generated_tokens < 100
+        for s, generation in zip((2, 3), waiting):
+            assert generation.text() == text(reference(_prompt(s), 12))
+        assert engine.stats().waiting == 0
+        assert engine.submit(_prompt(4), GREEDY).text() == text(reference(_prompt(4), 12))
+    finally:
+        native.gate.set()
+        engine.close()
+
+
+def test_the_shared_pool_preempts_the_newest_which_goes_on_where_it_stopped():
+    """Three streams of ~90 cells each outgrow a pool of 192: the newest yield theirs, are
+    rebuilt from their tokens, and every reply is still the model's."""
+    native = FakeNative(n_ctx=192)
+    engine = _engine(native, n_slots=3, unified=True)
+    try:
+        long = SamplingParams(temperature=0, max_tokens=80)
+        prompts = [_prompt(s, 10) for s in (1, 11, 21)]
+        generations = []
+        for prompt in prompts:  # in order: the first is the oldest
+            generations.append(engine.submit(prompt, long))
+        for prompt, generation in zip(prompts, generations):
+            assert generation.text() == text(reference(prompt, 80))
+        assert generations[0].stats.preemptions == 0
+        assert sum(g.stats.preemptions for g in generations) == engine.stats().preemptions > 0
+    finally:
+        engine.close()
+
+
+def test_a_stream_that_is_cancelled_while_others_run_leaves_them_be():
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native, n_slots=2)
+    try:
+        native.gate.clear()
+        keep = engine.submit(_prompt(1), SamplingParams(temperature=0, max_tokens=60))
+        drop = engine.submit(_prompt(2), SamplingParams(temperature=0, max_tokens=60))
+        assert native.held.wait(5)
+        drop.cancel()  # mid-step: it ends at the next one
+        native.gate.set()
+        drop.text()
+        assert drop.stats.finish_reason == "cancelled" and drop.stats.generated_tokens < 60
+        assert keep.text() == text(reference(_prompt(1), 60))
+    finally:
+        engine.close()
