@@ -96,7 +96,8 @@ def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, mode
     backend = request.getfixturevalue(model)
     ask = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
     monkeypatch.setattr(_Twin, "made", [], raising=False)
-    monkeypatch.setattr(engine_module, "SamplerChain", _Twin)
+    native = backend.native
+    monkeypatch.setattr(native, "sampler", lambda params, prompt=(): _Twin(native, params, prompt))
     backend.chat(ask, SHORTCUT_CASES[case]).text()
     (twin,) = _Twin.made
     assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
