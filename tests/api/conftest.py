@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 # smollm2's end-of-generation tokens as a logit bias: a reply runs to its limit, on any CPU
@@ -64,12 +65,21 @@ def start_server(home: Path, *args: str, ready_timeout: float = 60,
 
 
 def stop_server(server: Server) -> None:
+    """Stop the server, and wait for its runners too: they end once they read that their
+    parent has gone, and until then hold its files (its log) open."""
+    try:
+        runners = psutil.Process(server.process.pid).children(recursive=True)
+    except psutil.Error:
+        runners = []
     server.process.terminate()
     try:
         server.process.wait(timeout=15)
     except subprocess.TimeoutExpired:
         server.process.kill()
         server.process.wait()
+    _, left = psutil.wait_procs(runners, timeout=15)
+    for runner in left:
+        runner.kill()
 
 
 @pytest.fixture(scope="session")
