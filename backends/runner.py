@@ -382,6 +382,8 @@ class _Runner:
         try:
             with open(self._fault) as f:
                 what = f.read().strip()
+            if not what:  # caught between its creation and its write: read it next time
+                return
             os.remove(self._fault)
         except OSError:
             return

@@ -34,6 +34,14 @@ def server(tmp_path_factory: pytest.TempPathFactory, fault: Path, _session_store
     stop_server(srv)
 
 
+def inject(fault: Path, what: str) -> None:
+    """Whole or absent: a runner polls the file every pass, and one that read it empty (made,
+    not yet written) let its streams run to the end."""
+    part = fault.with_suffix(".part")
+    part.write_text(what)
+    part.replace(fault)
+
+
 def runners(server) -> list[psutil.Process]:
     children = psutil.Process(server.process.pid).children()
     return [p for p in children if "localinfer.backends.runner" in " ".join(p.cmdline())]
@@ -139,7 +147,7 @@ def test_an_abort_inside_llama_cpp_costs_only_its_runner(server, fault):
     streams.start("openai", openai_stream(server))
     streams.start("ollama", ollama_stream(server))
     streams.wait_for_chunks(["openai", "ollama"])
-    fault.write_text("abort")  # the runner calls ggml_abort, as a failed GGML_ASSERT does
+    inject(fault, "abort")  # the runner calls ggml_abort, as a failed GGML_ASSERT does
     streams.join()
     for name in ("openai", "ollama"):
         assert "SIGABRT" in streams.ended[name], streams.ended
@@ -152,7 +160,7 @@ def test_a_runner_that_makes_no_progress_is_stopped(server, fault):
     streams.start("openai", openai_stream(server))
     streams.wait_for_chunks(["openai"])
     began = time.monotonic()
-    fault.write_text("hang")  # the engine stops inside a pass; LOCALINFER_RUNNER_TIMEOUT=3
+    inject(fault, "hang")  # the engine stops inside a pass; LOCALINFER_RUNNER_TIMEOUT=3
     streams.join()
     assert "made no progress for 3 s" in streams.ended["openai"], streams.ended
     assert 2.5 < time.monotonic() - began < 15
