@@ -14,7 +14,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -98,12 +98,11 @@ async def start(
     prompt: str | Sequence[int] | None = None,
     keep_alive: str | float | None = None,
     tools: ToolSpec | None = None,
-    limit_given: bool = False,
     plain_without_template: bool = False,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
-    A request that sets no limit (`limit_given` False and no max_tokens) gets the settings'
-    reply cap; its reply still ends sooner if the context fills. plain_without_template:
+    A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
+    capped); its reply still ends sooner if the context fills. plain_without_template:
     a model whose file has no chat template (a base model) gets the messages' text as it
     is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
     began = time.monotonic()
@@ -115,8 +114,6 @@ async def start(
         if max_tokens_too_big(params, loaded):
             raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
                                 f"({backend.info.n_ctx} tokens) — ask for fewer")
-        if params.max_tokens is None and not limit_given:
-            params = replace(params, max_tokens=pool.settings.reply_cap, context_shift=False)
         if (messages is not None and plain_without_template
                 and not backend.info.has_chat_template):
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)

@@ -56,10 +56,6 @@ class Options(core.Lenient):
     num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None
 
-    @property
-    def limit_given(self) -> bool:
-        """num_predict set, -1 ("no limit, the context ends it") included: no reply cap."""
-        return self.num_predict is not None
 
     def params(self, grammar: str | None) -> SamplingParams:
         if self.num_predict == 0:
@@ -74,6 +70,8 @@ class Options(core.Lenient):
             # as Ollama: a full context drops its older half and a reply with num_predict
             # goes on (without one, or with -2 "fill the context", it ends there)
             context_shift=True, n_keep=self.num_keep,
+            # num_predict set, -1 ("no limit, the context ends it") included: no reply cap
+            capped=self.num_predict is None,
         )
 
 
@@ -251,8 +249,7 @@ async def chat(body: ChatRequest, request: Request):
                 for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
-                           messages=messages, keep_alive=body.keep_alive, tools=tools,
-                           limit_given=body.options.limit_given)
+                           messages=messages, keep_alive=body.keep_alive, tools=tools)
     return await _respond(job, body, "message")
 
 
@@ -265,13 +262,12 @@ async def generate(body: GenerateRequest, request: Request):
     pool = request.app.state.pool
     if body.raw:
         job = await core.start(pool, body.model, params, prompt=body.prompt,
-                               keep_alive=body.keep_alive, limit_given=body.options.limit_given)
+                               keep_alive=body.keep_alive)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
-                               keep_alive=body.keep_alive, limit_given=body.options.limit_given,
-                               plain_without_template=True)
+                               keep_alive=body.keep_alive, plain_without_template=True)
     return await _respond(job, body, "response")
 
 

@@ -134,13 +134,13 @@ def run(
     _warm_runner()
     from localinfer.repl import answer_once, interactive
     from localinfer.service import load_model
-    from localinfer.settings import Settings
 
     _setup_logging(verbose)
     with _user_errors():
-        cap = Settings().reply_cap if max_tokens is None else max_tokens or None
+        # no --max-tokens: the reply cap (LOCALINFER_MAX_TOKENS) applies; 0: none
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                max_tokens=cap, stop=tuple(stop or ()))
+                                max_tokens=max_tokens or None, capped=max_tokens is None,
+                                stop=tuple(stop or ()))
         one_shot = prompt
         if not sys.stdin.isatty():
             piped = _read_piped_text()

@@ -70,10 +70,11 @@ def fit_to_context(backend: Backend, messages: list[dict[str, str]], reserve: in
 
 
 def reply_room(backend: Backend, params: SamplingParams) -> int:
-    """Tokens a chat keeps free for the next reply: its max_tokens, else a quarter of the
-    context, at most half of it."""
+    """Tokens a chat keeps free for the next reply: its max_tokens (or the model's reply
+    cap), else a quarter of the context, at most half of it."""
     n_ctx = backend.info.n_ctx
-    return min(params.max_tokens or n_ctx // 4, n_ctx // 2)
+    longest = params.max_tokens or (backend.info.reply_cap if params.capped else None)
+    return min(longest or n_ctx // 4, n_ctx // 2)
 
 
 def _print_stats(reply: Reply, err: Console) -> None:

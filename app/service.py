@@ -107,7 +107,9 @@ def prepare(
         draft = resolve(options.draft_model, settings.models_dir)
         draft_model = str(draft.path)
         draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
-    options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model)
+    options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model,
+                                  reply_cap=settings.max_tokens if options.reply_cap is None
+                                  else options.reply_cap)
     chosen = None
     if options.n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(hardware(), draft_bytes),

@@ -34,10 +34,6 @@ class Settings(BaseSettings):
                                                     "no limit (LOCALINFER_MAX_TOKENS)")
 
     @property
-    def reply_cap(self) -> int | None:
-        return self.max_tokens or None
-
-    @property
     def models_dir(self) -> Path:
         return self.home / "models"
 

@@ -51,6 +51,10 @@ class SamplingParams:
     # max_tokens, so no reply can run for ever
     context_shift: bool = False
     n_keep: int = 0
+    # no max_tokens and capped: the model's reply cap applies (LoadOptions.reply_cap, from
+    # LOCALINFER_MAX_TOKENS), and no context shift; not capped: none (Ollama's num_predict
+    # -1, `run --max-tokens 0`) — the reply ends with its end token or a full context
+    capped: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -108,6 +112,9 @@ class LoadOptions:
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
+    # the longest reply of a request that sets no limit (SamplingParams.capped); 0: none.
+    # None until service.prepare fills in the settings' (LOCALINFER_MAX_TOKENS)
+    reply_cap: int | None = None
     flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
 
     @property
@@ -152,6 +159,7 @@ class ModelInfo:
     # the file carries its own chat template (else a family's turn format stands in: a base
     # model, whose plain completions must not be wrapped in turns it never learned)
     has_chat_template: bool = True
+    reply_cap: int | None = None  # the longest reply of a request that sets no limit
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy
 
@@ -64,8 +65,12 @@ class Engine:
         drafter: DraftModel | None = None,
         threads: ThreadTuner | None = None,
         grammar_limit_s: float = 1.0,
+        reply_cap: int | None = None,
     ):
         self.native = native
+        # the longest reply of a request that sets no limit (the one place it is applied:
+        # every front end's requests pass here); None or 0: none
+        self.reply_cap = reply_cap or None
         # one token of a grammar-constrained reply may take this long to sample; past it the
         # request ends with an error, so a costly grammar cannot stall every other stream
         # (measured here: JSON grammars on gemma3's 262k vocabulary take 41 ms a token, at
@@ -120,6 +125,8 @@ class Engine:
         if self._closed:
             raise EngineClosed("the engine has been shut down")
         prompt = list(prompt)
+        if params.max_tokens is None and params.capped and self.reply_cap:
+            params = replace(params, max_tokens=self.reply_cap, context_shift=False)
         self._check_prompt(prompt)
         self._check_logit_bias(params)
         # built here, in the caller's thread (it reads only the vocabulary): a grammar that

@@ -70,6 +70,7 @@ class LlamaCppBackend(Backend):
                              step_budget=options.step_budget,
                              draft_tokens=options.guesses,
                              unified=options.kv_unified, drafter=drafter,
+                             reply_cap=options.reply_cap,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(
                                  n_threads, physical_cores()))
@@ -86,6 +87,7 @@ class LlamaCppBackend(Backend):
             n_params=self.native.n_params(),
             size_bytes=self.native.size_bytes(),
             has_chat_template=self._template_source() is not None,
+            reply_cap=self.engine.reply_cap,
         )
 
     def _quant(self) -> str:

@@ -180,8 +180,6 @@ class LocalClient(ChatClient):
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:
             raise LocalinferError("no model is loaded yet")
-        if params.max_tokens is None:  # as the server does for a client that sets no limit
-            params = replace(params, max_tokens=self.settings.reply_cap)
         generation = await asyncio.to_thread(_chat_within_context, self.backend, messages,
                                              params)
         self._generation = generation

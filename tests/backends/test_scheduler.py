@@ -132,3 +132,23 @@ def test_a_stream_that_is_cancelled_while_others_run_leaves_them_be():
         assert keep.text() == text(reference(_prompt(1), 60))
     finally:
         engine.close()
+
+
+def test_the_reply_cap_is_applied_here_for_every_front_end():
+    """A request that sets no limit gets the model's reply cap (LOCALINFER_MAX_TOKENS, in
+    LoadOptions) in the engine, whichever front end sent it; one that asked for no limit
+    (Ollama's num_predict -1, `run --max-tokens 0`) or set its own does not."""
+    native = FakeNative(n_ctx=256)
+    engine = _engine(native, n_slots=1, reply_cap=5)
+    try:
+        prompt = _prompt(1)
+        capped = engine.submit(prompt, SamplingParams(temperature=0))
+        assert capped.text() == text(reference(prompt, 5))
+        assert capped.stats.finish_reason == "length"
+        own = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=9))
+        assert own.text() == text(reference(prompt, 9))
+        endless = engine.submit(prompt, SamplingParams(temperature=0, capped=False))
+        endless.text()
+        assert endless.stats.generated_tokens > 5 and endless.stats.finish_reason == "length"
+    finally:
+        engine.close()
