@@ -16,7 +16,6 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -29,6 +28,7 @@ from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.slots import Resume, Slot, SlotState, Task
 from localinfer.backends.speculator import Speculator
+from localinfer.backends.task_queue import TaskQueue
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
 from localinfer.backends.threads import ThreadTuner
@@ -93,14 +93,9 @@ class Engine:
         self.cells = (SharedCells if unified else SplitCells)(native, n_slots)
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
-        self.max_waiting = max_waiting
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
-        self._inbox: queue.SimpleQueue[object] = queue.SimpleQueue()
-        self._waiting: deque[Task] = deque()
-        self._n_queued = 0  # waiting for a slot, preempted requests included
-        self._n_requeued = 0  # of those, preempted ones: they do not count against max_waiting
-        self._lock = threading.Lock()
+        self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)
         self._ids = itertools.count(1)
         self._closed = False
         self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0,
@@ -132,17 +127,14 @@ class Engine:
         # built here, in the caller's thread (it reads only the vocabulary): a grammar that
         # does not parse is refused before it is queued, and parsed once
         sampler = self.native.sampler(params, prompt)
-        with self._lock:
-            busy = self._n_queued - self._n_requeued >= self.max_waiting
-            if not busy:
-                self._n_queued += 1
-        if busy:
+        if not self.queue.admit():
             sampler.close()
-            raise EngineBusy(f"{self._n_queued} requests are already waiting — retry shortly")
+            raise EngineBusy(f"{self.queue.queued} requests are already waiting — retry "
+                             f"shortly")
         task_id = next(self._ids)
-        generation = Generation(id=task_id, _on_cancel=lambda: self._inbox.put(_WAKE))
+        generation = Generation(id=task_id, _on_cancel=lambda: self.queue.put(_WAKE))
         stats = RequestStats(submitted_at=self._clock())
-        self._inbox.put(Task(task_id, prompt, params, generation, stats, sampler))
+        self.queue.put(Task(task_id, prompt, params, generation, stats, sampler))
         return generation
 
     def stats(self) -> EngineStats:
@@ -151,7 +143,7 @@ class Engine:
         return EngineStats(
             n_slots=len(slots),
             active=sum(1 for s in slots if s.task is not None),
-            waiting=self._n_queued,
+            waiting=self.queue.queued,
             kv_cells_used=sum(len(s.cache) for s in slots),
             kv_cells_total=self.native.n_ctx(),
             steps=self._counters["steps"],
@@ -183,13 +175,13 @@ class Engine:
     def cancel_all(self) -> None:
         """End every request submitted so far within a step (a server shutting down): each
         gets its DoneEvent, so its stream closes properly. Safe from any thread."""
-        self._inbox.put(_CANCEL_ALL)
+        self.queue.put(_CANCEL_ALL)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._inbox.put(_CLOSE)
+        self.queue.put(_CLOSE)
         self._thread.join()
         self.native.free_batch(self._batch)
         self.speculator.close()
@@ -219,25 +211,25 @@ class Engine:
     def _take_new_tasks(self) -> bool:
         """Move arrivals into the wait queue; block only when there is nothing to do."""
         self.after_pass()
-        idle = not self._waiting and not any(s.task for s in self.slots)
+        idle = not self.queue.waiting and not any(s.task for s in self.slots)
         while True:
             try:
-                item = self._inbox.get(block=idle)
+                item = self.queue.inbox.get(block=idle)
             except queue.Empty:
                 return True
             if item is _CLOSE:
                 return False
             if isinstance(item, Task):
-                self._waiting.append(item)
+                self.queue.waiting.append(item)
             elif item is _CANCEL_ALL:  # every request so far ends now, with what it has
-                for task in [*self._waiting, *(s.task for s in self.slots if s.task)]:
+                for task in [*self.queue.waiting, *(s.task for s in self.slots if s.task)]:
                     task.generation.cancelled = True
             idle = False
 
     def _drop_cancelled(self) -> None:
-        for task in [t for t in self._waiting if t.generation.cancelled]:
-            self._waiting.remove(task)
-            self._dequeued(task)
+        for task in [t for t in self.queue.waiting if t.generation.cancelled]:
+            self.queue.waiting.remove(task)
+            self.queue.taken(task)
             task.close()
             task.stats.finish_reason = "cancelled"
             task.generation.put(DoneEvent(task.stats))
@@ -246,25 +238,19 @@ class Engine:
                 self._finish(slot, "cancelled")
 
     def _assign_slots(self) -> None:
-        while self._waiting:
+        while self.queue.waiting:
             idle = [s for s in self.slots if s.state is SlotState.IDLE]
             if not idle:
                 return
-            task = self._waiting[0]
+            task = self.queue.waiting[0]
             tokens = task.resume.tokens if task.resume else task.prompt
             # the longest cached prefix wins; among equals, the least recently used
             slot = max(idle, key=lambda s: (s.common_prefix(tokens), -s.last_used))
             if not self.cells.admit(slot, tokens, self.slots):
                 return  # first come, first served: nobody overtakes the head of the queue
-            self._waiting.popleft()
-            self._dequeued(task)
+            self.queue.waiting.popleft()
+            self.queue.taken(task)
             self._start(slot, task)
-
-    def _dequeued(self, task: Task) -> None:
-        with self._lock:
-            self._n_queued -= 1
-            if task.stats.preemptions:  # it was queued again by _preempt, not by submit
-                self._n_requeued -= 1
 
     _MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
 
@@ -343,10 +329,7 @@ class Engine:
         log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
         self.cells.forget(slot)
         self._release(slot)
-        self._waiting.appendleft(task)
-        with self._lock:
-            self._n_queued += 1
-            self._n_requeued += 1
+        self.queue.requeue_first(task)
 
     def _step(self) -> None:
         started = time.perf_counter()
@@ -583,13 +566,13 @@ class Engine:
 
     def _fail_all(self, error: LocalinferError) -> None:
         self._fail_active(error)
-        while self._waiting:
-            task = self._waiting.popleft()
+        while self.queue.waiting:
+            task = self.queue.waiting.popleft()
             task.close()
             task.generation.put(ErrorEvent(error))
         while True:
             try:
-                item = self._inbox.get_nowait()
+                item = self.queue.inbox.get_nowait()
             except queue.Empty:
                 return
             if isinstance(item, Task):

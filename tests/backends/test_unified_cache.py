@@ -119,7 +119,7 @@ def test_preempted_requests_do_not_fill_the_wait_queue(pooled, monkeypatch):
     streams = [_count(pooled, start, max_tokens=150) for start in (1, 101, 201, 301)]
     while engine.stats().waiting:  # all four started (their cells run out much later)
         time.sleep(0.01)
-    monkeypatch.setattr(engine, "max_waiting", 1)
+    monkeypatch.setattr(engine.queue, "max_waiting", 1)
     monkeypatch.setattr(engine, "on_step", submit_while_one_is_requeued)
     texts = [g.text() for g in streams]
     assert "refused" not in late, late.get("refused")
