@@ -26,7 +26,7 @@ __all__ = ["SharedCells", "SplitCells"]
 class SplitCells:
     def __init__(self, native: NativeModel, n_slots: int):
         self.native = native
-        self.n_cells = native.n_ctx()
+        self.n_cells = native.n_cells()
         self.per_slot = self.n_cells // n_slots  # the longest request: prompt and reply
 
     def free(self, slots: Sequence[Slot]) -> int:

@@ -59,7 +59,7 @@ class DraftModel:
         except ModelLoadFailed:
             self.native.close()
             raise
-        self.n_ctx = self.native.n_ctx()
+        self.n_ctx = self.native.n_cells()  # one sequence: all its cells
         self.n_batch = self.native.n_batch()
         self.cache: list[int] = []
         self._batch = self.native.batch(self.n_batch)

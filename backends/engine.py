@@ -145,7 +145,7 @@ class Engine:
             active=sum(1 for s in slots if s.task is not None),
             waiting=self.queue.queued,
             kv_cells_used=sum(len(s.cache) for s in slots),
-            kv_cells_total=self.native.n_ctx(),
+            kv_cells_total=self.native.n_cells(),
             steps=self._counters["steps"],
             tokens_evaluated=self._counters["evaluated"],
             tokens_generated=self._counters["generated"],

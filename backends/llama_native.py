@@ -82,7 +82,8 @@ class NativeModel:
         self._longest: int | None = None
 
     # -- model facts
-    def n_ctx(self) -> int:
+    def n_cells(self) -> int:
+        """The context's KV cells, all slots' together (LoadOptions.n_ctx is one slot's)."""
         return llama_cpp.llama_n_ctx(self.ctx)
 
     def n_batch(self) -> int:

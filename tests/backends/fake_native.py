@@ -68,7 +68,7 @@ class FakeNative:
         self.held = threading.Event()  # a decode is waiting at the gate
         self._logits = None
 
-    def n_ctx(self) -> int:
+    def n_cells(self) -> int:
         return self._n_ctx
 
     def n_ctx_train(self) -> int:
