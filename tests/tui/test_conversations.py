@@ -175,3 +175,26 @@ def test_a_file_from_a_newer_localinfer_is_left_as_it_is(tmp_path: Path):
     chat = store.create("m", "this session only")  # kept in memory
     store.add(chat.id, StoredMessage("user", "hi"))
     assert path.read_bytes() == before and not list(tmp_path.glob("*damaged*"))
+
+
+def test_a_file_of_the_latest_shape_from_before_versions_gets_its_number_and_no_step(
+        tmp_path: Path):
+    """Files written before the versions existed already had the model column: no step may
+    run on them again (adding the column twice fails), only the number is written."""
+    path = tmp_path / "chats.db"
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            CREATE TABLE conversations (id INTEGER PRIMARY KEY, title TEXT NOT NULL,
+                model TEXT NOT NULL, system TEXT NOT NULL DEFAULT '',
+                params TEXT NOT NULL DEFAULT '{}', created_at TEXT NOT NULL,
+                updated_at TEXT NOT NULL);
+            CREATE TABLE messages (id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL,
+                role TEXT NOT NULL, content TEXT NOT NULL, figures TEXT,
+                created_at TEXT NOT NULL, model TEXT);
+            INSERT INTO conversations VALUES (1, 'kept', 'smollm2:135m', '', '{}', 'x', 'x');
+            INSERT INTO messages VALUES (1, 1, 'assistant', 'Paris.', NULL, 'x', 'gemma3:270m');
+        """)
+    store = ConversationStore(path)
+    assert store.notice is None
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION
+    assert [m.model for m in store.messages(1)] == ["gemma3:270m"]
