@@ -20,15 +20,14 @@ from localinfer.api.security import Guard
 from localinfer.model_store.sources import installed_models
 from localinfer.pool import ModelPool
 from localinfer import web
-from localinfer.settings import ServeSettings, Settings
+from localinfer.settings import Settings
 
 __all__ = ["create_app"]
 
 log = logging.getLogger("localinfer.api")
 
 
-def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
-               preload: str | None = None) -> FastAPI:
+def create_app(pool: ModelPool, settings: Settings, preload: str | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
@@ -65,11 +64,11 @@ def create_app(pool: ModelPool, serve: ServeSettings, settings: Settings,
         # off the loop: each model's figures are asked of its runner
         return Response(await asyncio.to_thread(render), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(Guard, allowed_hosts=serve.allowed_hosts + [serve.host],
-                       api_key=serve.api_key, max_body_bytes=serve.max_body_bytes,
-                       allowed_origins=serve.allowed_origins)
-    if serve.allowed_origins:  # outermost: a browser's preflight carries no API key
-        app.add_middleware(CORSMiddleware, allow_origins=serve.allowed_origins,
+    app.add_middleware(Guard, allowed_hosts=settings.allowed_hosts + [settings.host],
+                       api_key=settings.api_key, max_body_bytes=settings.max_body_bytes,
+                       allowed_origins=settings.allowed_origins)
+    if settings.allowed_origins:  # outermost: a browser's preflight carries no API key
+        app.add_middleware(CORSMiddleware, allow_origins=settings.allowed_origins,
                            allow_methods=["*"], allow_headers=["*"])
     return app
 

@@ -18,7 +18,7 @@ from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.service import prepare
-from localinfer.settings import ServeSettings, Settings
+from localinfer.settings import Settings
 
 __all__ = ["serve", "serve_in_thread"]
 
@@ -38,9 +38,9 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+def serve(settings: Settings, options: LoadOptions, model: str | None,
           verbose: bool = False) -> None:
-    server, sock = _prepare_server(serve_settings, options, model, verbose)
+    server, sock = _prepare_server(settings, options, model, verbose)
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
     print(f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
@@ -48,11 +48,11 @@ def serve(serve_settings: ServeSettings, options: LoadOptions, model: str | None
     server.run(sockets=[sock])
 
 
-def serve_in_thread(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+def serve_in_thread(settings: Settings, options: LoadOptions, model: str | None,
                     verbose: bool = False) -> tuple[str, _Server, threading.Thread]:
     """The same server on a thread of this process (`localinfer app`): its URL, the server
     (set `should_exit` to stop it) and the thread. Returns once it answers."""
-    server, sock = _prepare_server(serve_settings, options, model, verbose)
+    server, sock = _prepare_server(settings, options, model, verbose)
     host, port = sock.getsockname()[:2]
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name="localinfer-server")
@@ -64,18 +64,17 @@ def serve_in_thread(serve_settings: ServeSettings, options: LoadOptions, model: 
     return f"http://{host}:{port}", server, thread
 
 
-def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: str | None,
+def _prepare_server(settings: Settings, options: LoadOptions, model: str | None,
                     verbose: bool) -> tuple[_Server, socket.socket]:
-    if serve_settings.api_key is not None and not serve_settings.api_key.strip():
+    if settings.api_key is not None and not settings.api_key.strip():
         raise LocalinferError("the API key is blank — anyone could send it; choose one "
                               "(e.g. `openssl rand -hex 16`)")
-    if not is_loopback(serve_settings.host) and not serve_settings.api_key:
+    if not is_loopback(settings.host) and not settings.api_key:
         raise LocalinferError(
-            f"listening on {serve_settings.host} would expose your models to the network — "
+            f"listening on {settings.host} would expose your models to the network — "
             f"set an API key with --api-key or LOCALINFER_API_KEY first")
-    settings = Settings()
-    pool = ModelPool(settings, options, max_loaded=serve_settings.max_loaded_models,
-                     default_keep_alive=parse_keep_alive(serve_settings.keep_alive, None))
+    pool = ModelPool(settings, options, max_loaded=settings.max_loaded_models,
+                     default_keep_alive=parse_keep_alive(settings.keep_alive, None))
     preload = model
     if model:  # a missing model, or a context it cannot take, is one clear line now,
         # not a failed preload and a server whose every request fails
@@ -84,12 +83,12 @@ def _prepare_server(serve_settings: ServeSettings, options: LoadOptions, model: 
             pool.alias(resolved.name, model)
             preload = resolved.name
     pool.default = preload  # a request that names no model gets the one being served
-    app = create_app(pool, serve_settings, settings, preload=preload)
-    sock = _bind(serve_settings.host, serve_settings.port)
+    app = create_app(pool, settings, preload=preload)
+    sock = _bind(settings.host, settings.port)
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5, access_log=verbose,
-                            http=_http_protocol(serve_settings.header_timeout,
-                                                serve_settings.body_timeout))
+                            http=_http_protocol(settings.header_timeout,
+                                                settings.body_timeout))
     return _Server(config, on_exit=pool.cancel_all), sock
 
 

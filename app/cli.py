@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import sys
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, NoReturn, Optional
+from typing import Annotated, Any, NoReturn, Optional
 
 import typer
 from pydantic import ValidationError
@@ -20,9 +19,8 @@ from rich.console import Console
 
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.model_store.planner import KvType
-from localinfer.settings import DEFAULT_CTX
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
+from localinfer.settings import KvType, Settings, debug, explain, flag_help
 
 __all__ = ["app", "main"]
 
@@ -37,6 +35,15 @@ app = typer.Typer(
     rich_markup_mode=None,  # plain one-line usage errors, no boxes
 )
 _err = Console(stderr=True)
+
+
+def _flag(setting: str, *names: str, **extra: Any) -> Any:
+    """The command-line flag of a setting: its help line, default and bounds come from the
+    settings schema (settings.py), as its LOCALINFER_* variable and config file key do. A
+    flag's value is None when not given: the variable, the config file or the default then
+    decides (`Settings.read`)."""
+    help_line, bounds = flag_help(setting)
+    return typer.Option(*names, help=help_line, show_default=False, **bounds, **extra)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -62,18 +69,15 @@ def _user_errors() -> Iterator[None]:
         if exc.filename is None:
             raise
         _fail(exc, user_message(exc))
-    except ValidationError as exc:  # a LOCALINFER_* variable's value
-        err = exc.errors()[0]
-        field = str(err["loc"][0]) if err.get("loc") else "?"
-        _fail(exc, f"LOCALINFER_{field.upper()}={err.get('input')!r}: {err['msg']} — fix or "
-                   f"unset that variable")
+    except ValidationError as exc:  # a setting read without flags: a variable or the file
+        _fail(exc, str(explain(exc)))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
 
 def _fail(exc: BaseException, message: str) -> NoReturn:
     """One line on stderr and exit 1; with LOCALINFER_DEBUG set, the error itself."""
-    if os.environ.get("LOCALINFER_DEBUG"):
+    if debug():
         raise exc
     _err.print(f"Error: {message}", style="red", highlight=False, soft_wrap=True, markup=False)
     raise typer.Exit(1) from None
@@ -106,27 +110,16 @@ def run(
     top_k: Annotated[int, typer.Option(min=0, help="0 turns it off.")] = SAMPLING.top_k,
     seed: Annotated[Optional[int], typer.Option(
         min=0, help="Fix the random seed to reproduce a reply.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(
-        min=0, help="Stop after this many generated tokens; 0: only a full context stops a "
-                    "reply [2048, LOCALINFER_MAX_TOKENS].")] = None,
+    max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
     stop: Annotated[Optional[list[str]], typer.Option(
         help="Stop when this text appears (repeatable).")] = None,
-    ctx: Annotated[Optional[int], typer.Option(
-        min=16, help=f"Context size in tokens (default {DEFAULT_CTX}, or the model's maximum).")] = None,
-    threads: Annotated[Optional[int], typer.Option(
-        min=1, help="CPU threads (default: the cores other programs leave free, re-chosen "
-                    "as their load changes).")] = None,
-    kv_type: Annotated[KvType, typer.Option(
-        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = KvType.F16,
-    flash_attn: Annotated[Optional[bool], typer.Option(
-        "--flash-attn/--no-flash-attn", help="Force flash attention on or off [auto].")] = None,
-    draft: Annotated[int, typer.Option(
-        min=0, max=64, help="Speculative decoding: guess up to N tokens a step from the text so "
-                            "far (prompt lookup); same reply, faster when it repeats [0: off].")
-    ] = 0,
-    draft_model: Annotated[Optional[str], typer.Option(
-        help="Speculative decoding with this small model of the same family guessing (8 "
-             "tokens a step unless --draft says); same reply.")] = None,
+    ctx: Annotated[Optional[int], _flag("ctx")] = None,
+    threads: Annotated[Optional[int], _flag("threads")] = None,
+    kv_type: Annotated[Optional[KvType], _flag("kv_type")] = None,
+    flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
+                          ] = None,
+    draft: Annotated[Optional[int], _flag("draft")] = None,
+    draft_model: Annotated[Optional[str], _flag("draft_model")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -137,9 +130,11 @@ def run(
 
     _setup_logging(verbose)
     with _user_errors():
-        # no --max-tokens: the reply cap (LOCALINFER_MAX_TOKENS) applies; 0: none
+        settings = Settings.read({"max_tokens": max_tokens, "ctx": ctx, "threads": threads,
+                                  "kv_type": kv_type, "flash_attn": flash_attn, "draft": draft,
+                                  "draft_model": draft_model})
+        # the reply cap (--max-tokens, LOCALINFER_MAX_TOKENS) applies in the engine; 0: none
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
-                                max_tokens=max_tokens or None, capped=max_tokens is None,
                                 stop=tuple(stop or ()))
         one_shot = prompt
         if not sys.stdin.isatty():
@@ -147,13 +142,12 @@ def run(
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
-        options = LoadOptions(n_ctx=ctx, n_threads=threads, kv_type=kv_type, flash_attn=flash_attn,
-                              draft_tokens=draft, draft_model=draft_model)
+        options = LoadOptions.from_settings(settings, n_ctx=ctx)
         try:
-            backend = load_model(model, options)
+            backend = load_model(model, options, settings)
         except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
-            _pull(missing.name)
-            backend = load_model(model, options)
+            _pull(missing.name, settings)
+            backend = load_model(model, options, settings)
         with backend:
             if one_shot is not None:
                 answer_once(backend, one_shot, system, params)
@@ -178,12 +172,12 @@ def _read_piped_text() -> str:
                               f"it first, e.g. with iconv -t UTF-8") from None
 
 
-def _pull(name: str) -> None:
+def _pull(name: str, settings: Settings) -> None:
     from localinfer.model_store.pulled import Manifest
     from localinfer.service import pull_model
 
     _err.print(f"pulling {name} …", style="dim", highlight=False, markup=False)
-    got = pull_model(name)
+    got = pull_model(name, settings)
     if isinstance(got, Manifest):
         _err.print(f"{got.name}: {got.file} ({got.quant}, {got.size / 2**30:.2f} GiB) verified",
                    highlight=False, markup=False)
@@ -199,17 +193,16 @@ def pull(
     """Download a model from the Hugging Face hub; the quant fits this machine unless named."""
     _setup_logging(False)
     with _user_errors():
-        _pull(model)
+        _pull(model, Settings.read())
 
 
 @app.command("list")
 def list_models() -> None:
     """Installed models: the embedded ones and those pulled from the hub."""
     from localinfer.model_store.sources import installed_models
-    from localinfer.settings import Settings
 
     with _user_errors():
-        models_dir = Settings().models_dir
+        models_dir = Settings.read().models_dir
     # (gemma3 is unpacked on first use: the size it will have)
     rows = [(m.name, "embedded", m.size, "—") if m.embedded else
             (m.name, m.quant or "?", m.size, (m.pulled_at or "").replace("T", " ")[:16])
@@ -225,10 +218,9 @@ def list_models() -> None:
 def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
     """Delete a pulled model."""
     from localinfer.model_store.sources import delete_model
-    from localinfer.settings import Settings
 
     with _user_errors():
-        print(f"deleted {delete_model(Settings().models_dir, model)}")
+        print(f"deleted {delete_model(Settings.read().models_dir, model)}")
 
 
 @app.command()
@@ -247,10 +239,9 @@ def show(
     from localinfer.model_store.planner import WontFit
     from localinfer.model_store.sources import resolve
     from localinfer.service import default_context, plan_for
-    from localinfer.settings import Settings
 
     with _user_errors():
-        settings = Settings()
+        settings = Settings.read()
         resolved = resolve(model or settings.default_model, settings.models_dir)
         info = read_gguf_info(resolved.path)
         try:
@@ -320,9 +311,7 @@ def _ask_server(url: str | None, method: str, path: str, **kwargs) -> dict:
     """A running server's JSON answer; one clear line when none answers or it refuses."""
     import httpx
 
-    from localinfer.settings import ServeSettings
-
-    settings = ServeSettings()
+    settings = Settings.read()
     url = (url or f"http://{settings.host}:{settings.port}").rstrip("/")
     headers = {"Authorization": f"Bearer {settings.api_key}"} if settings.api_key else {}
     try:
@@ -357,11 +346,10 @@ def bench(
 
     from localinfer.bench import Workload, run_bench
     from localinfer.model_store.sources import resolve
-    from localinfer.settings import Settings
 
     _setup_logging(False)
     with _user_errors():
-        settings = Settings()
+        settings = Settings.read()
         path = resolve(model or settings.default_model, settings.models_dir).path
         try:
             level_list = [int(x) for x in levels.split(",")]
@@ -385,27 +373,24 @@ def chat(
     ] = None,
     api_key: Annotated[Optional[str], typer.Option(
         help="The server's API key, with --url [LOCALINFER_API_KEY].")] = None,
-    ctx: Annotated[Optional[int], typer.Option(
-        min=16, help="Context size in tokens (a conversation's settings may change it).")] = None,
-    threads: Annotated[Optional[int], typer.Option(
-        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
+    ctx: Annotated[Optional[int], _flag("ctx")] = None,
+    threads: Annotated[Optional[int], _flag("threads")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
                        ] = False,
 ) -> None:
     """A full-screen chat: streaming replies, live TTFT and tok/s, models, saved chats."""
-    from localinfer.settings import Settings
     from localinfer.tui.app import ChatApp
     from localinfer.tui.client import LocalClient, RemoteClient
     from localinfer.tui.conversations import ConversationStore
 
     _setup_logging(verbose)
     with _user_errors():
-        settings = Settings()
+        settings = Settings.read({"api_key": api_key, "ctx": ctx, "threads": threads})
         if url:
-            client = RemoteClient(url, api_key or os.environ.get("LOCALINFER_API_KEY"))
+            client = RemoteClient(url, settings.api_key)
         else:
             _warm_runner()
-            client = LocalClient(settings, LoadOptions(n_ctx=ctx, n_threads=threads))
+            client = LocalClient(settings, LoadOptions.from_settings(settings, n_ctx=ctx))
         store = ConversationStore(settings.home / "chats.db")
         chat_app = ChatApp(client, store, model)
         chat_app.run()
@@ -415,85 +400,56 @@ def chat(
 
 @app.command()
 def serve(
-    model: Annotated[Optional[str], typer.Option(
-        "--model", "-m", envvar="LOCALINFER_MODEL",
-        help="Load this model at startup (others load on first request).")] = None,
-    host: Annotated[Optional[str], typer.Option(help="Address to bind [127.0.0.1].")] = None,
-    port: Annotated[Optional[int], typer.Option(min=0, max=65535, help="Port [11435].")] = None,
-    parallel: Annotated[Optional[int], typer.Option(
-        min=1, max=64, help="Requests decoded together per model [4].")] = None,
-    ctx: Annotated[Optional[int], typer.Option(
-        envvar="LOCALINFER_CTX",
-        min=16, help=f"Context tokens per request (default {DEFAULT_CTX}, or the model's maximum).")] = None,
-    threads: Annotated[Optional[int], typer.Option(
-        envvar="LOCALINFER_THREADS",
-        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
-    prefill_chunk: Annotated[Optional[int], typer.Option(
-        envvar="LOCALINFER_PREFILL_CHUNK",
-        min=1, help="Prompt tokens per request per step: smaller keeps other streams smoother "
-                    "while a long prompt is read [512].")] = None,
-    step_budget: Annotated[Optional[float], typer.Option(
-        envvar="LOCALINFER_STEP_BUDGET",
-        min=0.0, help="While streams generate, hold each step to this many decode steps' time "
-                      "by reading prompts in smaller pieces, e.g. 2 (smoother streams, slower "
-                      "prompts) [off].")] = None,
-    draft: Annotated[int, typer.Option(
-        envvar="LOCALINFER_DRAFT",
-        min=0, max=64, help="Speculative decoding for a lone stream: up to N prompt-lookup "
-                            "guesses a step [0: off].")] = 0,
-    draft_model: Annotated[Optional[str], typer.Option(
-        envvar="LOCALINFER_DRAFT_MODEL",
-        help="Speculative decoding for a lone stream with this small model of the same family "
-             "guessing (8 tokens a step unless --draft says).")] = None,
-    kv_type: Annotated[KvType, typer.Option(
-        envvar="LOCALINFER_KV_TYPE",
-        help="KV cache type: f16, q8_0 (half the memory) or q4_0 (a quarter).")] = KvType.F16,
-    kv_unified: Annotated[bool, typer.Option(
-        "--kv-unified", envvar="LOCALINFER_KV_UNIFIED", help="One KV pool for all requests: a long chat may use what idle "
-                             "slots leave; requests wait for free cells [off: a fixed share "
-                             "each].")] = False,
-    flash_attn: Annotated[Optional[bool], typer.Option(
-        "--flash-attn/--no-flash-attn", envvar="LOCALINFER_FLASH_ATTN",
-        help="Force flash attention on or off [auto].")] = None,
-    api_key: Annotated[Optional[str], typer.Option(
-        help="Require this Bearer token (needed to listen beyond loopback).")] = None,
-    allow_origin: Annotated[Optional[list[str]], typer.Option(
-        help="Allow browser pages from this origin (CORS; repeatable).")] = None,
-    allow_host: Annotated[Optional[list[str]], typer.Option(
-        help="Answer to this Host name besides loopback ones (repeatable, * for any).")] = None,
-    keep_alive: Annotated[Optional[str], typer.Option(
-        help="How long an idle model stays loaded, e.g. 5m, 1h, -1 for ever [5m].")] = None,
+    model: Annotated[Optional[str], _flag("model", "--model", "-m")] = None,
+    host: Annotated[Optional[str], _flag("host")] = None,
+    port: Annotated[Optional[int], _flag("port")] = None,
+    parallel: Annotated[Optional[int], _flag("parallel")] = None,
+    ctx: Annotated[Optional[int], _flag("ctx")] = None,
+    threads: Annotated[Optional[int], _flag("threads")] = None,
+    prefill_chunk: Annotated[Optional[int], _flag("prefill_chunk")] = None,
+    step_budget: Annotated[Optional[float], _flag("step_budget")] = None,
+    draft: Annotated[Optional[int], _flag("draft")] = None,
+    draft_model: Annotated[Optional[str], _flag("draft_model")] = None,
+    kv_type: Annotated[Optional[KvType], _flag("kv_type")] = None,
+    kv_unified: Annotated[Optional[bool], _flag("kv_unified", "--kv-unified/--no-kv-unified")
+                          ] = None,
+    flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
+                          ] = None,
+    max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
+    api_key: Annotated[Optional[str], _flag("api_key")] = None,
+    allow_origin: Annotated[Optional[list[str]], _flag("allowed_origins", "--allow-origin")
+                            ] = None,
+    allow_host: Annotated[Optional[list[str]], _flag("allowed_hosts", "--allow-host")] = None,
+    keep_alive: Annotated[Optional[str], _flag("keep_alive")] = None,
+    max_loaded_models: Annotated[Optional[int], _flag("max_loaded_models")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log requests and llama.cpp.")] = False,
 ) -> None:
     """Serve models over HTTP with OpenAI- and Ollama-compatible APIs."""
     _warm_runner()
     from localinfer.api.server import serve as run_server
     from localinfer.pool import parse_keep_alive
-    from localinfer.settings import ServeSettings
 
     _setup_logging(verbose)
     with _user_errors():
-        given = {"host": host, "port": port, "parallel": parallel, "api_key": api_key,
-                 "allowed_origins": allow_origin, "allowed_hosts": allow_host,
-                 "keep_alive": keep_alive}
-        settings = ServeSettings(**{k: v for k, v in given.items() if v is not None})
+        settings = Settings.read({
+            "model": model, "host": host, "port": port, "parallel": parallel, "ctx": ctx,
+            "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
+            "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
+            "kv_unified": kv_unified, "flash_attn": flash_attn, "max_tokens": max_tokens,
+            "api_key": api_key, "allowed_origins": allow_origin, "allowed_hosts": allow_host,
+            "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
-        options = LoadOptions(n_ctx=ctx, n_slots=settings.parallel, n_threads=threads,
-                              kv_type=kv_type, flash_attn=flash_attn, prefill_chunk=prefill_chunk,
-                              draft_tokens=draft, draft_model=draft_model,
-                              step_budget=step_budget, kv_unified=kv_unified)
-        run_server(settings, options, model, verbose)
+        options = LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel)
+        run_server(settings, options, settings.model, verbose)
 
 
 @app.command(name="app")
 def desktop_app(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to load at start (default smollm2:135m); the page picks others.")] = None,
-    ctx: Annotated[Optional[int], typer.Option(
-        min=16, help=f"Context size in tokens per chat [{DEFAULT_CTX}].")] = None,
-    parallel: Annotated[int, typer.Option(min=1, max=64, help="Chats decoded together.")] = 4,
-    threads: Annotated[Optional[int], typer.Option(
-        min=1, help="CPU threads [the free cores, re-chosen as the load changes].")] = None,
+    ctx: Annotated[Optional[int], _flag("ctx")] = None,
+    parallel: Annotated[Optional[int], _flag("parallel")] = None,
+    threads: Annotated[Optional[int], _flag("threads")] = None,
     browser: Annotated[bool, typer.Option(
         "--browser/--no-browser", help="Open a window or the system browser [yes]; without, "
                                        "only print the page's address.")] = True,
@@ -503,12 +459,13 @@ def desktop_app(
     """The chat app in a window: streaming replies, models with fit badges, saved chats."""
     _warm_runner()
     from localinfer.desktop import run_app
-    from localinfer.settings import Settings
 
     _setup_logging(verbose)
     with _user_errors():
-        run_app(model or Settings().default_model,
-                LoadOptions(n_ctx=ctx, n_slots=parallel, n_threads=threads), browser, verbose)
+        settings = Settings.read({"ctx": ctx, "parallel": parallel, "threads": threads})
+        run_app(settings, model or settings.default_model,
+                LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel),
+                browser, verbose)
 
 
 @app.command()

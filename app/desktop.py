@@ -26,18 +26,19 @@ from pathlib import Path
 import platformdirs
 
 from localinfer.backends.base import LoadOptions
-from localinfer.settings import ServeSettings
+from localinfer.settings import Settings
 
 __all__ = ["run_app"]
 
 
-def run_app(model: str | None, options: LoadOptions, open_window: bool = True,
-            verbose: bool = False) -> None:
+def run_app(settings: Settings, model: str | None, options: LoadOptions,
+            open_window: bool = True, verbose: bool = False) -> None:
     from localinfer.api.server import serve_in_thread
 
     signal.signal(signal.SIGTERM, _interrupt)  # stopped by the system: as Ctrl-C, cleanly
     key = secrets.token_urlsafe(24)
-    settings = ServeSettings(host="127.0.0.1", port=0, api_key=key, parallel=options.n_slots)
+    settings = settings.model_copy(update={"host": "127.0.0.1", "port": 0, "api_key": key,
+                                           "parallel": options.n_slots})
     url, server, thread = serve_in_thread(settings, options, model, verbose)
     page = f"{url}/#key={key}"
     launch = _launch_page(page)

@@ -28,7 +28,7 @@ from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
 from localinfer.service import (BackendFactory, Prepared, less_gpu_memory, prepare, ram_available,
                                 runner_backend, warm_runner)
-from localinfer.settings import KEEP_ALIVE, Settings
+from localinfer.settings import Settings, default
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
 
@@ -95,7 +95,7 @@ class ModelPool:
         options: LoadOptions,
         *,
         max_loaded: int = 3,
-        default_keep_alive: float | None = parse_keep_alive(KEEP_ALIVE, None),
+        default_keep_alive: float | None = parse_keep_alive(default("keep_alive"), None),
         backend_factory: BackendFactory = runner_backend,
         available_memory: Callable[[], int] = ram_available,
         hardware: Hardware | None = None,  # else probed on first use

@@ -1,64 +1,144 @@
-"""Settings from the environment (LOCALINFER_*), read when asked for, never at import."""
+"""Every setting, in one schema: each field has one default, its bounds and a help line, and is
+read from — highest first — a command-line flag (`cli.py` builds each flag from its field),
+`LOCALINFER_<FIELD>` in the environment, the config file (TOML, the same names:
+`<home>/config.toml`, or the file `LOCALINFER_CONFIG` names), then the default. Read when
+asked for, never at import.
+
+Only LOCALINFER_DEBUG is read on its own (`debug()`): it must work when another setting is the
+error being shown.
+"""
 
 from __future__ import annotations
 
+import os
+import tomllib
+from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import platformdirs
-from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSource,
+                               SettingsConfigDict)
 
-__all__ = ["DEFAULT_CTX", "DEFAULT_MODEL", "KEEP_ALIVE", "ServeSettings", "Settings"]
+from localinfer.errors import LocalinferError
+
+__all__ = ["DEFAULT_MODEL", "KvType", "Settings", "SettingsError", "debug", "default",
+           "explain", "flag_help"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
-DEFAULT_CTX = 4096  # context tokens per chat when none is asked for (within the model's)
-KEEP_ALIVE = "5m"  # how long a server keeps an idle model loaded
+
+
+class KvType(StrEnum):
+    """The KV cache's element type: quantised K and V halve or quarter the cache (the one
+    list of them: the CLI's choices, LoadOptions' check, the planner's bytes, llama.cpp's
+    ggml type in llama_native)."""
+
+    F16 = "f16"
+    Q8_0 = "q8_0"
+    Q4_0 = "q4_0"
+
+
+class SettingsError(LocalinferError):
+    """A setting's value, named where it came from: flag, variable or config file."""
+
+
+def debug() -> bool:
+    """LOCALINFER_DEBUG: errors raise with their traceback instead of one line."""
+    return bool(os.environ.get("LOCALINFER_DEBUG"))
+
+
+def _home() -> Path:
+    return Path(os.environ.get("LOCALINFER_HOME") or platformdirs.user_data_path("localinfer"))
+
+
+def config_path() -> Path:
+    """The config file: LOCALINFER_CONFIG, else config.toml in the home folder."""
+    named = os.environ.get("LOCALINFER_CONFIG")
+    return Path(named) if named else _home() / "config.toml"
+
+
+def _unset(text: str) -> dict[str, Any]:
+    """What a field whose default is None means, for its help line."""
+    return {"json_schema_extra": {"unset": text}}
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LOCALINFER_", extra="ignore")
 
-    home: Path = Field(
-        default_factory=lambda: platformdirs.user_data_path("localinfer"),
-        description="where models and data live (LOCALINFER_HOME)",
-    )
-    default_model: str = Field(DEFAULT_MODEL, description="the model `run` uses when none is named")
-    # LOCALINFER_CTX, as `serve --ctx` reads it (LOCALINFER_DEFAULT_CTX, its old name, too)
-    ctx: int = Field(DEFAULT_CTX, ge=16, description="context tokens per chat when --ctx is "
-                     "not given", validation_alias=AliasChoices("ctx", "LOCALINFER_CTX",
-                                                                "LOCALINFER_DEFAULT_CTX"))
+    # -- where things are
+    home: Path = Field(default_factory=_home,
+                       description="Where models, chats and the config file live.")
+    default_model: str = Field(DEFAULT_MODEL, description="The model used when none is named.")
+
+    # -- each model loaded (`run`, `chat`, `app`, `serve`)
+    # (LOCALINFER_DEFAULT_CTX, its old name, is still read: _OldNames)
+    ctx: int = Field(4096, ge=16, description="Context tokens per chat or request (a value from the variable or "
+                    "the config file stays within what the model was trained on).")
     # a base model, or a model caught in a loop, writes until the context is full: minutes
-    # of junk. 0: no cap, a reply ends when the context is full
-    max_tokens: int = Field(2048, ge=0, description="the longest reply when a client sets "
-                                                    "no limit (LOCALINFER_MAX_TOKENS)")
+    # of junk
+    max_tokens: int = Field(2048, ge=0, description="The longest reply when a client sets no "
+                                                    "limit; 0: only a full context ends one.")
+    threads: int | None = Field(None, ge=1, description="CPU threads.", **_unset(
+        "the free cores, re-chosen as the load changes"))
+    parallel: int = Field(4, ge=1, le=64, description="Requests decoded together per model.")
+    prefill_chunk: int | None = Field(None, ge=1, description=(
+        "Prompt tokens per request per step: smaller keeps other streams smoother while a "
+        "long prompt is read."), **_unset("512"))
+    # off by default: it keeps running streams smooth while a long prompt is read (P99 ITL
+    # 3x their median at 2, against 79x) but slows that prompt and, under load, short
+    # prompts' TTFT (bench/results/engine_mixed.md)
+    step_budget: float | None = Field(None, ge=0, description=(
+        "While streams generate, hold each step to this many decode steps' time by reading "
+        "prompts in smaller pieces, e.g. 2 (smoother streams, slower prompts)."), **_unset("off"))
+    draft: int = Field(0, ge=0, le=64, description=(
+        "Speculative decoding for a lone stream: up to N prompt-lookup guesses a step; the "
+        "same reply, faster when it repeats. 0: off."))
+    draft_model: str | None = Field(None, description=(
+        "Speculative decoding for a lone stream with this small model of the same family "
+        "guessing (8 tokens a step unless --draft says)."), **_unset("none"))
+    kv_type: KvType = Field(KvType.F16, description="KV cache type: f16, q8_0 (half the "
+                                                    "memory) or q4_0 (a quarter).")
+    kv_unified: bool = Field(False, description=(
+        "One KV pool for all requests: a long chat may use what idle slots leave; requests "
+        "wait for free cells (off: a fixed share each)."))
+    flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
+                                    **_unset("auto"))
+    # a runner with work that makes no progress this long is killed (one prompt chunk of a
+    # big model on a slow CPU can take a while); one that takes longer to load, too
+    runner_timeout: float = Field(120.0, gt=0, description=(
+        "Seconds a runner with work may go without progress before it is stopped."))
+    load_timeout: float = Field(300.0, gt=0, description="Seconds a runner may take to load "
+                                                         "a model.")
+
+    # -- the server (`serve`; `ps`, `stop` and `chat --url` find it by these)
+    model: str | None = Field(None, description="Load this model at startup (others load on "
+                                                "first request).", **_unset("none"))
+    host: str = Field("127.0.0.1", description="Address to bind.")
+    port: int = Field(11435, ge=0, le=65535, description="Port.")
+    api_key: str | None = Field(None, description=(
+        "Require this Bearer token (needed to listen beyond loopback)."), **_unset("none"))
+    # comma-separated in the environment: LOCALINFER_ALLOWED_ORIGINS=http://a.example,http://b
+    allowed_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Allow browser pages from this origin (CORS; "
+                                          "repeatable).")
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Answer to this Host name besides loopback ones "
+                                          "(repeatable, * for any).")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="The largest request "
+                                                                      "body.")
+    header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a "
+                                                          "request's headers.")
+    body_timeout: float = Field(60.0, gt=0, description="Seconds a client has to send a "
+                                                        "request's body after its headers.")
+    keep_alive: str = Field("5m", description="How long an idle model stays loaded, e.g. 5m, "
+                                              "1h, -1 for ever.")
+    max_loaded_models: int = Field(3, ge=1, description="Models loaded at once.")
 
     @property
     def models_dir(self) -> Path:
         return self.home / "models"
-
-
-class ServeSettings(BaseSettings):
-    """`localinfer serve`: each field is also LOCALINFER_<FIELD>; command-line options win."""
-
-    model_config = SettingsConfigDict(env_prefix="LOCALINFER_", extra="ignore")
-
-    host: str = Field("127.0.0.1", description="address to bind")
-    port: int = Field(11435, ge=0, le=65535)
-    api_key: str | None = Field(None, description="required as a Bearer token when set")
-    # comma-separated in the environment: LOCALINFER_ALLOWED_ORIGINS=http://a.example,http://b
-    allowed_origins: Annotated[list[str], NoDecode] = Field(default_factory=list,
-                                                            description="CORS origins")
-    allowed_hosts: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Host header names besides loopback ones")
-    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    header_timeout: float = Field(10.0, gt=0, description="seconds a client has to send a "
-                                                          "request's headers")
-    body_timeout: float = Field(60.0, gt=0, description="seconds a client has to send a "
-                                                        "request's body after its headers")
-    parallel: int = Field(4, ge=1, le=64, description="requests decoded together per model")
-    keep_alive: str = Field(KEEP_ALIVE, description="how long an idle model stays loaded")
-    max_loaded_models: int = Field(3, ge=1)
 
     @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod
@@ -66,3 +146,111 @@ class ServeSettings(BaseSettings):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings,
+                                   dotenv_settings, file_secret_settings):
+        return init_settings, env_settings, _OldNames(settings_cls), _ConfigFile(settings_cls)
+
+    @classmethod
+    def read(cls, flags: dict[str, Any] | None = None) -> Settings:
+        """The settings with these command-line values on top (None: not given); a bad value
+        is a SettingsError naming its flag, variable or config file line."""
+        given = {k: v for k, v in (flags or {}).items() if v is not None}
+        try:
+            return cls(**given)
+        except ValidationError as exc:
+            raise explain(exc, given) from None
+
+
+class _OldNames(PydanticBaseSettingsSource):
+    """Variables renamed since a release: read below their new names."""
+
+    OLD = {"LOCALINFER_DEFAULT_CTX": "ctx"}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return {new: os.environ[old] for old, new in self.OLD.items() if old in os.environ}
+
+
+class _ConfigFile(PydanticBaseSettingsSource):
+    """The TOML config file, if there is one: a table of the schema's own field names."""
+
+    def __init__(self, settings_cls: type[BaseSettings]):
+        super().__init__(settings_cls)
+        self.values = _read_config(config_path())
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return self.values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self.values)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        if os.environ.get("LOCALINFER_CONFIG"):
+            raise SettingsError(f"LOCALINFER_CONFIG names {str(path)!r}, which is not a file — "
+                                f"fix or unset that variable")
+        return {}
+    if path.stat().st_size > 1 << 20:
+        raise SettingsError(f"{path} is over 1 MiB: not a config file — move it away")
+    try:
+        values = tomllib.loads(path.read_text("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path} is not TOML ({exc}) — fix the file") from None
+    fields = set(Settings.model_fields)
+    for name in values:
+        if name == "home":
+            raise SettingsError(f"{path}: `home` cannot be set in the file it holds — use "
+                                f"LOCALINFER_HOME")
+        if name not in fields:
+            raise SettingsError(f"{path}: no setting is called {name!r} — the settings are "
+                                f"{', '.join(sorted(fields - {'home'}))}")
+    return values
+
+
+def explain(exc: ValidationError, given: dict[str, Any] | None = None) -> SettingsError:
+    """One line for a bad setting, named as the user wrote it."""
+    err = exc.errors()[0]
+    field = str(err["loc"][0]) if err.get("loc") else "?"
+    field = field.removeprefix("LOCALINFER_").lower()
+    value = err.get("input")
+    if given and field in given:
+        return SettingsError(f"--{field.replace('_', '-')} {value}: {err['msg']}")
+    variable = f"LOCALINFER_{field.upper()}"
+    old = [o for o, new in _OldNames.OLD.items() if new == field and o in os.environ]
+    if variable not in os.environ and old:
+        variable = old[0]
+    if variable in os.environ or field not in Settings.model_fields:
+        return SettingsError(f"{variable}={value!r}: {err['msg']} — fix or unset that variable")
+    return SettingsError(f"{config_path()}: {field} = {value!r}: {err['msg']} — fix the file")
+
+
+def default(name: str) -> Any:
+    """A setting's default, as the schema gives it (for code that runs without settings)."""
+    return Settings.model_fields[name].get_default(call_default_factory=True)
+
+
+def flag_help(name: str) -> tuple[str, dict[str, Any]]:
+    """A setting's help line for its command-line flag, `[default; LOCALINFER_NAME]` after it,
+    and the bounds click can check (min, max)."""
+    info = Settings.model_fields[name]
+    extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+    if "unset" in extra:
+        default = extra["unset"]
+    elif info.default_factory is not None:
+        default = None
+    else:
+        default = info.default.value if isinstance(info.default, StrEnum) else info.default
+        default = {True: "on", False: "off"}.get(default, default) if isinstance(
+            default, bool) else default
+    shown = f"{default}; " if default not in (None, []) else ""
+    bounds = {}
+    for rule in info.metadata:
+        for attr, key in (("ge", "min"), ("le", "max")):
+            if getattr(rule, attr, None) is not None:
+                bounds[key] = getattr(rule, attr)
+    return f"{info.description} [{shown}LOCALINFER_{name.upper()}]", bounds

@@ -14,7 +14,7 @@ from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError
-from localinfer.model_store.planner import KvType
+from localinfer.settings import KvType, Settings
 
 __all__ = [
     "Backend",
@@ -116,6 +116,17 @@ class LoadOptions:
     # None until service.prepare fills in the settings' (LOCALINFER_MAX_TOKENS)
     reply_cap: int | None = None
     flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
+
+    @classmethod
+    def from_settings(cls, settings: Settings, n_ctx: int | None = None,
+                      n_slots: int = 1) -> LoadOptions:
+        """The load options the settings say. n_ctx: a context asked for on the command line;
+        None: the setting's, within what the model was trained on (service.prepare)."""
+        return cls(n_ctx=n_ctx, n_slots=n_slots, n_threads=settings.threads,
+                   kv_type=settings.kv_type, flash_attn=settings.flash_attn,
+                   prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
+                   draft_tokens=settings.draft, draft_model=settings.draft_model,
+                   kv_unified=settings.kv_unified, reply_cap=settings.max_tokens)
 
     @property
     def guesses(self) -> int:

@@ -17,7 +17,7 @@ from localinfer.backends.base import SamplingParams
 from localinfer.backends.ggml_backends import ensure_loaded, route_llama_log
 from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
-from localinfer.model_store.planner import KvType
+from localinfer.settings import KvType
 
 __all__ = ["NativeModel", "SamplerChain", "grammar_sampler"]
 

@@ -18,7 +18,7 @@ from localinfer.backends.metrics import EngineStats
 from localinfer.backends.threads import ThreadTuner, free_cores, physical_cores
 from localinfer.errors import InvalidRequest
 from localinfer.model_store.gguf_info import quant_name
-from localinfer.settings import DEFAULT_CTX
+from localinfer.settings import default
 
 __all__ = ["LlamaCppBackend", "default_threads"]
 
@@ -33,7 +33,7 @@ def default_threads() -> int:
 class LlamaCppBackend(Backend):
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions, name: str | None = None):
         path = str(path)
-        n_ctx = options.n_ctx or DEFAULT_CTX
+        n_ctx = options.n_ctx or default("ctx")
         n_threads = options.n_threads or default_threads()
         self.native = NativeModel(
             path,

@@ -47,20 +47,18 @@ from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Gen
 from localinfer.backends.metrics import EngineStats
 from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, LocalinferError,
                                ModelLoadFailed, RunnerDied)
+from localinfer.settings import Settings
 
-__all__ = ["BEAT_SECONDS", "HANG_SECONDS", "LOAD_SECONDS", "RunnerBackend", "hang_seconds",
+__all__ = ["BEAT_SECONDS", "RunnerBackend", "hang_seconds",
            "load_seconds", "runner_main", "warm_spare"]
 
 log = logging.getLogger("localinfer.runner")
 
-# a runner with work that shows no progress (an engine step, a reply) for this long is
-# killed: a hang inside llama.cpp. Generous: one prompt chunk of a big model on a slow CPU
-# takes tens of seconds
-HANG_SECONDS = 120.0
+# a runner with work that shows no progress (an engine step, a reply) for runner_timeout
+# (120 s) is killed: a hang inside llama.cpp — generous, since one prompt chunk of a big model
+# on a slow CPU takes tens of seconds; a load that takes longer than load_timeout (300 s, as
+# Ollama's OLLAMA_LOAD_TIMEOUT) is stopped (a GPU driver, an RPC worker that froze)
 BEAT_SECONDS = 0.5
-# a load that takes longer is stopped (a hang inside llama.cpp: a GPU driver, an RPC worker
-# that froze); Ollama's OLLAMA_LOAD_TIMEOUT is the same 5 minutes
-LOAD_SECONDS = 300.0
 # what a parent may ask of the runner's backend
 _CALLS = frozenset({"generate", "start", "tokenize", "detokenize", "apply_chat_template",
                     "prompt_tokens", "embed", "stats", "fewest_tokens"})
@@ -90,21 +88,13 @@ def _quick(method: str, args: tuple[Any, ...]) -> bool:
 
 
 def hang_seconds() -> float:
-    """LOCALINFER_RUNNER_TIMEOUT, in seconds (HANG_SECONDS when unset or not a number > 0)."""
-    return _seconds("LOCALINFER_RUNNER_TIMEOUT", HANG_SECONDS)
+    """How long a runner with work may show no progress: the runner_timeout setting."""
+    return Settings().runner_timeout
 
 
 def load_seconds() -> float:
-    """LOCALINFER_LOAD_TIMEOUT: how long a runner may take to load (LOAD_SECONDS unset)."""
-    return _seconds("LOCALINFER_LOAD_TIMEOUT", LOAD_SECONDS)
-
-
-def _seconds(variable: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(variable, ""))
-    except ValueError:
-        return default
-    return value if value > 0 else default
+    """How long a runner may take to load: the load_timeout setting."""
+    return Settings().load_timeout
 
 
 # ---------------------------------------------------------------------------- the wire

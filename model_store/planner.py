@@ -17,9 +17,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from localinfer.model_store.hardware import GPU
+from localinfer.settings import KvType
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Plan", "WontFit",
            "compute_buffer", "free_memory", "params_from_tag", "plan", "rough_device",
@@ -34,16 +34,6 @@ _GIB = 1024 * _MIB
 # logits a step may ask for when the caller does not say (LoadOptions.n_outputs does): room
 # for a few slots, or a lone stream's token and 8 guesses
 DEFAULT_OUTPUTS = 16
-
-
-class KvType(StrEnum):
-    """The KV cache's element type: quantised K and V halve or quarter the cache (the one
-    list of them: the CLI's choices, LoadOptions' check, the planner's bytes, llama.cpp's
-    ggml type in llama_native)."""
-
-    F16 = "f16"
-    Q8_0 = "q8_0"
-    Q4_0 = "q4_0"
 
 
 KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with

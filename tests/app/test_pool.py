@@ -125,7 +125,7 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
     from localinfer import service
     from localinfer.api import server
     from localinfer.backends.machine import detect
-    from localinfer.settings import ServeSettings
+    from localinfer.settings import Settings
 
     probes = []
 
@@ -135,7 +135,7 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
 
     monkeypatch.setattr(pool_module, "detect", counted)
     monkeypatch.setattr(service, "detect", counted)
-    uvicorn_server, sock = server._prepare_server(ServeSettings(host="127.0.0.1", port=0),
+    uvicorn_server, sock = server._prepare_server(Settings(host="127.0.0.1", port=0),
                                                   LoadOptions(n_ctx=256), "smollm2:135m", False)
     sock.close()
     pool = uvicorn_server.config.app.state.pool
