@@ -7,6 +7,9 @@
   first (least recently used), and when generating streams need more, the newest request
   is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
 
+Both also say which KV a starting request keeps (its cached prefix, or one borrowed from
+another slot) and how a full slot goes on (the context shift).
+
 Cells are counted as the tokens each slot holds. A prefix one slot borrowed from another
 shares its cells in llama.cpp but is counted twice here: the count errs on the safe side,
 so a decode never finds the cache full.
@@ -14,6 +17,7 @@ so a decode never finds the cache full.
 
 from __future__ import annotations
 
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
@@ -21,6 +25,8 @@ from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.slots import Slot, SlotState
 
 __all__ = ["SharedCells", "SplitCells"]
+
+log = logging.getLogger("localinfer.engine")
 
 
 class SplitCells:
@@ -44,6 +50,56 @@ class SplitCells:
         """Drop a slot's KV, whatever it held."""
         self.native.forget(slot.id)
         slot.cache.clear()
+
+    MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
+
+    def borrow_prefix(self, slot: Slot, prompt: list[int], slots: Sequence[Slot]) -> None:
+        """Take another slot's KV when it shares a longer prefix (the same system prompt).
+
+        A split cache keeps one stream per sequence, and llama.cpp copies between streams
+        only whole: the donor's stream is copied (at the next decode, before compute) and
+        what lies past the shared prefix is dropped again. In one pool the copy shares the
+        donor's cells instead.
+        """
+        own = slot.common_prefix(prompt)
+        donor = max((s for s in slots if s is not slot),
+                    key=lambda s: s.common_prefix(prompt), default=None)
+        if donor is None:
+            return
+        shared = min(donor.common_prefix(prompt), len(prompt) - 1)
+        if shared < own + self.MIN_SHARED:
+            return
+        self.native.forget(slot.id)
+        self.native.copy_cells(donor.id, slot.id)
+        self.native.forget(slot.id, shared)
+        slot.cache = list(prompt[:shared])
+
+    def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:
+        """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where
+        llama.cpp cannot cut the sequence there)."""
+        if not self.native.forget(slot.id, n_keep):
+            self.native.forget(slot.id)
+            n_keep = 0
+        del slot.cache[n_keep:]
+        return n_keep
+
+    def shift(self, slot: Slot, n_keep: int) -> bool:
+        """A full slot goes on: drop the older half of what follows its first `n_keep`
+        tokens (and the BOS token), and slide the rest back, their KV re-positioned, as
+        llama.cpp's server does. False where the model's cache cannot shift."""
+        if not self.native.can_shift():
+            return False
+        n_past = len(slot.cache)
+        bos = 1 if slot.cache and slot.cache[0] == self.native.bos() else 0
+        n_keep = min(n_keep + bos, n_past - 2)
+        n_discard = (n_past - n_keep) // 2
+        if n_discard <= 0:
+            return False
+        self.native.forget(slot.id, n_keep, n_keep + n_discard)
+        self.native.shift(slot.id, n_keep + n_discard, n_past, -n_discard)
+        del slot.cache[n_keep:n_keep + n_discard]
+        log.debug("slot %d: context shifted, kept %d, dropped %d", slot.id, n_keep, n_discard)
+        return True
 
 
 class SharedCells(SplitCells):

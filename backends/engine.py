@@ -13,41 +13,28 @@ from __future__ import annotations
 import codecs
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-import numpy
-
+from localinfer.backends.batch import StepBatch
 from localinfer.backends.draft import DraftModel
 from localinfer.backends.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
-from localinfer.backends.slots import Resume, Slot, SlotState, Task
+from localinfer.backends.slots import Slot, SlotState, Task
 from localinfer.backends.speculator import Speculator
-from localinfer.backends.task_queue import TaskQueue
+from localinfer.backends.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQueue, check_request
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
 from localinfer.backends.threads import ThreadTuner
-from localinfer.errors import (
-    EngineBusy,
-    EngineClosed,
-    EngineError,
-    InvalidRequest,
-    LocalinferError,
-    PromptTooLong,
-)
+from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequest, LocalinferError
 
 __all__ = ["Engine", "Slot", "SlotState", "Task"]
 
 log = logging.getLogger("localinfer.engine")
-
-_WAKE = object()
-_CLOSE = object()
-_CANCEL_ALL = object()
 
 
 class Engine:
@@ -103,8 +90,7 @@ class Engine:
         # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
         # their difference is what the engine itself costs on top of llama.cpp
         self._seconds = {"decode": 0.0, "step": 0.0}
-        self._n_outputs = 0  # logits asked for by the batch being filled
-        self._batch = native.batch(self.n_batch)
+        self.batch = StepBatch(native, self.n_batch)  # the step being filled (batch.py)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
         self.on_step: Callable[[float, int, int], None] | None = None
@@ -122,8 +108,7 @@ class Engine:
         prompt = list(prompt)
         if params.max_tokens is None and params.capped and self.reply_cap:
             params = replace(params, max_tokens=self.reply_cap, context_shift=False)
-        self._check_prompt(prompt)
-        self._check_logit_bias(params)
+        check_request(prompt, params, self.native.n_vocab, self.n_ctx_slot)
         # built here, in the caller's thread (it reads only the vocabulary): a grammar that
         # does not parse is refused before it is queued, and parsed once
         sampler = self.native.sampler(params, prompt)
@@ -132,7 +117,7 @@ class Engine:
             raise EngineBusy(f"{self.queue.queued} requests are already waiting — retry "
                              f"shortly")
         task_id = next(self._ids)
-        generation = Generation(id=task_id, _on_cancel=lambda: self.queue.put(_WAKE))
+        generation = Generation(id=task_id, _on_cancel=lambda: self.queue.put(WAKE))
         stats = RequestStats(submitted_at=self._clock())
         self.queue.put(Task(task_id, prompt, params, generation, stats, sampler))
         return generation
@@ -156,34 +141,18 @@ class Engine:
             threads=self.native.threads(),
         )
 
-    def _check_logit_bias(self, params: SamplingParams) -> None:
-        n_vocab = self.native.n_vocab
-        bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise InvalidRequest(f"logit_bias names token {bad}, outside the vocabulary (0..{n_vocab - 1})")
-
-    def _check_prompt(self, prompt: list[int]) -> None:
-        if not prompt:
-            raise InvalidRequest("the prompt is empty")
-        if len(prompt) >= self.n_ctx_slot:
-            raise PromptTooLong(len(prompt), self.n_ctx_slot)
-        n_vocab = self.native.n_vocab
-        bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
-
     def cancel_all(self) -> None:
         """End every request submitted so far within a step (a server shutting down): each
         gets its DoneEvent, so its stream closes properly. Safe from any thread."""
-        self.queue.put(_CANCEL_ALL)
+        self.queue.put(CANCEL_ALL)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self.queue.put(_CLOSE)
+        self.queue.put(CLOSE)
         self._thread.join()
-        self.native.free_batch(self._batch)
+        self.batch.free()
         self.speculator.close()
         self.native.close()
 
@@ -212,24 +181,16 @@ class Engine:
         """Move arrivals into the wait queue; block only when there is nothing to do."""
         self.after_pass()
         idle = not self.queue.waiting and not any(s.task for s in self.slots)
-        while True:
-            try:
-                item = self.queue.inbox.get(block=idle)
-            except queue.Empty:
-                return True
-            if item is _CLOSE:
+        for signal in self.queue.arrivals(block=idle):
+            if signal is CLOSE:
                 return False
-            if isinstance(item, Task):
-                self.queue.waiting.append(item)
-            elif item is _CANCEL_ALL:  # every request so far ends now, with what it has
+            if signal is CANCEL_ALL:  # every request so far ends now, with what it has
                 for task in [*self.queue.waiting, *(s.task for s in self.slots if s.task)]:
                     task.generation.cancelled = True
-            idle = False
+        return True
 
     def _drop_cancelled(self) -> None:
-        for task in [t for t in self.queue.waiting if t.generation.cancelled]:
-            self.queue.waiting.remove(task)
-            self.queue.taken(task)
+        for task in self.queue.drop_cancelled():
             task.close()
             task.stats.finish_reason = "cancelled"
             task.generation.put(DoneEvent(task.stats))
@@ -252,39 +213,13 @@ class Engine:
             self.queue.taken(task)
             self._start(slot, task)
 
-    _MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
-
-    def _borrow_prefix(self, slot: Slot, prompt: list[int]) -> None:
-        """Take another slot's KV when it shares a longer prefix (the same system prompt).
-
-        A split cache keeps one stream per sequence, and llama.cpp copies between streams
-        only whole: the donor's stream is copied (at the next decode, before compute) and
-        what lies past the shared prefix is dropped again. In one pool the copy shares the
-        donor's cells instead.
-        """
-        own = slot.common_prefix(prompt)
-        donor = max((s for s in self.slots if s is not slot),
-                    key=lambda s: s.common_prefix(prompt), default=None)
-        if donor is None:
-            return
-        shared = min(donor.common_prefix(prompt), len(prompt) - 1)
-        if shared < own + self._MIN_SHARED:
-            return
-        self.native.forget(slot.id)
-        self.native.copy_cells(donor.id, slot.id)
-        self.native.forget(slot.id, shared)
-        slot.cache = list(prompt[:shared])
-
     def _start(self, slot: Slot, task: Task) -> None:
         resume, task.resume = task.resume, None
         tokens = resume.tokens if resume else task.prompt
-        self._borrow_prefix(slot, tokens)
+        self.cells.borrow_prefix(slot, tokens, self.slots)
         # a new prompt keeps at least one token to evaluate: its logits give the first token
-        n_keep = min(slot.common_prefix(tokens), len(tokens) - (0 if resume else 1))
-        if not self.native.forget(slot.id, n_keep):
-            self.native.forget(slot.id)
-            n_keep = 0
-        del slot.cache[n_keep:]
+        n_keep = self.cells.keep_prefix(slot, tokens, min(slot.common_prefix(tokens),
+                                                          len(tokens) - (0 if resume else 1)))
         slot.task = task
         slot.to_read = tokens
         slot.n_prompt_done = n_keep
@@ -308,49 +243,32 @@ class Engine:
 
     # ------------------------------------------------------------ unified cache: preemption
     def _preempt(self, slot: Slot) -> None:
-        """Drop a request's KV and queue it first, to be rebuilt from its tokens later.
-
-        One still reading its prompt starts over; one generating, or still reading back its
-        tokens after an earlier preemption, keeps its sampler, text decoder and stop matcher,
-        so it goes on exactly where it was.
-        """
+        """Drop a request's KV and queue it first, to be rebuilt from its tokens later (what
+        it keeps to go on where it was: Slot.hand_back)."""
         task = slot.task
         task.stats.preemptions += 1
         self._counters["preempted"] += 1
-        if slot.state is SlotState.GENERATING:
-            task.resume = Resume(list(slot.cache), slot.next_token, slot.sampler,
-                                 slot.decoder, slot.stop)
-        elif slot.rebuilding:  # preempted again before its tokens were read back
-            task.resume = Resume(slot.to_read, slot.next_token, slot.sampler,
-                                 slot.decoder, slot.stop)
-        else:  # it has sampled nothing yet: its sampler is as good as new
-            task.sampler = slot.sampler
-        slot.sampler = None  # now the task's
+        slot.hand_back()
         log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
         self.cells.forget(slot)
-        self._release(slot)
+        slot.release(self._clock())
         self.queue.requeue_first(task)
 
     def _step(self) -> None:
         started = time.perf_counter()
-        self._n_outputs = 0
         n_decode, n_prompt = self._fill_batch()
-        self._batch.n_tokens = n_decode + n_prompt
-        if self._n_outputs > self.native.n_outputs:  # llama.cpp would abort the process
-            raise EngineError(f"a step asked for {self._n_outputs} logits, more than the "
-                              f"{self.native.n_outputs} the context holds")
         decode_started = time.perf_counter()
-        rc = self.native.decode(self._batch)  # until the device is done: the wait for a GPU
+        rc = self.batch.decode()  # until the device is done: the wait for a GPU
         # belongs to the decode, not to the engine's own time
         self._seconds["decode"] += time.perf_counter() - decode_started
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
         self._counters["steps"] += 1
         self._counters["evaluated"] += n_prompt
-        best = self._greedy_picks()
+        best = self.batch.greedy_picks(self.slots)
         for slot in self.slots:
             if slot.task and slot.draft:
-                self._verify(slot)
+                self.speculator.verify(slot, self._sample, self._on_token, self.native.forget)
             elif slot.task and slot.batch_index >= 0:
                 if best is not None and slot.sampler.argmax:
                     token = int(best[slot.output_row])
@@ -373,87 +291,30 @@ class Engine:
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 
-    def _greedy_picks(self) -> numpy.ndarray | None:
-        """The best token of every output row, in one pass, when several greedy streams
-        sample this step: per stream, reading its row costs more Python than the argmax."""
-        greedy = sum(1 for s in self.slots
-                     if s.task and s.batch_index >= 0 and not s.draft and s.sampler.argmax)
-        if greedy < 2:
-            return None
-        logits = self.native.logits()  # rows in batch order
-        rows = numpy.ctypeslib.as_array(logits, shape=(self._n_outputs, self.native.n_vocab))
-        return rows.argmax(axis=1)  # the first of the highest, as llama.cpp's greedy picks
-
     def _fill_batch(self) -> tuple[int, int]:
-        """Fill the batch: every generating slot's next token, then prompt chunks."""
-        n = 0
+        """Fill the batch: every generating slot's next token, a lone stream's guesses, then
+        prompt chunks as the step budget and the free cells allow."""
+        batch = self.batch
+        batch.clear()
         for slot in self.slots:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
-                n = self._add(n, slot, slot.next_token, logits=True)
-        n = self._add_draft(n)
-        n_decode = n
+                batch.add(slot, slot.next_token, logits=True)
+        self.speculator.add_guesses(self.slots, batch, min(
+            self.n_batch - batch.n_tokens, self.cells.free(self.slots)), self.n_ctx_slot)
+        n_decode = batch.n_tokens
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
         # (the decode tokens' cells are already counted in the caches)
         allowed = min(allowed, self.cells.free(self.slots))
         for slot in self.slots:
-            room = min(self.prefill_chunk, allowed - (n - n_decode))
+            room = min(self.prefill_chunk, allowed - (batch.n_tokens - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
-            prompt = slot.to_read
-            sample_last = not slot.rebuilding
-            end = min(len(prompt), slot.n_prompt_done + room)
-            for i in range(slot.n_prompt_done, end):
-                n = self._add(n, slot, prompt[i], logits=sample_last and i == len(prompt) - 1)
+            end = min(len(slot.to_read), slot.n_prompt_done + room)
+            batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
+                             logits_last=not slot.rebuilding)
             slot.n_prompt_done = end
-        return n_decode, n - n_decode
-
-    def _add_draft(self, n: int) -> int:
-        """The speculator's guesses for a lone generating stream, after its next token."""
-        slot = self.speculator.candidate(self.slots)
-        if slot is None:
-            return n
-        # as many as the batch, the slot's cells and the pool have room for
-        room = min(self.n_batch - n, self.n_ctx_slot - len(slot.cache) - 1,
-                   self.cells.free(self.slots))
-        max_tokens = slot.task.params.max_tokens
-        if max_tokens is not None:  # no guesses past the last token it may write
-            room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
-        slot.draft = self.speculator.guesses(slot, room)
-        index, row = slot.batch_index, slot.output_row
-        for token in slot.draft:
-            n = self._add(n, slot, token, logits=True)
-        slot.batch_index, slot.output_row = index, row  # the real next token's come first
-        return n
-
-    def _verify(self, slot: Slot) -> None:
-        """Sample the real next token, then each guess's successor while the guesses hold.
-
-        Every emitted token is sampled by the request's own sampler from logits computed
-        with exactly the tokens before it, so the output is what plain decoding would give.
-        """
-        draft, slot.draft = slot.draft, []
-        task = slot.task
-        del slot.cache[len(slot.cache) - len(draft):]
-        task.stats.draft_tokens += len(draft)
-        token = self._sample(slot, slot.batch_index)
-        if token is None:  # failed: the guesses' KV goes all the same
-            self.native.forget(slot.id, len(slot.cache))
-            return
-        slot.state = SlotState.GENERATING
-        self._on_token(slot, token)
-        accepted = 0
-        while slot.task is task and accepted < len(draft) and token == draft[accepted]:
-            slot.cache.append(draft[accepted])  # its KV, computed this step, is valid
-            accepted += 1
-            token = self._sample(slot, slot.batch_index + accepted)
-            if token is None:
-                break
-            self._on_token(slot, token)
-        task.stats.accepted_tokens += accepted
-        self.speculator.record(slot, accepted, len(draft))
-        # the rejected guesses' KV goes
-        self.native.forget(slot.id, len(slot.cache))
+        return n_decode, batch.n_tokens - n_decode
 
     def _sample(self, slot: Slot, batch_index: int) -> int | None:
         """The slot's next token; None when its grammar took too long and it was failed."""
@@ -471,19 +332,6 @@ class Engine:
             f"{self.grammar_limit_s:g} s allowed — simplify the schema (nested repetitions, "
             "long alternatives)"))
         return None
-
-    def _add(self, n: int, slot: Slot, token: int, logits: bool) -> int:
-        b = self._batch
-        b.token[n] = token
-        b.pos[n] = len(slot.cache)
-        b.n_seq_id[n] = 1
-        b.seq_id[n][0] = slot.id
-        b.logits[n] = logits
-        slot.cache.append(token)
-        if logits:
-            slot.batch_index, slot.output_row = n, self._n_outputs
-            self._n_outputs += 1
-        return n + 1
 
     def _on_token(self, slot: Slot, token: int) -> None:
         task = slot.task
@@ -503,30 +351,10 @@ class Engine:
             # shifting only with a limit: without one, a model that never writes its end
             # token would hold the slot for ever
             shift = task.params.context_shift and task.params.max_tokens is not None
-            if not (shift and self._shift_context(slot)):
+            if not (shift and self.cells.shift(slot, task.params.n_keep)):
                 return self._finish(slot, "length")
+            task.stats.context_shifts += 1
         slot.next_token = token
-
-    def _shift_context(self, slot: Slot) -> bool:
-        """Drop the older half of what follows the kept prefix, and slide the rest back.
-
-        The kept prefix is the request's n_keep prompt tokens (and the BOS token); the tokens
-        after the gap keep their KV, re-positioned, as llama.cpp's server does.
-        """
-        if not self.native.can_shift():
-            return False
-        n_past = len(slot.cache)
-        bos = 1 if slot.cache and slot.cache[0] == self.native.bos() else 0
-        n_keep = min(slot.task.params.n_keep + bos, n_past - 2)
-        n_discard = (n_past - n_keep) // 2
-        if n_discard <= 0:
-            return False
-        self.native.forget(slot.id, n_keep, n_keep + n_discard)
-        self.native.shift(slot.id, n_keep + n_discard, n_past, -n_discard)
-        del slot.cache[n_keep:n_keep + n_discard]
-        slot.task.stats.context_shifts += 1
-        log.debug("slot %d: context shifted, kept %d, dropped %d", slot.id, n_keep, n_discard)
-        return True
 
     def _finish(self, slot: Slot, reason: str) -> None:
         task = slot.task
@@ -537,23 +365,14 @@ class Engine:
             task.generation.put(TokenEvent(tail, -1))
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
-        self._release(slot)  # first: whoever sees the end may count on a free slot
+        slot.release(self._clock())  # first: whoever sees the end may count on a free slot
         task.generation.put(DoneEvent(task.stats))
-
-    def _release(self, slot: Slot) -> None:
-        if slot.sampler:
-            slot.sampler.close()
-        slot.sampler = slot.decoder = slot.stop = slot.task = None
-        slot.to_read = []
-        slot.state = SlotState.IDLE
-        slot.batch_index = -1
-        slot.last_used = self._clock()
 
     def _fail(self, slot: Slot, error: LocalinferError) -> None:
         """End one request with an error; its slot's KV stays valid for the next."""
         slot.task.generation.put(ErrorEvent(error))
         self._counters["finished"] += 1
-        self._release(slot)
+        slot.release(self._clock())
 
     def _fail_active(self, error: LocalinferError) -> None:
         for slot in self.slots:
@@ -562,19 +381,10 @@ class Engine:
                 # its KV may be half-written: forget it
                 self.native.forget(slot.id)
                 slot.cache.clear()
-                self._release(slot)
+                slot.release(self._clock())
 
     def _fail_all(self, error: LocalinferError) -> None:
         self._fail_active(error)
-        while self.queue.waiting:
-            task = self.queue.waiting.popleft()
+        for task in self.queue.drain():
             task.close()
             task.generation.put(ErrorEvent(error))
-        while True:
-            try:
-                item = self.queue.inbox.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(item, Task):
-                item.close()
-                item.generation.put(ErrorEvent(error))

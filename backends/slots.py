@@ -78,3 +78,29 @@ class Slot:
 
     def common_prefix(self, tokens: Sequence[int]) -> int:
         return common_prefix(self.cache, tokens)
+
+    def hand_back(self) -> None:
+        """Preempted: the task takes what it needs to go on later. One still reading its
+        prompt starts over; one generating, or still reading back its tokens after an earlier
+        preemption, keeps its sampler, text decoder and stop matcher, so it goes on exactly
+        where it was."""
+        task = self.task
+        if self.state is SlotState.GENERATING:
+            task.resume = Resume(list(self.cache), self.next_token, self.sampler,
+                                 self.decoder, self.stop)
+        elif self.rebuilding:  # preempted again before its tokens were read back
+            task.resume = Resume(self.to_read, self.next_token, self.sampler,
+                                 self.decoder, self.stop)
+        else:  # it has sampled nothing yet: its sampler is as good as new
+            task.sampler = self.sampler
+        self.sampler = None  # now the task's
+
+    def release(self, now: float) -> None:
+        """The task has ended or gone back to the queue: the slot is idle, its KV kept."""
+        if self.sampler:
+            self.sampler.close()
+        self.sampler = self.decoder = self.stop = self.task = None
+        self.to_read = []
+        self.state = SlotState.IDLE
+        self.batch_index = -1
+        self.last_used = now

@@ -1,7 +1,7 @@
 """Speculative decoding's guesses for a lone generating stream: how many, and which.
 
-The scheduler (engine.py) decodes the guesses with the stream's next token and keeps those
-its sampler agrees with, so the reply is what plain decoding would give; this part decides
+The scheduler (engine.py) decodes the guesses with the stream's next token; this part keeps
+those its sampler agrees with, so the reply is what plain decoding would give. It decides
 whether a stream is guessed for (a lone generating stream, nothing reading a prompt), how
 many guesses it gets, makes them (a draft model, or prompt lookup: draft.py), and tracks
 how well they do: guesses that keep failing cost a prompt token's compute each, so below a
@@ -11,8 +11,9 @@ repetitive.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from localinfer.backends.batch import StepBatch
 from localinfer.backends.draft import DraftModel, ngram_draft
 from localinfer.backends.slots import Slot, SlotState
 
@@ -50,6 +51,55 @@ class Speculator:
         if self.drafter is not None:
             return self.drafter.propose(slot.cache, room)
         return ngram_draft(slot.cache, max_draft=room)
+
+    def add_guesses(self, slots: Sequence[Slot], batch: StepBatch, room: int,
+                    n_ctx_slot: int) -> None:
+        """A lone generating stream's guesses, into the batch after its next token: as many
+        as `room` (what the batch and the cells hold), its own cells and its reply's limit
+        allow."""
+        slot = self.candidate(slots)
+        if slot is None:
+            return
+        room = min(room, n_ctx_slot - len(slot.cache) - 1)
+        max_tokens = slot.task.params.max_tokens
+        if max_tokens is not None:  # no guesses past the last token it may write
+            room = min(room, max_tokens - slot.task.stats.generated_tokens - 1)
+        slot.draft = self.guesses(slot, room)
+        index, row = slot.batch_index, slot.output_row
+        for token in slot.draft:
+            batch.add(slot, token, logits=True)
+        slot.batch_index, slot.output_row = index, row  # the real next token's come first
+
+    def verify(self, slot: Slot, sample: Callable[[Slot, int], int | None],
+               emit: Callable[[Slot, int], None], forget: Callable[[int, int], object]) -> None:
+        """Sample the real next token, then each guess's successor while the guesses hold.
+
+        Every emitted token is sampled by the request's own sampler from logits computed
+        with exactly the tokens before it, so the output is what plain decoding would give.
+        `sample` is the engine's (None: the request failed), `emit` hands a token on, and
+        `forget(seq, from)` drops the rejected guesses' KV.
+        """
+        draft, slot.draft = slot.draft, []
+        task = slot.task
+        del slot.cache[len(slot.cache) - len(draft):]
+        task.stats.draft_tokens += len(draft)
+        token = sample(slot, slot.batch_index)
+        if token is None:  # failed: the guesses' KV goes all the same
+            forget(slot.id, len(slot.cache))
+            return
+        slot.state = SlotState.GENERATING
+        emit(slot, token)
+        accepted = 0
+        while slot.task is task and accepted < len(draft) and token == draft[accepted]:
+            slot.cache.append(draft[accepted])  # its KV, computed this step, is valid
+            accepted += 1
+            token = sample(slot, slot.batch_index + accepted)
+            if token is None:
+                break
+            emit(slot, token)
+        task.stats.accepted_tokens += accepted
+        self.record(slot, accepted, len(draft))
+        forget(slot.id, len(slot.cache))  # the rejected guesses' KV goes
 
     @staticmethod
     def record(slot: Slot, accepted: int, guessed: int) -> None:

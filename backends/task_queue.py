@@ -11,10 +11,34 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
+from collections.abc import Iterator
 
+from localinfer.backends.base import SamplingParams
 from localinfer.backends.slots import Task
+from localinfer.errors import InvalidRequest, PromptTooLong
 
-__all__ = ["TaskQueue"]
+__all__ = ["CANCEL_ALL", "CLOSE", "WAKE", "TaskQueue", "check_request"]
+
+# the engine's own signals, through the same inbox as requests
+WAKE = object()  # look again (a request was cancelled)
+CLOSE = object()  # stop
+CANCEL_ALL = object()  # every request so far ends now, with what it has
+
+
+def check_request(prompt: list[int], params: SamplingParams, n_vocab: int,
+                  n_ctx_slot: int) -> None:
+    """A request the engine can serve, or InvalidRequest / PromptTooLong before it queues."""
+    if not prompt:
+        raise InvalidRequest("the prompt is empty")
+    if len(prompt) >= n_ctx_slot:
+        raise PromptTooLong(len(prompt), n_ctx_slot)
+    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
+    bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidRequest(f"logit_bias names token {bad}, outside the vocabulary "
+                             f"(0..{n_vocab - 1})")
 
 
 class TaskQueue:
@@ -48,6 +72,40 @@ class TaskQueue:
             self._queued -= 1
             if task.stats.preemptions:  # it was queued again by requeue_first, not admitted
                 self._requeued -= 1
+
+    def arrivals(self, block: bool) -> Iterator[object]:
+        """(Engine thread.) Move arrived requests into the wait list and yield the signals
+        that came with them (CLOSE, CANCEL_ALL); wait for the first arrival only if `block`."""
+        while True:
+            try:
+                item = self.inbox.get(block=block)
+            except queue.Empty:
+                return
+            block = False
+            if isinstance(item, Task):
+                self.waiting.append(item)
+            elif item is not WAKE:
+                yield item
+
+    def drop_cancelled(self) -> list[Task]:
+        """(Engine thread.) Take the cancelled requests out of the wait list."""
+        gone = [t for t in self.waiting if t.generation.cancelled]
+        for task in gone:
+            self.waiting.remove(task)
+            self.taken(task)
+        return gone
+
+    def drain(self) -> list[Task]:
+        """(Engine thread, stopping.) Every request waiting or still in the inbox."""
+        tasks = list(self.waiting)
+        self.waiting.clear()
+        while True:
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return tasks
+            if isinstance(item, Task):
+                tasks.append(item)
 
     def requeue_first(self, task: Task) -> None:
         """A preempted request goes back to the head of the wait list."""

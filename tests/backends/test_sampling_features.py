@@ -10,7 +10,7 @@ import time
 import llama_cpp
 import pytest
 
-from localinfer.backends import engine as engine_module
+from localinfer.backends import batch as batch_module
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
@@ -193,17 +193,17 @@ def test_greedy_streams_picked_together_match_llama_cpps_greedy(smollm2, monkeyp
                ("A story about the sea", "Notes on Paris", "Recipe", "Why the sky is blue")]
     greedy = llama_cpp.llama_sampler_init_greedy()
     checked: list[tuple[int, int]] = []  # (the shared argmax's pick, llama.cpp's)
-    original = engine_module.Engine._greedy_picks
+    original = batch_module.StepBatch.greedy_picks
 
-    def checking(self):
-        picks = original(self)
-        for slot in self.slots:
+    def checking(self, slots):
+        picks = original(self, slots)
+        for slot in slots:
             if picks is not None and slot.task and slot.batch_index >= 0 and slot.sampler.argmax:
                 own = llama_cpp.llama_sampler_sample(greedy, self.native.ctx, slot.batch_index)
                 checked.append((int(picks[slot.output_row]), own))
         return picks
 
-    monkeypatch.setattr(engine_module.Engine, "_greedy_picks", checking)
+    monkeypatch.setattr(batch_module.StepBatch, "greedy_picks", checking)
     generations = [smollm2.generate(p, params) for p in prompts]  # all queued at once
     replies = [[e.token for e in g if isinstance(e, TokenEvent)] for g in generations]
     llama_cpp.llama_sampler_free(greedy)

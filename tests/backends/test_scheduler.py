@@ -12,6 +12,7 @@ from localinfer.backends.base import SamplingParams
 from localinfer.backends.engine import Engine
 from localinfer.errors import EngineBusy
 
+from . import fake_native
 from .fake_native import FakeNative, reference, text
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12)
@@ -150,5 +151,49 @@ def test_the_reply_cap_is_applied_here_for_every_front_end():
         endless = engine.submit(prompt, SamplingParams(temperature=0, capped=False))
         endless.text()
         assert endless.stats.generated_tokens > 5 and endless.stats.finish_reason == "length"
+    finally:
+        engine.close()
+
+
+def test_guesses_kept_and_rejected_leave_the_reply_and_the_cache_as_plain_decoding_would(
+        monkeypatch):
+    """A lone stream decodes prompt-lookup guesses with its next token. Here the model's
+    text nearly repeats (a cycle of tokens, broken at every 17th position), so
+    guesses hold for a while and then fail: the kept ones' KV stays, the rejected ones' is
+    dropped before the next decode (the fake checks every position), and the reply is the
+    model's own."""
+    # a cycle of 11 tokens, broken every 17th position
+    monkeypatch.setattr(fake_native, "rule",
+                        lambda token, pos: (token + 1) % 11 if pos % 17 else (token + 5) % 11)
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native, n_slots=1, draft_tokens=4)
+    try:
+        prompt = _prompt(1, 30)
+        generation = engine.submit(prompt, SamplingParams(temperature=0, max_tokens=80))
+        assert generation.text() == text(fake_native.reference(prompt, 80))
+        stats = generation.stats
+        assert 0 < stats.accepted_tokens < stats.draft_tokens, stats
+        assert sorted(native.cells[0]) == list(range(len(prompt) + 80 - 1))
+    finally:
+        engine.close()
+
+
+def test_a_full_slot_shifts_its_context_keeping_the_first_tokens():
+    """With context_shift and a limit, a reply longer than the slot's cells goes on: the
+    older half after the first n_keep tokens is dropped and the rest slides back (the fake
+    refuses any decode whose positions do not follow its cells)."""
+    native = FakeNative(n_ctx=64)
+    engine = _engine(native, n_slots=1)
+    try:
+        prompt = _prompt(1, 20)
+        params = SamplingParams(temperature=0, max_tokens=100, context_shift=True, n_keep=5)
+        generation = engine.submit(prompt, params)
+        generation.text()
+        assert generation.stats.finish_reason == "length"
+        assert generation.stats.generated_tokens == 100
+        assert generation.stats.context_shifts >= 2
+        cells = native.cells[0]
+        assert sorted(cells) == list(range(len(cells))) and len(cells) <= 64
+        assert [cells[p] for p in range(5)] == prompt[:5]
     finally:
         engine.close()
