@@ -35,13 +35,13 @@ from localinfer.model_store.gguf_info import read_gguf_info
 from localinfer.backends.machine import detect
 from localinfer.model_store.hardware import Hardware
 
-__all__ = ["Workload", "closed_loop", "decode_bare", "planned_device", "prefill_label",
-           "read_prompt", "run_bench", "time_split", "typical_context"]
+__all__ = ["FILLER", "Workload", "closed_loop", "decode_bare", "planned_device", "prefill_label",
+           "prompt_tokens", "read_prompt", "run_bench", "time_split", "typical_context"]
 
 SLO_TTFT_S = 2.0
 SLO_TPOT_S = 0.100
-_FILLER = ("The keeper climbed the stairs of the lighthouse each evening, counting the steps "
-           "and listening to the sea against the rocks below. ")
+FILLER = ("The keeper climbed the stairs of the lighthouse each evening, counting the steps "
+          "and listening to the sea against the rocks below. ")
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def _pct(values: Sequence[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _prompt(backend: LlamaCppBackend, n_tokens: int, salt: int) -> list[int]:
-    text = f"Story {salt}. " + _FILLER * (n_tokens // 20 + 2)
+def prompt_tokens(backend: LlamaCppBackend, n_tokens: int, salt: int) -> list[int]:
+    text = f"Story {salt}. " + FILLER * (n_tokens // 20 + 2)
     return backend.tokenize(text)[:n_tokens]
 
 
@@ -81,7 +81,7 @@ def ceiling(path: Path, n_seq: int, n_tokens: int, threads: int, context: int = 
                          n_batch=max(512, n_seq), n_threads=threads, n_gpu_layers=gpu_layers)
     batch = llama_cpp.llama_batch_init(max(512, n_seq), 0, 1)
     try:
-        text = _FILLER * (1 + context // 20)
+        text = FILLER * (1 + context // 20)
         prompt = native.tokenize(text)[:max(4, context)]
         read_prompt(native, batch, prompt, seq=0)  # sequence 0 reads it, the rest copy it
         for seq in range(1, n_seq):
@@ -128,7 +128,7 @@ def bare_prefill_seconds(path: Path, threads: int, length: int, size: int = 512,
                          n_threads=threads, n_gpu_layers=gpu_layers)
     batch = llama_cpp.llama_batch_init(size, 0, 1)
     try:
-        prompt = native.tokenize(_FILLER * (1 + length // 20))[:length]
+        prompt = native.tokenize(FILLER * (1 + length // 20))[:length]
         best = math.inf
         for _ in range(reads):
             llama_cpp.llama_memory_clear(native.memory, True)
@@ -181,7 +181,7 @@ def _requests(backend: LlamaCppBackend, work: Workload, n: int, rng: random.Rand
     out = []
     for i in range(n):
         length = int(math.exp(rng.uniform(math.log(work.min_prompt), math.log(work.max_prompt))))
-        out.append((_prompt(backend, length, rng.randrange(10**6)),
+        out.append((prompt_tokens(backend, length, rng.randrange(10**6)),
                     rng.randint(work.min_output, work.max_output)))
     return out
 
@@ -298,10 +298,10 @@ def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_runni
                                                 step_budget=step_budget, n_batch=n_batch))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
-        running = [backend.generate(_prompt(backend, 32, i), SamplingParams(
+        running = [backend.generate(prompt_tokens(backend, 32, i), SamplingParams(
             temperature=0, max_tokens=400, logit_bias=bias)) for i in range(n_running)]
         time.sleep(1.0)  # all decoding
-        reader = backend.generate(_prompt(backend, long_prompt, 99),
+        reader = backend.generate(prompt_tokens(backend, long_prompt, 99),
                                   SamplingParams(temperature=0, max_tokens=2))
         reader.text()
         window = (reader.stats.started_at, reader.stats.token_times[0])
@@ -338,7 +338,7 @@ def cached_system_prompt(path: Path, threads: int, system_tokens: int = 1500,
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=system_tokens + 300, n_slots=1,
                                                 n_threads=threads, n_gpu_layers=gpu_layers))
     try:
-        system = backend.detokenize(_prompt(backend, system_tokens, 5))
+        system = backend.detokenize(prompt_tokens(backend, system_tokens, 5))
 
         def ask(question: str) -> RequestStats:
             g = backend.chat([{"role": "system", "content": system},

@@ -5,28 +5,26 @@ On a small CPU the app's Python work (Markdown, status bar) competes with the en
 and the GIL, so this is the figure to watch when the app changes. Same model, prompt, greedy,
 threads; runs alternate so machine noise hits both alike.
 
-    python3 bench/chat_app_overhead.py [--tokens 200] [--reps 3]
+    python3 bench/chat_app_overhead.py [--tokens 200] [--reps 3] [--results FOLDER]
 
 Writes bench/results/chat_app_overhead.{json,png,md}.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
-import platform
 import statistics
 import tempfile
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.settings import Settings
 from localinfer.tui.app import ChatApp
 from localinfer.tui.client import LocalClient
 from localinfer.tui.conversations import ConversationStore
 
-RESULTS = Path(__file__).parent / "results"
+MODELS = ("smollm2:135m", "gemma3:270m")
 PROMPT = "Write a short story about a lighthouse keeper."
 
 
@@ -66,31 +64,19 @@ async def bench_model(name: str, n_tokens: int, reps: int, home: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=3)
+    parser = harness.arguments(__doc__, tokens=200, reps=3)
     args = parser.parse_args()
     home = Path(tempfile.mkdtemp(prefix="localinfer-bench-"))
-    results = [asyncio.run(bench_model(name, args.tokens, args.reps, home))
-               for name in ("smollm2:135m", "gemma3:270m")]
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.machine(), "python": platform.python_version(),
-            "tokens": args.tokens, "reps": args.reps}
-    (RESULTS / "chat_app_overhead.json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2))
+    results = [asyncio.run(bench_model(name, args.tokens, args.reps, home)) for name in MODELS]
+    meta = harness.run_facts(models=list(MODELS), tokens=args.tokens, reps=args.reps)
     lines = ["# Chat app overhead", "",
              f"Greedy, {args.tokens} tokens, median of {args.reps} alternating runs.", "",
              "| model | in the app (tok/s) | engine alone (tok/s) | ratio |", "|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['model']} | {statistics.median(r['app_decode_tps']):.1f} | "
                      f"{statistics.median(r['bare_decode_tps']):.1f} | {r['ratio']:.2f} |")
-    (RESULTS / "chat_app_overhead.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, axes = harness.figure(1, 1, size=(6, 3.5))
+    ax = axes[0][0]
     names = [r["model"] for r in results]
     x = range(len(names))
     ax.bar([i - 0.2 for i in x], [statistics.median(r["bare_decode_tps"]) for r in results],
@@ -101,8 +87,7 @@ def main() -> None:
     ax.set_ylabel("decode tok/s")
     ax.set_title("What drawing the reply costs the engine")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "chat_app_overhead.png", dpi=120)
+    harness.write("chat_app_overhead", meta, results, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

@@ -8,34 +8,30 @@ it as a cross-check. The ceiling is the bare low-level loop of `localinfer bench
 sequence, a fixed token fed each step, no sampling), started at the prompt's length so it
 decodes at the same context as the other two.
 
-    python3 bench/decode_vs_llama.py [--tokens 128] [--reps 3]
+    python3 bench/decode_vs_llama.py [--tokens 128] [--reps 3] [--threads N] [--results FOLDER]
 
 Writes bench/results/decode_vs_llama.{json,png,md}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.bench import ceiling
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
+MODELS = ("smollm2:135m", "gemma3:270m")
 PROMPT = "Here is a long, detailed story about a lighthouse keeper and the sea:\n\n"
 N_CTX = 2048
 
 
 def _model_paths() -> dict[str, Path]:
-    store = Path(tempfile.gettempdir()) / "localinfer-bench"
-    return {name: resolve(name, store).path for name in ("smollm2:135m", "gemma3:270m")}
+    return {name: resolve(name, harness.STORE).path for name in MODELS}
 
 
 def _rate(arrivals: list[float], n_tokens: int) -> float:
@@ -91,18 +87,14 @@ def bench_model(name: str, path: Path, n_tokens: int, reps: int, threads: int) -
     return result
 
 
-def _plot(results: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def _plot(results: dict):
     names = list(results)
     bars = {"localinfer engine": "localinfer_decode_tps",
             "llama-cpp-python Llama": "llama_cpp_python_decode_tps",
             "ceiling (bare loop, N=1)": "ceiling_tps"}
     x = range(len(names))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
+    fig, axes = harness.figure(1, 1, size=(6, 3.5))
+    ax = axes[0][0]
     for k, (label, key) in enumerate(bars.items()):
         ax.bar([i + (k - 1) * 0.27 for i in x], [results[n][key] for n in names], width=0.27,
                label=label)
@@ -110,18 +102,15 @@ def _plot(results: dict, path: Path) -> None:
     ax.set_ylabel("decode tokens/s (single stream)")
     ax.set_title("Greedy decode, same prompt and threads, one run")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
 
 
-def _markdown(meta: dict, results: dict) -> str:
+def _markdown(meta: dict, results: dict) -> list[str]:
     lines = [
         "# Single-stream decode speed: localinfer vs llama-cpp-python `Llama` and the ceiling",
         "",
-        f"Measured {meta['date']} on {meta['machine']} ({meta['threads']} threads), "
-        f"{meta['tokens']} greedy tokens, median of {meta['reps']} interleaved runs (ratios: "
-        "the median of each round's ratio). "
-        "Reproduce: `python3 bench/decode_vs_llama.py`.",
+        f"{meta['threads']} threads, {meta['tokens']} greedy tokens, median of {meta['reps']} "
+        "interleaved runs (ratios: the median of each round's ratio).",
         "",
         "| model | localinfer tok/s | (engine's own stats) | Llama tok/s | ÷ Llama | "
         "ceiling tok/s | ÷ ceiling |",
@@ -132,29 +121,19 @@ def _markdown(meta: dict, results: dict) -> str:
                      f"{r['localinfer_decode_tps_internal']:.1f} | "
                      f"{r['llama_cpp_python_decode_tps']:.1f} | {r['ratio']:.2f} | "
                      f"{r['ceiling_tps']:.1f} | {r['vs_ceiling']:.2f} |")
-    lines += ["", "![plot](decode_vs_llama.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
+    parser = harness.arguments(__doc__, tokens=128, reps=3, threads=None)
     args = parser.parse_args()
-    from localinfer.backends.llamacpp import default_threads
-
-    threads = args.threads or default_threads()
+    threads = harness.threads_or_default(args.threads)
     results = {name: bench_model(name, path, args.tokens, args.reps, threads)
                for name, path in _model_paths().items()}
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": f"{platform.machine()} "
-            f"{platform.processor() or platform.system()}", "threads": threads,
-            "tokens": args.tokens, "reps": args.reps}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "decode_vs_llama.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                             indent=2))
-    _plot(results, RESULTS / "decode_vs_llama.png")
-    (RESULTS / "decode_vs_llama.md").write_text(_markdown(meta, results))
+    meta = harness.run_facts(models=list(MODELS), threads=threads, tokens=args.tokens,
+                             reps=args.reps)
+    harness.write("decode_vs_llama", meta, results, _markdown(meta, results), _plot(results),
+                  folder=args.results)
     for name, r in results.items():
         print(f"{name}: localinfer {r['localinfer_decode_tps']:.1f} tok/s, "
               f"Llama {r['llama_cpp_python_decode_tps']:.1f} tok/s, ratio {r['ratio']:.2f}, "

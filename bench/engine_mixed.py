@@ -1,6 +1,7 @@
 """The engine under a mixed workload for both embedded models: `localinfer bench`, recorded.
 
     python3 bench/engine_mixed.py [--levels 1,2,4,8,16] [--requests-per-client 2]
+                                  [--results FOLDER]
 
 Writes bench/results/engine_mixed.{json,png,md}. See localinfer/bench.py (app/bench.py) for
 what is measured and how.
@@ -8,47 +9,39 @@ what is measured and how.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import platform
-import tempfile
-from pathlib import Path
 
+import harness
 from localinfer.bench import Workload, prefill_label, run_bench
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 MODELS = ("smollm2:135m", "gemma3:270m")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("--levels", default="1,2,4,8,16")
     parser.add_argument("--requests-per-client", type=int, default=2)
     args = parser.parse_args()
     logging.getLogger("localinfer.llama_cpp").setLevel(logging.ERROR)  # llama.cpp's chatter
     levels = [int(x) for x in args.levels.split(",")]
-    store = Path(tempfile.gettempdir()) / "localinfer-bench"
     work = Workload(requests_per_client=args.requests_per_client)
     results = {}
     for name in MODELS:
         print(f"== {name}", flush=True)
-        results[name] = run_bench(resolve(name, store).path, levels, work,
+        results[name] = run_bench(resolve(name, harness.STORE).path, levels, work,
                                   log=lambda line: print(line, flush=True))
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "levels": levels}
-    (RESULTS / "engine_mixed.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                          indent=2, default=str))
-    _markdown(results, work)
-    _plot(results, levels)
+    meta = harness.run_facts(models=list(MODELS), levels=levels,
+                             requests_per_client=args.requests_per_client)
+    harness.write("engine_mixed", meta, results, _markdown(results, work),
+                  _plot(results, levels), folder=args.results)
 
 
 def _f(v, fmt=".2f"):
     return "—" if v is None else format(v, fmt)
 
 
-def _markdown(results: dict, work: Workload) -> None:
+def _markdown(results: dict, work: Workload) -> list[str]:
     lines = ["# The engine under a mixed workload", "",
              f"Prompts {work.min_prompt}–{work.max_prompt} tokens (log-uniform), replies "
              f"{work.min_output}–{work.max_output} tokens, greedy; N slots and N clients with "
@@ -64,8 +57,7 @@ def _markdown(results: dict, work: Workload) -> None:
              "fewer streams than N, or at longer contexts, decode slower than the ceiling. "
              "Wall time split: inside `llama_decode` / in the engine around it (filling "
              "batches, sampling, streaming text) / idle (no request in the engine), as the "
-             "engine counts it (`EngineStats.decode_seconds`, `step_seconds`). "
-             "Reproduce: `python3 bench/engine_mixed.py`.", ""]
+             "engine counts it (`EngineStats.decode_seconds`, `step_seconds`).", ""]
     for name, r in results.items():
         lines += [f"## {name} ({r['threads']} threads)", "",
                   f"Baseline: {r['baseline']['output_tps']:.1f} output tok/s, TTFT p50 "
@@ -102,18 +94,11 @@ def _markdown(results: dict, work: Workload) -> None:
             lines.append(f"- 1500-token system prompt cached: TTFT {c['warm_ttft_s'] * 1000:.0f} ms "
                          f"vs {c['cold_ttft_s'] * 1000:.0f} ms cold ({c['ratio']:.1%}).")
         lines.append("")
-    lines.append("![plot](engine_mixed.png)")
-    (RESULTS / "engine_mixed.md").write_text("\n".join(lines) + "\n")
+    return lines[:-1]
 
 
-def _plot(results: dict, levels: list[int]) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
+def _plot(results: dict, levels: list[int]):
+    fig, axes = harness.figure(len(results), 1, size=(6, 4))
     for ax, (name, r) in zip(axes[0], results.items()):
         ax.plot(levels, [r["ceiling"][n] for n in levels], marker="o", label="ceiling (decode only)")
         ax.plot(levels, [lv["output_tps"] for lv in r["levels"]], marker="o",
@@ -122,8 +107,7 @@ def _plot(results: dict, levels: list[int]) -> None:
                    label="Llama, sequential")
         ax.set(title=name, xlabel="concurrent requests (slots)", ylabel="output tok/s")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "engine_mixed.png", dpi=120)
+    return fig
 
 
 if __name__ == "__main__":

@@ -6,17 +6,23 @@ backend's runtime overhead), then a fresh process loads the model as `localinfer
 llama.cpp's own buffer sizes and the GPU memory the process holds (NVML, else nvidia-smi).
 Needs an NVIDIA GPU and a CUDA build of llama-cpp-python.
 
-    python3 bench/gpu_memory.py MODEL.gguf [MODEL.gguf ...] [--ctx 4096,8192] [--out FILE]
+    python3 bench/gpu_memory.py MODEL.gguf [MODEL.gguf ...] [--ctx 4096,8192] [--slots 1,4]
+                                [--out FILE.json] [--results FOLDER]
+
+Writes FILE.json ({"meta", "results": the rows}) and FILE.md beside it; without --out,
+bench/results/gpu_memory.{json,md} (--results names the folder). bench/gpu_report.py reads
+the GPU session's files in bench/results/gpu_h100/.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import harness
 
 _MIB = 2**20
 _CHILD = r"""
@@ -97,11 +103,12 @@ def measure(path: Path, n_ctx: int, n_slots: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("models", nargs="+", type=Path)
     parser.add_argument("--ctx", default="4096,8192")
     parser.add_argument("--slots", default="1")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path,
+                        help="the JSON file (the .md goes beside it) [RESULTS/gpu_memory.json]")
     args = parser.parse_args()
     rows = []
     for path in args.models:
@@ -118,8 +125,24 @@ def main() -> None:
                       f"llama.cpp GPU buffers {mib(row['llama_cpp_gpu_total'])}; process holds "
                       f"{mib(row['process_gpu_bytes'])} MiB, "
                       f"{mib(row['outside_llama_cpp_buffers'])} outside the buffers", flush=True)
-    if args.out:
-        args.out.write_text(json.dumps(rows, indent=2))
+    meta = harness.run_facts(models=[p.name for p in args.models], ctx=args.ctx,
+                             slots=args.slots)
+    out = args.out or args.results / "gpu_memory.json"
+    harness.write(out.stem, meta, rows, report(rows), folder=out.parent)
+
+
+def report(rows: list[dict]) -> list[str]:
+    mib = lambda n: "?" if n is None else f"{n / _MIB:,.0f}"  # noqa: E731
+    return ["# The plan's GPU memory against llama.cpp's buffers and the process", "",
+            *harness.markdown_table(
+                ["model", "context × slots", "GPU layers", "plan (MiB)",
+                 "llama.cpp GPU buffers", "process holds", "outside the buffers"],
+                [[r["model"], f"{r['n_ctx']} × {r.get('n_slots', '?')}", "failed", "", "", "", ""]
+                 if "error" in r else
+                 [r["model"], f"{r['n_ctx']} × {r['n_slots']}", r["n_gpu_layers"],
+                  mib(r["plan_total"]), mib(r["llama_cpp_gpu_total"]),
+                  mib(r["process_gpu_bytes"]), mib(r["outside_llama_cpp_buffers"])]
+                 for r in rows])]
 
 
 if __name__ == "__main__":

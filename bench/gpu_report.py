@@ -1,23 +1,22 @@
-"""Turn the figures a GPU session measured into bench/results/gpu_h100.{md,png}.
+"""Turn the figures a GPU session measured into bench/results/gpu_h100.{json,md,png}.
 
 The measurements themselves need a GPU (bench/gpu_memory.py, serve_load.py, step_profile.py
 and `localinfer bench` on a CUDA build, models from random_gguf.py); their JSON is kept in
 bench/results/gpu_h100/. This script only reads it, and prices each measured load with the
 planner as it is now, so the table shows today's estimate against what the GPU held.
 
-    python3 bench/gpu_report.py
+    python3 bench/gpu_report.py [--results FOLDER]
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
+import harness
 from localinfer.model_store.hardware import GPU
 from localinfer.model_store.planner import ModelShape, plan
 
-RESULTS = Path(__file__).parent / "results"
-DATA = RESULTS / "gpu_h100"
+DATA = harness.RESULTS / "gpu_h100"
 _MIB = 2**20
 H100 = GPU("nvidia", 0, "NVIDIA H100 80GB HBM3", 81559 * _MIB, 81000 * _MIB, "cuda", "580.159.04")
 # the random-weight models' shapes (bench/random_gguf.py), as their headers give them
@@ -31,7 +30,9 @@ SHAPES = {
 def memory_rows() -> list[dict]:
     rows = []
     for name in ("gpu_memory_1b.json", "gpu_memory_8b.json"):
-        for r in json.loads((DATA / name).read_text()):
+        saved = json.loads((DATA / name).read_text())
+        # bench/gpu_memory.py's rows: a list, or since the harness {"meta", "results"}
+        for r in saved["results"] if isinstance(saved, dict) else saved:
             shape = SHAPES[r["model"]]
             now = plan(shape, {"Q8_0": r["plan"]["weights"]}, [H100], 100 * 2**30,
                        n_ctx=r["n_ctx"], n_slots=r["n_slots"], n_outputs=r["n_slots"])
@@ -50,6 +51,7 @@ def _jsonl(name: str) -> list[dict]:
 
 
 def main() -> None:
+    args = harness.arguments(__doc__).parse_args()
     mem = memory_rows()
     serve = ([dict(r, run=1) for r in _jsonl("serve_8b_1b.jsonl")]
              + [dict(r, run=2) for r in _jsonl("serve_1b_switch.jsonl")])
@@ -138,18 +140,15 @@ def main() -> None:
         "about 5,200 tok/s in step_profile): the HTTP/SSE path or the Python client itself "
         "bounds both there, and this run does not tell which. A 0.5 ms thread switch interval "
         "helps the engine with thread consumers (engine 2.35 → 1.48 ms a step) but not the "
-        "server (1117 → 1081 tok/s, within noise), so it is not set.", "",
-        "![plot](gpu_h100.png)"]
-    (RESULTS / "gpu_h100.md").write_text("\n".join(lines) + "\n")
-    _plot(mem, serve)
+        "server (1117 → 1081 tok/s, within noise), so it is not set."]
+    meta = harness.run_facts(figures_from="bench/results/gpu_h100/", gpu=H100.name)
+    harness.write("gpu_h100", meta, {"memory": mem, "serve": serve}, lines, _plot(mem, serve),
+                  folder=args.results)
 
 
-def _plot(mem: list[dict], serve: list[dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+def _plot(mem: list[dict], serve: list[dict]):
+    fig, axes = harness.figure(2, 1, size=(6, 4.5))
+    left, right = axes[0]
     labels = [f"{r['model'].split('-')[1]} {r['n_ctx'] // 1024}k×{r['n_slots']}" for r in mem]
     x = range(len(mem))
     left.bar([i - 0.27 for i in x], [r["planned"] / 2**30 for r in mem], 0.27, label="plan")
@@ -166,8 +165,7 @@ def _plot(mem: list[dict], serve: list[dict]) -> None:
     right.barh(range(len(rows)), [r["output_tps"] for r in rows], color=colors)
     right.set_yticks(range(len(rows)), names, fontsize=7)
     right.set(xlabel="output tok/s, all clients", title="serve vs llama-server (H100)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "gpu_h100.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

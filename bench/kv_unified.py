@@ -11,29 +11,25 @@ Two measurements, same model file and threads:
    (unified). Clients send prompts of 32–1500 tokens (log-uniform) and ask for 16–128
    tokens, with exponential gaps; greedy.
 
-    python3 bench/kv_unified.py [--reps 3] [--models smollm2:135m gemma3:270m]
+    python3 bench/kv_unified.py [--reps 3] [--models smollm2:135m gemma3:270m] [--results FOLDER]
 
 Writes bench/results/kv_unified.{json,png,md}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import tempfile
 from pathlib import Path
 
+import harness
 import llama_cpp
 
 from localinfer.backends.base import LoadOptions
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.bench import _FILLER, Workload, closed_loop, decode_bare, read_prompt
+from localinfer.bench import FILLER, Workload, closed_loop, decode_bare, read_prompt
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 THREADS = 2
 POOL = 8192
 CLIENTS = 16
@@ -51,7 +47,7 @@ def decode_tps(path: Path, unified: bool, n_seq: int, context: int, n_tokens: in
                          n_batch=512, n_threads=THREADS, kv_unified=unified)
     batch = llama_cpp.llama_batch_init(512, 0, 1)
     try:
-        prompt = native.tokenize(_FILLER * (1 + context // 20))[:context]
+        prompt = native.tokenize(FILLER * (1 + context // 20))[:context]
         for seq in range(n_seq):  # each its own cells: nothing shared between sequences
             read_prompt(native, batch, prompt, seq)
         return decode_bare(native, batch, n_seq, prompt[-1], len(prompt), n_tokens)
@@ -70,7 +66,7 @@ def serve_clients(path: Path, n_ctx: int, n_slots: int, unified: bool) -> dict:
 
 
 def bench_model(name: str, reps: int) -> dict:
-    path = resolve(name, Path(tempfile.gettempdir()) / "localinfer-bench").path
+    path = resolve(name, harness.STORE).path
     decode = {}
     for context in (320, 1000):
         runs = {"split": [], "unified": []}
@@ -91,15 +87,11 @@ def bench_model(name: str, reps: int) -> dict:
     return {"model": name, "decode": decode, "serving": serving}
 
 
-def write(results: list[dict], reps: int) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "threads": THREADS, "reps": reps, "pool": POOL,
-            "clients": CLIENTS, "workload": WORK.__dict__}
-    (RESULTS / "kv_unified.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                        indent=2))
+def report(results: list[dict], models: list[str], reps: int, folder: Path) -> None:
+    meta = harness.run_facts(models=models, threads=THREADS, reps=reps, pool=POOL,
+                             clients=CLIENTS, workload=WORK.__dict__)
     lines = ["# One KV pool (`--kv-unified`) against a fixed share per slot", "",
-             f"Reproduce: `python3 bench/kv_unified.py` ({THREADS} threads, median of {reps} "
-             "alternating runs for decode).", "",
+             f"{THREADS} threads, median of {reps} alternating runs for decode.", "",
              "## Decode tok/s, 8 sequences each with its own context", "",
              "| model | context | split | unified | unified ÷ split |", "|---|---|---|---|---|"]
     for r in results:
@@ -117,14 +109,8 @@ def write(results: list[dict], reps: int) -> None:
             lines.append(f"| {r['model']} | {label} | {row['requests']} | {row['refused']} | "
                          f"{row['output_tps']:.1f} | {row['ttft_p50_s']:.2f} s | "
                          f"{row['ttft_p99_s']:.2f} s | {row['preemptions']} |")
-    lines += ["", "![plot](kv_unified.png)"]
-    (RESULTS / "kv_unified.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = harness.figure(2, 1, size=(5, 3.8))
+    axes = axes[0]
     for i, r in enumerate(results):
         labels = list(r["serving"])
         axes[0].bar([x + 0.4 * i for x in range(len(labels))],
@@ -136,16 +122,14 @@ def write(results: list[dict], reps: int) -> None:
         ax.set_title(title)
         ax.legend(fontsize=8)
     fig.suptitle(f"{CLIENTS} clients on {POOL} KV cells")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "kv_unified.png", dpi=120)
+    harness.write("kv_unified", meta, results, lines, fig, folder=folder)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--models", nargs="+", default=["smollm2:135m", "gemma3:270m"])
+    parser = harness.arguments(__doc__, reps=3, models=["smollm2:135m", "gemma3:270m"])
     args = parser.parse_args()
-    write([bench_model(m, args.reps) for m in args.models], args.reps)
+    report([bench_model(m, args.reps) for m in args.models], args.models, args.reps,
+           args.results)
 
 
 if __name__ == "__main__":

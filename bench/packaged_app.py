@@ -7,28 +7,24 @@ packaging: PyInstaller's one-folder bundle against a virtual environment. Each r
 the first byte of the reply on stdout and the exit; peak RSS is polled every 5 ms. Runs
 alternate (after one warm-up each) so machine noise hits both alike.
 
-    python3 packaging/build_linux.py && python3 bench/packaged_app.py [--reps 5]
+    python3 packaging/build_linux.py && python3 bench/packaged_app.py [--reps 5] [--results FOLDER]
 
 Writes bench/results/packaged_app.{json,png,md}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import platform
 import statistics
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 import psutil
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-WORK = ROOT / "build" / "pkg"
+WORK = harness.ROOT / "build" / "pkg"
 PROMPT = "What is the capital of France?"
 # in the build environment only to make the bundle; a user's pip install has none of them
 BUILD_ONLY = ("pyinstaller", "pyinstaller_hooks_contrib", "altgraph", "pip", "setuptools",
@@ -71,8 +67,7 @@ def pip_install_mib(venv: Path) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=5)
+    parser = harness.arguments(__doc__, reps=5)
     args = parser.parse_args()
     bundle = WORK / "dist" / "localinfer"
     venv = WORK / "venv"
@@ -91,16 +86,12 @@ def main() -> None:
              "pip_site_packages": pip_install_mib(venv)}
     medians = {kind: {key: statistics.median(r[key] for r in rs) for key in rs[0]}
                for kind, rs in runs.items()}
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "reps": args.reps,
-            "prompt": PROMPT, "max_tokens": 8, "model": "smollm2:135m"}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "packaged_app.json").write_text(json.dumps(
-        {"meta": meta, "sizes_mib": sizes, "median": medians, "runs": runs}, indent=2))
-    write_report(sizes, medians, args.reps)
-    plot(sizes, medians)
+    meta = harness.run_facts(reps=args.reps, prompt=PROMPT, max_tokens=8, model="smollm2:135m")
+    harness.write("packaged_app", meta, {"sizes_mib": sizes, "median": medians, "runs": runs},
+                  report(sizes, medians, args.reps), plot(sizes, medians), folder=args.results)
 
 
-def write_report(sizes: dict, medians: dict, reps: int) -> None:
+def report(sizes: dict, medians: dict, reps: int) -> list[str]:
     b, p = medians["bundle"], medians["pip"]
     lines = [
         "# The packaged app against the pip install",
@@ -124,20 +115,13 @@ def write_report(sizes: dict, medians: dict, reps: int) -> None:
         f"Downloads: tarball {sizes['tarball']:.0f} MiB, .deb {sizes['deb']:.0f} MiB. The pip "
         "figure leaves out the Python interpreter the user already has; the bundle carries its",
         "own. Either way about 94 MiB of it is the embedded model.",
-        "",
-        "![packaged app](packaged_app.png)",
-        "",
     ]
-    (RESULTS / "packaged_app.md").write_text("\n".join(lines))
+    return lines
 
 
-def plot(sizes: dict, medians: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(11, 3.6))
+def plot(sizes: dict, medians: dict):
+    fig, axes = harness.figure(3, 1, size=(11 / 3, 3.6))
+    axes = axes[0]
     panels = [("first token after start (s)", [medians[k]["first_token_s"] for k in ("bundle", "pip")]),
               ("peak memory (MiB)", [medians[k]["peak_rss_mib"] for k in ("bundle", "pip")]),
               ("on disk (MiB)", [sizes["bundle_folder"], sizes["pip_site_packages"]])]
@@ -148,8 +132,7 @@ def plot(sizes: dict, medians: dict) -> None:
         for i, v in enumerate(values):
             ax.text(i, v, f"{v:.2f}" if v < 10 else f"{v:.0f}", ha="center", va="bottom")
     fig.suptitle("localinfer packaged (PyInstaller one-folder) against pip install")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "packaged_app.png", dpi=120)
+    return fig
 
 
 if __name__ == "__main__":

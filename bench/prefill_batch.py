@@ -2,7 +2,7 @@
 tokens a step would change against the default, 512 (as llama.cpp's own server reads
 prompts). Measured to decide the default: it stays 512 (see the results).
 
-    python3 bench/prefill_batch.py [--reps 2]
+    python3 bench/prefill_batch.py [--reps 2] [--replot] [--results FOLDER]
 
 1. The bare loop reads a 1024-token prompt in batches of 32 … 512 tokens (best of 3):
    prompt tok/s at each size, and its ratio to 512's.
@@ -18,23 +18,19 @@ Writes bench/results/prefill_batch.{json,png,md}.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import logging
-import platform
 import statistics
-import tempfile
-import time
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
-from localinfer.bench import (Workload, _prompt, bare_prefill_seconds, engine_level,
-                              long_prefill_itl)
+from localinfer.bench import (Workload, bare_prefill_seconds, engine_level, long_prefill_itl,
+                              prompt_tokens)
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 MODELS = ("smollm2:135m", "gemma3:270m")
 SIZES = (32, 64, 128, 256, 512)
 LONG = 2000
@@ -54,8 +50,8 @@ def lone_ttft(path: Path, threads: int, n_batch: int | None) -> float:
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=LONG + 64, n_threads=threads,
                                                 n_gpu_layers=0, n_batch=n_batch))
     try:
-        g = backend.generate(_prompt(backend, LONG, 3), SamplingParams(temperature=0,
-                                                                       max_tokens=2))
+        g = backend.generate(prompt_tokens(backend, LONG, 3),
+                             SamplingParams(temperature=0, max_tokens=2))
         g.text()
         return g.stats.ttft
     finally:
@@ -96,32 +92,28 @@ def bench_model(path: Path, threads: int, reps: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--reps", type=int, default=2)
+    parser = harness.arguments(__doc__, reps=2)
     parser.add_argument("--replot", action="store_true",
                         help="rewrite the md and png from the saved JSON")
     args = parser.parse_args()
-    saved = RESULTS / "prefill_batch.json"
     if args.replot:
-        _write(json.loads(saved.read_text()))
+        saved = json.loads((args.results / "prefill_batch.json").read_text())
+        _write(saved["meta"], saved["results"], args.results)
         return
     logging.getLogger("localinfer.llama_cpp").setLevel(logging.ERROR)
     threads = default_threads()
-    store = Path(tempfile.gettempdir()) / "localinfer-bench"
     results = {}
     for name in MODELS:
         print(f"== {name}", flush=True)
-        results[name] = bench_model(resolve(name, store).path, threads, args.reps)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "threads": threads,
-            "reps": args.reps, "small_batch": SMALL}
-    RESULTS.mkdir(exist_ok=True)
-    saved.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    _write(json.loads(saved.read_text()))  # keys as the JSON has them: strings
+        results[name] = bench_model(resolve(name, harness.STORE).path, threads, args.reps)
+    meta = harness.run_facts(models=list(MODELS), threads=threads, reps=args.reps,
+                             small_batch=SMALL)
+    _write(meta, json.loads(json.dumps(results)), args.results)  # keys as the JSON has them
 
 
-def _write(saved: dict) -> None:
-    (RESULTS / "prefill_batch.md").write_text(_markdown(saved["meta"], saved["results"]))
-    _plot(saved["results"])
+def _write(meta: dict, results: dict, folder: Path) -> None:
+    harness.write("prefill_batch", meta, results, _markdown(meta, results), _plot(results),
+                  folder=folder)
 
 
 _ROWS = (("lone_ttft_s", "a lone 2000-token prompt: TTFT (s)", ".2f"),
@@ -132,11 +124,10 @@ _ROWS = (("lone_ttft_s", "a lone 2000-token prompt: TTFT (s)", ".2f"),
          ("burst_output_tps", "8 clients, prompts 32–256: output tok/s", ".1f"))
 
 
-def _markdown(meta: dict, results: dict) -> str:
+def _markdown(meta: dict, results: dict) -> list[str]:
     small = meta["small_batch"]
     lines = [f"# Tokens a step on a CPU: {small} against 512", "",
-             f"Measured {meta['date']} ({meta['threads']} threads). Reproduce: "
-             "`python3 bench/prefill_batch.py`. The bare loop reads a 1024-token prompt at each "
+             f"{meta['threads']} threads. The bare loop reads a 1024-token prompt at each "
              "batch size (best of 3); the engine runs with 512 tokens a step (the default, as "
              f"llama.cpp's server reads prompts) and with {small}, alternating, "
              f"{meta['reps']} rounds; medians, and the median of each round's ratio.", "",
@@ -153,8 +144,7 @@ def _markdown(meta: dict, results: dict) -> str:
             lines.append(f"| {label} | {r['median']['512'][key]:{fmt}} | "
                          f"{r['median'][str(small)][key]:{fmt}} | {r['ratio'][key]:.2f} |")
         lines.append("")
-    lines += ["![plot](prefill_batch.png)", ""]
-    return "\n".join(lines)
+    return lines[:-1]
 
 
 def _verdict(small: int, results: dict) -> str:
@@ -170,14 +160,9 @@ def _verdict(small: int, results: dict) -> str:
             f"`--step-budget` is the option for smooth streams.")
 
 
-def _plot(results: dict) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+def _plot(results: dict):
+    fig, axes = harness.figure(2, 1, size=(5.5, 4))
+    left, right = axes[0]
     for name, r in results.items():
         bare = r["bare_prefill_tps"]
         left.plot([int(k) for k in bare], [v / bare["512"] for v in bare.values()], marker="o",
@@ -198,8 +183,7 @@ def _plot(results: dict) -> None:
                      fontsize=8)
     right.set_ylabel(f"engine at {SMALL} a step ÷ at 512")
     right.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "prefill_batch.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

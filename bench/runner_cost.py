@@ -8,14 +8,14 @@ Figures: streamed tokens/s, TTFT p50 and p99 as the client sees them, and CPU µ
 token of the server process (the parent: HTTP, SSE, the events) and of its runner.
 
     python3 bench/runner_cost.py [--levels 1,8,32] [--tokens 128] [--requests 3] [--reps 3]
+                                 [--models fast-step smollm2] [--threads 2] [--out NAME]
+                                 [--results FOLDER]
 
-Writes bench/results/runner_cost.{json,md,png}.
+Writes bench/results/runner_cost.{json,md,png} (--out names them).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,19 +23,18 @@ import sys
 import tempfile
 from pathlib import Path
 
+import harness
 import psutil
+from clients import level_in_subprocess
 from random_gguf import fast_step_model  # bench/, the script's own folder
-from stream_cost import _MAIN, start_server, stop_servers
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 _IN_PROCESS = (  # the pool loads models in the server's own process, as before runners
     "import localinfer.pool as pool, localinfer.service as service\n"
     "init = pool.ModelPool.__init__\n"
     "def in_process(self, *args, **kw):\n"
     "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
     "pool.ModelPool.__init__ = in_process\n")
-VARIANTS = {"in-process": ["-c", _IN_PROCESS + _MAIN], "runner": ["-m", "localinfer"]}
+VARIANTS = {"in-process": ["-c", _IN_PROCESS + harness.MAIN], "runner": ["-m", "localinfer"]}
 CTX = 512
 
 
@@ -49,16 +48,8 @@ def measure(url: str, server: subprocess.Popen, model: str, clients: int, tokens
     parent = psutil.Process(server.pid)
     runners = parent.children()
     before = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
-    with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
-        subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "serve_load.py"), "--url", url, "--model",
-             model, "--levels", str(clients), "--requests-per-client", str(requests),
-             "--max-tokens", str(tokens), "--client", "raw", "--out", out.name],
-            check=True, capture_output=True)
-        row = json.loads(Path(out.name).read_text().splitlines()[-1])
+    row = level_in_subprocess(url, model, clients, requests, tokens, "raw")
     after = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
-    if row["errors"] or row["empty"]:
-        raise SystemExit(f"the load had errors or empty replies: {row}")
     n = row["output_tokens"]
     return {"clients": clients, "tokens": n, "output_tps": row["output_tps"],
             "ttft_p50_s": row["ttft_p50_s"], "ttft_p99_s": row["ttft_p99_s"],
@@ -67,13 +58,10 @@ def measure(url: str, server: subprocess.Popen, model: str, clients: int, tokens
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__, tokens=128, reps=3, models=["fast-step", "smollm2"])
     parser.add_argument("--levels", default="1,8,32", help="concurrent clients")
-    parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--requests", type=int, default=3, help="per client")
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--models", default="fast-step,smollm2")
-    parser.add_argument("--out", default="runner_cost", help="file names under bench/results")
+    parser.add_argument("--out", default="runner_cost", help="file names under --results")
     parser.add_argument("--threads", type=int, default=2,
                         help="llama.cpp threads in both servers; 0: each tunes its own as the "
                              "machine's load changes (a single stream's level is too short "
@@ -82,13 +70,15 @@ def main() -> None:
     if args.threads:
         os.environ["LOCALINFER_THREADS"] = str(args.threads)
     levels = [int(x) for x in args.levels.split(",")]
+    labels = [m for item in args.models for m in item.split(",")]  # fast-step,smollm2 too
     rows = []
     with tempfile.TemporaryDirectory() as home:
         models = {"fast-step": lambda: str(fast_step_model(Path(home))),
                   "smollm2": lambda: "smollm2:135m"}
-        models = {label: models[label]() for label in args.models.split(",")}
+        models = {label: models[label]() for label in labels}
         for label, model in models.items():
-            servers = {name: start_server(launch, model, max(levels), CTX, Path(home))
+            servers = {name: harness.start_serve([sys.executable, *launch, "serve"], model,
+                                                 max(levels), CTX, home)
                        for name, launch in VARIANTS.items()}
             served = Path(model).stem if label == "fast-step" else model
             try:
@@ -104,20 +94,14 @@ def main() -> None:
                                   f"parent {row['parent_us_per_token']:6.1f} µs/token  "
                                   f"runner {row['runner_us_per_token']:6.1f}", flush=True)
             finally:
-                stop_servers(servers)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(
-        {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))
-    write_report(rows, args, levels, list(models))
+                harness.stop_servers(servers)
+    meta = harness.run_facts(levels=levels, tokens=args.tokens, requests=args.requests,
+                             reps=args.reps, models=list(models), threads=args.threads, ctx=CTX)
+    write_report(meta, rows, args, levels, list(models))
 
 
-def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
+def write_report(meta: dict, rows: list[dict], args, levels: list[int],
                  models: list[str]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     def median(key: str, model: str, server: str, clients: int) -> float:
         return statistics.median(r[key] for r in rows if r["model"] == model
                                  and r["server"] == server and r["clients"] == clients)
@@ -155,9 +139,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
                 f"{m['parent_us_per_token']['in-process']:.0f} | "
                 f"{m['parent_us_per_token']['runner']:.0f} + "
                 f"{m['runner_us_per_token']['runner']:.0f} |")
-    lines += ["", f"![runner cost]({args.out}.png)", ""]
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines))
-    fig, axes = plt.subplots(1, len(models), figsize=(10, 3.6), squeeze=False)
+    fig, axes = harness.figure(len(models), 1, size=(10 / len(models), 3.6))
     axes = axes[0]
     for ax, model in zip(axes, models):
         for i, server in enumerate(VARIANTS):
@@ -169,8 +151,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int],
         ax.set_ylabel("streamed tokens/s")
     axes[0].legend()
     fig.suptitle("localinfer serve: model in a runner process vs in the server's process")
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.out}.png", dpi=120)
+    harness.write(args.out, meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

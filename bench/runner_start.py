@@ -7,24 +7,22 @@ Each run is a fresh `localinfer run MODEL --prompt ... --max-tokens 8`, as a use
 the figures are the time from starting the command to the reply's first byte on its stdout,
 and to its exit. The variants take turns.
 
-    python3 bench/runner_start.py [--model smollm2:135m] [--reps 10]
+    python3 bench/runner_start.py [--model smollm2:135m] [--reps 10] [--out NAME]
+                                  [--results FOLDER]
 
-Writes bench/results/runner_start.{json,md,png}.
+Writes bench/results/runner_start.{json,md,png} (--out names them).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+import harness
+
 _MAIN = "import sys\nfrom localinfer.cli import main\nsys.argv[0] = 'localinfer'\nmain()\n"
 _NO_SPARE = ("import localinfer.backends.runner as runner\n"
              "runner.warm_spare = lambda: None  # the runner starts when the load does\n")
@@ -53,10 +51,9 @@ def once(variant: list[str], model: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__, reps=10)
     parser.add_argument("--model", default="smollm2:135m")
-    parser.add_argument("--reps", type=int, default=10)
-    parser.add_argument("--out", default="runner_start")
+    parser.add_argument("--out", default="runner_start", help="file names under --results")
     args = parser.parse_args()
     rows = []
     for name, variant in VARIANTS.items():  # a warm-up each: the OS caches the files
@@ -66,18 +63,11 @@ def main() -> None:
             first, total = once(variant, args.model)
             rows.append({"variant": name, "rep": rep, "first_byte_s": first, "exit_s": total})
             print(f"{name:13s} first byte {first:.3f} s  exit {total:.3f} s", flush=True)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(
-        {"args": vars(args), "cpus": os.cpu_count(), "runs": rows}, indent=2))
-    write_report(rows, args)
+    meta = harness.run_facts(model=args.model, reps=args.reps)
+    write_report(meta, rows, args)
 
 
-def write_report(rows: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def write_report(meta: dict, rows: list[dict], args) -> None:
     def median(key: str, variant: str) -> float:
         return statistics.median(r[key] for r in rows if r["variant"] == variant)
 
@@ -101,10 +91,9 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
         lines.append(f"| {variant} | {median('first_byte_s', variant):.3f} | "
                      f"{median('exit_s', variant):.3f} |")
     lines += ["", f"First byte, at the start ÷ at the load, pair by pair: median "
-              f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}).",
-              "", f"![runner start]({args.out}.png)", ""]
-    (RESULTS / f"{args.out}.md").write_text("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(7.5, 3.2))
+              f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f})."]
+    fig, axes = harness.figure(1, 1, size=(7.5, 3.2))
+    ax = axes[0][0]
     for i, key in enumerate(("first_byte_s", "exit_s")):
         xs = [x + i * 0.4 for x in range(len(VARIANTS))]
         ax.bar(xs, [median(key, v) for v in VARIANTS], 0.4,
@@ -114,8 +103,7 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
     ax.set_ylabel("seconds from the command's start")
     ax.legend()
     ax.set_title(f"localinfer run {args.model}: when its runner starts")
-    fig.tight_layout()
-    fig.savefig(RESULTS / f"{args.out}.png", dpi=120)
+    harness.write(args.out, meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

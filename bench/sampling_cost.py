@@ -1,6 +1,6 @@
 """What choosing each token costs the engine, with the sampler shortcuts on and off.
 
-    python3 bench/sampling_cost.py [--tokens 96] [--reps 3]
+    python3 bench/sampling_cost.py [--tokens 96] [--reps 3] [--results FOLDER]
 
 N streams (1 and 8) decode together from short prompts; greedy and Ollama's default
 sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). With the shortcuts off,
@@ -12,21 +12,17 @@ order). Writes bench/results/sampling_cost.{json,png,md}.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
-import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 MODELS = ("smollm2:135m", "gemma3:270m")
 CASES = {"greedy": dict(temperature=0),
          "Ollama defaults": dict(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1)}
@@ -71,26 +67,21 @@ def bench_model(path: Path, tokens: int, reps: int, threads: int) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=96)
-    parser.add_argument("--reps", type=int, default=3)
+    parser = harness.arguments(__doc__, tokens=96, reps=3)
     args = parser.parse_args()
     logging.getLogger("localinfer.llama_cpp").setLevel(logging.ERROR)
     threads = default_threads()
-    store = Path(tempfile.gettempdir()) / "localinfer-bench"
     results = {}
     for name in MODELS:
         print(f"== {name}", flush=True)
-        results[name] = bench_model(resolve(name, store).path, args.tokens, args.reps, threads)
-    meta = {"date": time.strftime("%Y-%m-%d"), "machine": platform.platform(), "threads": threads,
-            "tokens": args.tokens, "reps": args.reps}
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "sampling_cost.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                           indent=2))
+        results[name] = bench_model(resolve(name, harness.STORE).path, args.tokens, args.reps,
+                                    threads)
+    meta = harness.run_facts(models=list(MODELS), threads=threads, tokens=args.tokens,
+                             reps=args.reps)
     lines = ["# Choosing tokens: the sampler shortcuts against llama.cpp's plain chain", "",
-             f"Measured {meta['date']} ({threads} threads), {args.tokens} tokens per stream, "
-             f"median of {args.reps} alternating rounds; the ratio is the median of each "
-             "round's. Same tokens either way. Reproduce: `python3 bench/sampling_cost.py`.", "",
+             f"{threads} threads, {args.tokens} tokens per stream, median of {args.reps} "
+             "alternating rounds; the ratio is the median of each round's. Same tokens either "
+             "way.", "",
              "| model | streams | sampling | with shortcuts tok/s | plain chain tok/s | ratio |",
              "|---|---|---|---|---|---|"]
     for name, rows in results.items():
@@ -98,30 +89,22 @@ def main() -> None:
             lines.append(f"| {name} | {r['streams']} | {r['sampling']} | "
                          f"{r['with_shortcuts_tps']:.1f} | {r['plain_chain_tps']:.1f} | "
                          f"{r['ratio']:.2f} |")
-    lines += ["", "![plot](sampling_cost.png)", ""]
-    (RESULTS / "sampling_cost.md").write_text("\n".join(lines))
-    _plot(results)
+    harness.write("sampling_cost", meta, results, lines, _plot(results), folder=args.results)
 
 
-def _plot(results: dict) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
+def _plot(results: dict):
     labels, ratios = [], []
     for name, rows in results.items():
         for r in rows:
             labels.append(f"{name.split(':')[0]}\nN={r['streams']}\n{r['sampling']}")
             ratios.append(r["ratio"])
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, axes = harness.figure(1, 1, size=(9, 3.8))
+    ax = axes[0][0]
     ax.bar(range(len(ratios)), ratios)
     ax.axhline(1.0, color="gray", linestyle="--")
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel("tok/s with shortcuts ÷ plain chain")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "sampling_cost.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

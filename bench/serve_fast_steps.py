@@ -16,26 +16,22 @@ Build llama-server once (CPU; ~15 min on 2 cores):
           -DLLAMA_BUILD_EXAMPLES=OFF && cmake --build build --target llama-server -j
 
     python3 bench/serve_fast_steps.py --llama-server PATH [--levels 8,32] [--reps 3]
+                                      [--tokens 256] [--requests 3] [--results FOLDER]
 
 Writes bench/results/serve_fast_steps.{json,md,png}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
+import harness
+from clients import level
 from random_gguf import fast_step_model  # bench/, the script's own folder
-from serve_load import level
-from stream_cost import (NOW, VARIANTS, free_port, start_server, stop_servers,
-                         wait_until_ready)
 
-RESULTS = Path(__file__).parent / "results"
 CTX = 1024  # per request: the 300-word prefix (~400 tokens) and the reply fit
 SCENARIOS = {  # name: (temperature, shared prefix words, at every level or only the lowest)
     "greedy": (0.0, 0, True),
@@ -45,30 +41,21 @@ SCENARIOS = {  # name: (temperature, shared prefix words, at every level or only
 SERVERS = ("llama-server", "localinfer")
 
 
-def start_llama_server(binary: Path, model: Path, slots: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    server = subprocess.Popen(
-        [str(binary), "-m", str(model), "-np", str(slots), "-c", str(CTX * slots),
-         "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_ready(server, f"{url}/health", lambda r: r.status_code == 200)
-    return server, url
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__, tokens=256, reps=3)
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--levels", default="8,32", help="concurrent clients")
-    parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=3, help="per client")
-    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as home:
         model = fast_step_model(Path(home))
-        servers = {"llama-server": start_llama_server(args.llama_server, model, max(levels)),
-                   "localinfer": start_server(VARIANTS[NOW], str(model), max(levels), CTX,
-                                              Path(home))}
+        slots = max(levels)
+        servers = {  # llama-server with its defaults; localinfer as a user runs it
+            "llama-server": harness.start_server(
+                [str(args.llama_server)],
+                ["-m", str(model), "-np", str(slots), "-c", str(CTX * slots)]),
+            "localinfer": harness.start_serve(harness.SERVE, str(model), slots, CTX, home)}
         rows = []
         try:
             for _ in range(args.reps):
@@ -83,20 +70,13 @@ def main() -> None:
                                   f"{row['ttft_p50_s'] or 0:.3f} s, errors {row['errors']}",
                                   flush=True)
         finally:
-            stop_servers(servers)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "serve_fast_steps.json").write_text(json.dumps(
-        {"args": {**vars(args), "llama_server": args.llama_server.name}, "cpus": os.cpu_count(),
-         "runs": rows}, indent=2))
-    write_report(rows, args, levels)
+            harness.stop_servers(servers)
+    meta = harness.run_facts(llama_server=args.llama_server.name, levels=levels,
+                             tokens=args.tokens, requests=args.requests, reps=args.reps)
+    write_report(meta, rows, args, levels)
 
 
-def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def write_report(meta: dict, rows: list[dict], args, levels: list[int]) -> None:
     cases = [(s, n) for s, (_, _, every) in SCENARIOS.items()
              for n in (levels if every else levels[:1])]
 
@@ -126,9 +106,8 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int]) 
             + f" | {tps['localinfer'] / tps['llama-server']:.2f}"
             + f" | {median('ttft_p50_s', 'localinfer', scenario, n):.3f} / "
             + f"{median('ttft_p50_s', 'llama-server', scenario, n):.3f} |")
-    lines += ["", "![serve at fast steps](serve_fast_steps.png)", ""]
-    (RESULTS / "serve_fast_steps.md").write_text("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, axes = harness.figure(1, 1, size=(9, 3.8))
+    ax = axes[0][0]
     width = 0.8 / len(SERVERS)
     for i, server in enumerate(SERVERS):
         xs = [x + i * width for x in range(len(cases))]
@@ -138,8 +117,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, levels: list[int]) 
     ax.set_ylabel("streamed tokens/s")
     ax.legend()
     ax.set_title("localinfer serve vs llama-server, fast-step model on a CPU")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "serve_fast_steps.png", dpi=120)
+    harness.write("serve_fast_steps", meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

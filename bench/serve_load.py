@@ -1,10 +1,10 @@
 """Concurrent streaming chat clients against any OpenAI-compatible server, measured outside it.
 
-N client threads each send requests one after another to /v1/chat/completions (streaming,
-greedy unless --temperature says, a fixed max_tokens); optionally every prompt starts with
-the same long prefix (a shared system prompt), which a server that reuses cached prefixes
-reads once. Reported per level: output tok/s over wall time (content chunks), TTFT p50/p99,
-empty replies and errors.
+N client threads (bench/clients.py) each send requests one after another to
+/v1/chat/completions (streaming, greedy unless --temperature says, a fixed max_tokens);
+optionally every prompt starts with the same long prefix (a shared system prompt), which a
+server that reuses cached prefixes reads once. Reported per level: output tok/s over wall
+time (content chunks), TTFT p50/p99, empty replies and errors.
 Used to compare `localinfer serve` with llama.cpp's own server on the same model and GPU.
 
     python3 bench/serve_load.py --url http://127.0.0.1:11435 --model NAME --levels 8,32
@@ -16,162 +16,15 @@ machine is not measured against its own client.
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
-import re
-import statistics
-import time
-from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
+import harness
 import httpx
-
-_WORDS = ("harbour lantern keeper tide rope gull stone window evening storm ledger candle "
-          "island signal ferry").split()
-
-
-def prefix_text(n_words: int) -> str:
-    return " ".join(_WORDS[i % len(_WORDS)] for i in range(n_words))
-
-
-def one(client: httpx.Client, url: str, model: str, system: str, question: str,
-        sampling: dict) -> dict:
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": question}]
-    body = {"model": model, "messages": messages, "stream": True, **sampling}
-    start = time.perf_counter()
-    first, chunks, error = None, 0, None
-    try:
-        with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
-            if response.status_code != 200:
-                return {"ttft": None, "chunks": 0, "error": f"HTTP {response.status_code}"}
-            for line in response.iter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                for choice in json.loads(line[6:]).get("choices", []):
-                    if (choice.get("delta") or {}).get("content"):
-                        first = first or time.perf_counter()
-                        chunks += 1
-    except httpx.HTTPError as exc:  # a cut-off stream is a result here, not a crash
-        error = type(exc).__name__
-    return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
-
-
-# a delta that carries text: `"content":"x`, not `"content":""`, null or "reasoning_content"
-_CONTENT = re.compile(rb'[{,]"content":\s*"(?!")')
-
-
-async def _raw_one(host: str, port: int, model: str, system: str, question: str,
-                   sampling: dict) -> dict:
-    """One streamed chat over a bare socket: HTTP/1.1, chunked or not, SSE events counted."""
-    messages = ([{"role": "system", "content": system}] if system else []) + [
-        {"role": "user", "content": question}]
-    body = json.dumps({"model": model, "messages": messages, "stream": True,
-                       **sampling}).encode()
-    start = time.perf_counter()
-    first, chunks = None, 0
-    try:
-        reader, writer = await asyncio.open_connection(host, port)
-    except OSError as exc:
-        return {"ttft": None, "chunks": 0, "error": type(exc).__name__}
-    try:
-        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n"
-                     b"Connection: close\r\n\r\n" % (host.encode(), port, len(body)) + body)
-        head = await reader.readuntil(b"\r\n\r\n")
-        if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
-            return {"ttft": None, "chunks": 0, "error": head.split(b"\r\n")[0].decode()}
-        chunked = b"transfer-encoding: chunked" in head.lower()
-        pending = b""
-        while True:
-            if chunked:
-                size = int((await reader.readline()).split(b";")[0], 16)
-                if size == 0:
-                    break
-                data = (await reader.readexactly(size + 2))[:-2]
-            else:
-                data = await reader.read(65536)
-                if not data:
-                    break
-            *events, pending = (pending + data).split(b"\n\n")
-            for event in events:
-                if _CONTENT.search(event):
-                    first = first or time.perf_counter()
-                    chunks += 1
-            if b"data: [DONE]" in data:
-                break
-        error = None
-    except (OSError, asyncio.IncompleteReadError, ValueError) as exc:
-        error = type(exc).__name__
-    finally:
-        writer.close()
-    return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
-
-
-def _raw_clients(url: str, model: str, system: str, ids: list[int], per_client: int,
-                 sampling: dict) -> list[dict]:
-    """Some of the clients, one coroutine each, on one event loop in this process."""
-    host, port = url.split("://", 1)[-1].rstrip("/").rsplit(":", 1)
-
-    async def client(i: int) -> list[dict]:
-        return [await _raw_one(host, int(port), model, system,
-                               f"Question {i}-{j}: tell me a story.", sampling)
-                for j in range(per_client)]
-
-    async def every() -> list[list[dict]]:
-        return await asyncio.gather(*(client(i) for i in ids))
-
-    return [r for rs in asyncio.run(every()) for r in rs]
-
-
-def _client_requests(url: str, model: str, system: str, i: int, per_client: int,
-                     sampling: dict) -> list[dict]:
-    with httpx.Client(timeout=600) as client:
-        return [one(client, url, model, system, f"Question {i}-{j}: tell me a story.",
-                    sampling) for j in range(per_client)]
-
-
-def _clients(url: str, model: str, system: str, ids: list[int], per_client: int,
-             sampling: dict) -> list[dict]:
-    """Some of the clients, one thread each, in this process."""
-    with ThreadPoolExecutor(len(ids)) as pool:
-        return [r for rs in pool.map(lambda i: _client_requests(url, model, system, i,
-                                                                per_client, sampling), ids)
-                for r in rs]
-
-
-def level(url: str, model: str, clients: int, per_client: int, max_tokens: int,
-          prefix_words: int, processes: int = 1, client: str = "httpx",
-          temperature: float = 0.0) -> dict:
-    """`processes` > 1 spreads the client threads over that many processes: one Python
-    process parses SSE for at most ~1500 tokens a second (bench/stream_cost.py), which a
-    fast server outruns."""
-    system = prefix_text(prefix_words) if prefix_words else ""
-    sampling = {"max_tokens": max_tokens, "temperature": temperature}
-    groups = [list(range(clients))[p::processes] for p in range(processes)]
-    run = _raw_clients if client == "raw" else _clients
-    began = time.perf_counter()
-    if processes == 1:
-        results = run(url, model, system, groups[0], per_client, sampling)
-    else:
-        with ProcessPoolExecutor(processes) as pool:
-            parts = pool.map(run, *zip(*[(url, model, system, g, per_client, sampling)
-                                              for g in groups if g]))
-            results = [r for part in parts for r in part]
-    wall = time.perf_counter() - began
-    ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
-    return {"clients": clients, "requests": len(results), "prefix_words": prefix_words,
-            "temperature": temperature,
-            "wall_s": wall, "output_tokens": sum(r["chunks"] for r in results),
-            "output_tps": sum(r["chunks"] for r in results) / wall,
-            "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
-            "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
-            "empty": sum(1 for r in results if not r["chunks"]),
-            "errors": sum(1 for r in results if r["error"])}
+from clients import level, one
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, writes=False)
     parser.add_argument("--url", required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--levels", default="1,8,32")

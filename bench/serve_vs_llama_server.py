@@ -7,6 +7,7 @@ TTFT per request, aggregate output tokens/s (content chunks over wall time), and
 replies came back empty. Runs alternate between the servers so machine noise hits both.
 
     python3 bench/serve_vs_llama_server.py [--requests-per-client 2] [--max-tokens 64]
+                                           [--levels 1,4,8] [--results FOLDER]
 
 Needs the bench extra (`pip install -e ".[bench]"`). Writes
 bench/results/serve_vs_llama_server.{json,png,md}.
@@ -14,25 +15,18 @@ bench/results/serve_vs_llama_server.{json,png,md}.
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
-import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
+import harness
 import openai
 
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 N_CTX = 1024
 THREADS = 2
 TOPICS = ["lighthouses", "volcanoes", "honeybees", "glaciers", "trains", "coral reefs",
@@ -40,34 +34,17 @@ TOPICS = ["lighthouses", "volcanoes", "honeybees", "glaciers", "trains", "coral 
           "windmills", "octopuses"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(kind: str, model: Path, parallel: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
     if kind == "localinfer":
-        cmd = [sys.executable, "-m", "localinfer", "serve", "--model", "smollm2:135m", "--port",
-               str(port), "--parallel", str(parallel), "--ctx", str(N_CTX), "--threads",
-               str(THREADS)]
-        ready = "/health"
-    else:  # the bundled server with its defaults, as a user starts it
-        cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--port",
-               str(port), "--n_ctx", str(N_CTX), "--n_threads", str(THREADS)]
-        ready = "/v1/models"
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + ready, timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{kind} did not start")
+        return harness.start_server(
+            [sys.executable, "-m", "localinfer", "serve"],
+            ["--model", "smollm2:135m", "--parallel", str(parallel), "--ctx", str(N_CTX),
+             "--threads", str(THREADS)], path="/health")
+    # the bundled server with its defaults, as a user starts it
+    return harness.start_server(
+        [sys.executable, "-m", "llama_cpp.server"],
+        ["--model", str(model), "--n_ctx", str(N_CTX), "--n_threads", str(THREADS)],
+        path="/v1/models")
 
 
 def _one(url: str, model: str, topic: str, max_tokens: int) -> dict:
@@ -111,25 +88,25 @@ def _level(url: str, model: str, clients: int, per_client: int, max_tokens: int)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--levels", default="1,4,8")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    model = resolve("smollm2:135m", Path(tempfile.gettempdir()) / "localinfer-bench").path
+    model = resolve("smollm2:135m", harness.STORE).path
     results: dict[str, list[dict]] = {"localinfer": [], "llama_cpp.server": []}
     for clients in levels:
         for kind in results:  # alternate: each level runs on both before the next
-            proc, url = _start("localinfer" if kind == "localinfer" else "bundled", model,
-                               parallel=max(levels))
+            server = _start("localinfer" if kind == "localinfer" else "bundled", model,
+                            parallel=max(levels))
+            _, url = server
             try:
                 name = "smollm2:135m" if kind == "localinfer" else str(model)
                 _one(url, name, "warm-up", 4)
                 level = _level(url, name, clients, args.requests_per_client, args.max_tokens)
             finally:
-                proc.terminate()
-                proc.wait(timeout=30)
+                harness.stop_servers({kind: server})
             results[kind].append(level)
             print(f"{kind:17s} clients={clients}: {level['aggregate_tps']:6.1f} tok/s  "
                   f"TTFT p50 {level['ttft_p50_s'] or float('nan'):.3f} s  "
@@ -138,19 +115,15 @@ def main() -> None:
     _write(results, args, levels)
 
 
-def _write(results: dict, args: argparse.Namespace, levels: list[int]) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "threads": THREADS,
-            "n_ctx": N_CTX, "max_tokens": args.max_tokens,
-            "requests_per_client": args.requests_per_client, "model": "smollm2:135m"}
-    (RESULTS / "serve_vs_llama_server.json").write_text(
-        json.dumps({"meta": meta, "results": results}, indent=2))
+def _write(results: dict, args, levels: list[int]) -> None:
+    meta = harness.run_facts(threads=THREADS, n_ctx=N_CTX, max_tokens=args.max_tokens,
+                             requests_per_client=args.requests_per_client, levels=levels,
+                             model="smollm2:135m")
     ours, theirs = results["localinfer"], results["llama_cpp.server"]
     lines = ["# `localinfer serve` vs llama-cpp-python's bundled server", "",
              f"smollm2:135m, {THREADS} threads, context {N_CTX} per request, greedy, "
              f"{args.max_tokens} max tokens, {args.requests_per_client} streaming requests per "
-             f"client, measured by the clients. Reproduce: "
-             f"`python3 bench/serve_vs_llama_server.py`.", "",
+             f"client, measured by the clients.", "",
              "| clients | localinfer tok/s | bundled tok/s | ratio | localinfer TTFT p50 / p99 (s) "
              "| bundled TTFT p50 / p99 (s) | bundled empty replies |",
              "|---|---|---|---|---|---|---|"]
@@ -161,24 +134,15 @@ def _write(results: dict, args: argparse.Namespace, levels: list[int]) -> None:
                      f"{ratio:.2f} | {fmt(a['ttft_p50_s'])} / {fmt(a['ttft_p99_s'])} | "
                      f"{fmt(b['ttft_p50_s'])} / {fmt(b['ttft_p99_s'])} | "
                      f"{b['empty']} of {b['requests']} |")
-    lines.append("")
-    lines.append("![plot](serve_vs_llama_server.png)")
-    (RESULTS / "serve_vs_llama_server.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = harness.figure(2, 1, size=(5, 4))
+    left, right = axes[0]
     for name, rows in results.items():
         left.plot(levels, [r["aggregate_tps"] for r in rows], marker="o", label=name)
         right.plot(levels, [r["ttft_p99_s"] or 0 for r in rows], marker="o", label=name)
     left.set(xlabel="concurrent streaming clients", ylabel="output tok/s (all clients)")
     right.set(xlabel="concurrent streaming clients", ylabel="P99 TTFT (s)")
     left.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "serve_vs_llama_server.png", dpi=120)
+    harness.write("serve_vs_llama_server", meta, results, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

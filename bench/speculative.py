@@ -9,26 +9,24 @@ Prompt lookup runs on both embedded models. A draft model needs a smaller model 
 family, and none is installed offline: smollm2 requantised to Q8_0 is the model and the
 embedded Q4_1 file guesses for it (same vocabulary, about 60% of the bytes to read a token).
 
-    python3 bench/speculative.py [--reps 3] [--draft 8] [--model-draft 4]
+    python3 bench/speculative.py [--reps 3] [--draft 8] [--model-draft 4] [--max-tokens 200]
+                                 [--results FOLDER]
 
 Writes bench/results/speculative.{json,png,md}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
+MODELS = ("smollm2:135m", "gemma3:270m")
 CODE = "".join(f"def {name}(a, b):\n    return a {op} b\n\n" for name, op in
                (("add", "+"), ("sub", "-"), ("mul", "*"), ("div", "/"), ("mod", "%")))
 TASKS = {
@@ -63,7 +61,7 @@ def _requantised(source: Path, ftype: int = 7) -> Path:
 
 def bench_model(name: str, reps: int, draft: int, max_tokens: int,
                 draft_model: Path | None = None) -> dict:
-    path = resolve(name, Path(tempfile.gettempdir()) / "localinfer-bench").path
+    path = resolve(name, harness.STORE).path
     label = name
     if draft_model is not None:  # the model is the Q8_0 requantisation; the file guesses
         path, draft_model, label = _requantised(path), path, f"{name} Q8_0 + Q4_1 draft model"
@@ -99,30 +97,24 @@ def bench_model(name: str, reps: int, draft: int, max_tokens: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--reps", type=int, default=3)
+    parser = harness.arguments(__doc__, reps=3)
     parser.add_argument("--draft", type=int, default=8)
     parser.add_argument("--model-draft", type=int, default=4,
                         help="guesses a step for the draft model")
     parser.add_argument("--max-tokens", type=int, default=200)
     args = parser.parse_args()
-    results = [bench_model(m, args.reps, args.draft, args.max_tokens)
-               for m in ("smollm2:135m", "gemma3:270m")]
-    smollm2 = resolve("smollm2:135m", Path(tempfile.gettempdir()) / "localinfer-bench").path
+    results = [bench_model(m, args.reps, args.draft, args.max_tokens) for m in MODELS]
+    smollm2 = resolve("smollm2:135m", harness.STORE).path
     results.append(bench_model("smollm2:135m", args.reps, args.model_draft, args.max_tokens,
                                draft_model=smollm2))
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "reps": args.reps, "draft": args.draft,
-            "max_tokens": args.max_tokens}
-    (RESULTS / "speculative.json").write_text(json.dumps({"meta": meta, "results": results},
-                                                         indent=2))
+    meta = harness.run_facts(models=list(MODELS), reps=args.reps, draft=args.draft,
+                             model_draft=args.model_draft, max_tokens=args.max_tokens)
     lines = ["# Speculative decoding", "",
              f"Greedy, up to {args.max_tokens} tokens, median of {args.reps} alternating runs; "
              "tok/s = tokens / time from submission to the last token (prefill included). "
              f"Prompt lookup guesses up to {args.draft} tokens a step; the draft model (the "
              "embedded smollm2 Q4_1 file, guessing for its Q8_0 requantisation: no smaller model "
-             f"of a family is installed offline) up to {args.model_draft}. "
-             "Reproduce: `python3 bench/speculative.py`.", "",
+             f"of a family is installed offline) up to {args.model_draft}.", "",
              "| model | guesses from | task | plain tok/s | speculative tok/s | speedup | "
              "acceptance | same reply |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -131,23 +123,16 @@ def main() -> None:
             lines.append(f"| {r['model']} | {source} | {task} | {row['plain_tps']:.1f} | "
                          f"{row['speculative_tps']:.1f} | {row['speedup']:.2f}× | "
                          f"{(row['acceptance_rate'] or 0):.0%} | {row['identical']} |")
-    lines += ["", "![plot](speculative.png)"]
-    (RESULTS / "speculative.md").write_text("\n".join(lines) + "\n")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['model']}\n{t}" for r in results for t in r["tasks"]]
     speedups = [row["speedup"] for r in results for row in r["tasks"].values()]
-    fig, ax = plt.subplots(figsize=(9, 3.8))
+    fig, axes = harness.figure(1, 1, size=(9, 3.8))
+    ax = axes[0][0]
     ax.bar(range(len(labels)), speedups)
     ax.axhline(1.0, color="grey", linewidth=1)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
     ax.set_ylabel("speculative ÷ plain tok/s")
     ax.set_title("Speculative decoding (greedy, same replies)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "speculative.png", dpi=120)
+    harness.write("speculative", meta, results, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

@@ -12,14 +12,14 @@ GIL, and getting it back waits for the consumers). Without MODEL, bench/random_g
 fast-step shape is written and used: a CPU steps it at a GPU's rate.
 
     python3 bench/step_profile.py [MODEL.gguf] --streams 8,32 [--tokens 128] [--reps 3]
-                                  [--switch-interval 0.0005]
+                                  [--switch-interval 0.0005] [--out ROWS.json]
+                                  [--results FOLDER]
 
 Writes bench/results/step_profile.{json,md,png} when run on the fast-step model.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import cProfile
 import io
@@ -32,7 +32,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-import llama_cpp
+import harness
 from localinfer.backends import engine as engine_module
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llama_native import NativeModel
@@ -40,21 +40,10 @@ from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.service import prepare
 from random_gguf import fast_step_model  # bench/, the script's own folder
 
-RESULTS = Path(__file__).parent / "results"
-
-
-def uncache_token_calls() -> tuple:
-    """The engine as it was: two ctypes calls a token (end flag, bytes). Returns what it
-    replaced. bench/stream_cost.py's baseline server runs it at start-up too."""
-    saved = NativeModel.is_eog, NativeModel.piece
-    NativeModel.is_eog = lambda self, t: bool(llama_cpp.llama_vocab_is_eog(self.vocab, t))
-    NativeModel.piece = lambda self, t: self._piece(t, self._piece_buf)
-    return saved
-
 
 @contextlib.contextmanager
 def uncached_tokens():
-    saved = uncache_token_calls()
+    saved = harness.uncache_token_calls()
     try:
         yield
     finally:
@@ -105,11 +94,9 @@ def run(path: Path, streams: int, tokens: int, profile: bool) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__, tokens=128, reps=3)
     parser.add_argument("model", type=Path, nargs="?")
     parser.add_argument("--streams", default="8,32")
-    parser.add_argument("--tokens", type=int, default=128)
-    parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--switch-interval", type=float)
     parser.add_argument("--out", type=Path, help="write the rows as JSON here too")
     args = parser.parse_args()
@@ -144,17 +131,9 @@ def measure(model: Path, streams: int, tokens: int, reps: int) -> dict:
     return row
 
 
-
-def write_report(rows: list[dict], args: argparse.Namespace) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "step_profile.json").write_text(json.dumps(
-        {"args": {k: v for k, v in vars(args).items() if k not in ("model", "out")},
-         "cpus": os.cpu_count(), "rows": rows}, indent=2))
+def write_report(rows: list[dict], args) -> None:
+    meta = harness.run_facts(streams=args.streams, tokens=args.tokens, reps=args.reps,
+                             switch_interval=args.switch_interval)
     lines = [
         "# Where a fast decode step's time goes",
         "",
@@ -179,12 +158,9 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
         "waits to get it back — in a native profile of `localinfer serve` at 32 streams, ~20% "
         "of the engine thread's busy time. The engine now asks llama.cpp once per token id "
         "whether it ends the reply and what its bytes are (`NativeModel.is_eog`, `piece`).",
-        "",
-        "![step profile](step_profile.png)",
-        "",
     ]
-    (RESULTS / "step_profile.md").write_text("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    fig, axes = harness.figure(1, 1, size=(7, 3.2))
+    ax = axes[0][0]
     labels, decode, python = [], [], []
     for r in rows:
         for name, label in (("uncached", "before"), ("cached", "cached")):
@@ -197,8 +173,7 @@ def write_report(rows: list[dict], args: argparse.Namespace) -> None:
     ax.set_xlabel("ms per decode step")
     ax.legend(loc="lower right")
     ax.set_title("engine step at GPU-like rates (fast-step model, CPU)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "step_profile.png", dpi=120)
+    harness.write("step_profile", meta, {"rows": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

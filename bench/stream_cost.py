@@ -14,47 +14,41 @@ from serve_load's raw-socket client, cheap enough not to be the limit; its httpx
 once per level against the current server, to show what a Python client costs.
 
     python3 bench/stream_cost.py [--levels 8,32] [--tokens 256] [--model PATH|NAME] [--reps 3]
+                                 [--results FOLDER]
 
 Writes bench/results/stream_cost.{json,md,png}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-import httpx
+import harness
 import psutil
+from clients import level_in_subprocess
 from random_gguf import fast_step_model  # bench/, the script's own folder
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 # The same `localinfer serve`, as it was before, a change at a time: the baseline asked
 # llama.cpp for each token's end-of-generation flag and bytes (a ctypes call each, which lets
 # go of the GIL), and ran uvicorn on its pure-Python HTTP parser and asyncio's own loop.
 _UNCACHED_TOKENS = (
-    f"import sys\nsys.path.insert(0, {str(ROOT / 'bench')!r})\n"
-    "import step_profile\nstep_profile.uncache_token_calls()\n")
+    f"import sys\nsys.path.insert(0, {str(harness.ROOT / 'bench')!r})\n"
+    "import harness\nharness.uncache_token_calls()\n")
 _PURE_PYTHON_HTTP = (
     "import uvicorn\n"
     "init = uvicorn.Config.__init__\n"
     "def pure(self, app, **kw):\n"
     "    init(self, app, **{**kw, 'http': 'h11', 'loop': 'asyncio'})\n"
     "uvicorn.Config.__init__ = pure\n")
-_MAIN = "from localinfer.cli import main\nmain()\n"
 VARIANTS = {
-    "before: ctypes per token, h11 + asyncio": ["-c", _UNCACHED_TOKENS + _PURE_PYTHON_HTTP + _MAIN],
-    "token facts cached, h11 + asyncio": ["-c", _PURE_PYTHON_HTTP + _MAIN],
+    "before: ctypes per token, h11 + asyncio":
+        ["-c", _UNCACHED_TOKENS + _PURE_PYTHON_HTTP + harness.MAIN],
+    "token facts cached, h11 + asyncio": ["-c", _PURE_PYTHON_HTTP + harness.MAIN],
     "now: cached, httptools + uvloop": ["-m", "localinfer"],
 }
 BASELINE, NOW = "before: ctypes per token, h11 + asyncio", "now: cached, httptools + uvloop"
@@ -65,62 +59,13 @@ def thread_seconds(pid: int) -> dict[int, float]:
     return {t.id: t.user_time + t.system_time for t in psutil.Process(pid).threads()}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(launch: list[str], model: str, slots: int, ctx: int,
-                 home: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    env = {**os.environ, "LOCALINFER_HOME": str(home)}
-    server = subprocess.Popen(
-        [sys.executable, *launch, "serve", "--model", model, "--port", str(port),
-         "--parallel", str(slots), "--ctx", str(ctx)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    wait_until_ready(server, f"{url}/api/ps", lambda r: bool(r.json().get("models")))
-    return server, url
-
-
-def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
-    """End each server of a side-by-side run (SIGTERM: each unloads its models)."""
-    for server, _ in servers.values():
-        server.terminate()
-        server.wait(timeout=30)
-
-
-def wait_until_ready(server: subprocess.Popen, url: str,
-                     ready: Callable[[httpx.Response], bool], timeout: float = 120) -> None:
-    """Poll `url` until its answer is `ready` (the model loaded); else stop the server."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if ready(httpx.get(url, timeout=1)):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        time.sleep(0.2)
-    server.kill()
-    raise SystemExit(f"{url} was not ready within {timeout:.0f} s")
-
-
 def measure(url: str, pid: int, model_name: str, clients: int, tokens: int, requests: int,
             client: str) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".jsonl") as out:
-        before = thread_seconds(pid)
-        client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        subprocess.run(
-            [sys.executable, str(ROOT / "bench" / "serve_load.py"), "--url", url, "--model",
-             model_name, "--levels", str(clients), "--requests-per-client", str(requests),
-             "--max-tokens", str(tokens), "--client", client, "--out", out.name],
-            check=True, capture_output=True)
-        client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        after = thread_seconds(pid)
-        row = json.loads(Path(out.name).read_text().splitlines()[-1])
-    if row["errors"] or row["empty"]:
-        raise SystemExit(f"the load had errors or empty replies: {row}")
+    before = thread_seconds(pid)
+    client_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    row = level_in_subprocess(url, model_name, clients, requests, tokens, client)
+    client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after = thread_seconds(pid)
     tokens_total = row["output_tokens"]  # content chunks: one a token, as the server sends them
     loop = after.get(pid, 0) - before.get(pid, 0)
     others = sum(after[t] - before.get(t, 0) for t in after if t != pid)
@@ -133,21 +78,18 @@ def measure(url: str, pid: int, model_name: str, clients: int, tokens: int, requ
             "client_us_per_token": per_token(client_cpu)}
 
 
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.arguments(__doc__, tokens=256, reps=3)
     parser.add_argument("--model", help="a GGUF path or model name [a fast-step random model]")
     parser.add_argument("--levels", default="8,32", help="concurrent clients")
-    parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--requests", type=int, default=3, help="per client")
-    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as home:
         model = args.model or str(fast_step_model(Path(home)))
         model_name = Path(model).stem if model.endswith(".gguf") else model
-        servers = {name: start_server(launch, model, max(levels), args.tokens + 128,
-                                         Path(home))
+        servers = {name: harness.start_serve([sys.executable, *launch, "serve"], model,
+                                             max(levels), args.tokens + 128, home)
                    for name, launch in VARIANTS.items()}
         rows = []
         try:
@@ -163,11 +105,10 @@ def main() -> None:
                                   f"{row['loop_us_per_token']:.0f} µs, client "
                                   f"{row['client_us_per_token']:.0f} µs", flush=True)
         finally:
-            stop_servers(servers)
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "stream_cost.json").write_text(json.dumps(
-        {"args": {**vars(args), "model": model_name}, "runs": rows}, indent=2))
-    write_report(rows, args, model_name, levels)
+            harness.stop_servers(servers)
+    meta = harness.run_facts(model=model_name, levels=levels, tokens=args.tokens,
+                             requests=args.requests, reps=args.reps)
+    write_report(meta, rows, args, model_name, levels)
 
 
 def _median(rows: list[dict], key: str, **match) -> float:
@@ -175,13 +116,8 @@ def _median(rows: list[dict], key: str, **match) -> float:
                              if all(r[k] == v for k, v in match.items()))
 
 
-def write_report(rows: list[dict], args: argparse.Namespace, model_name: str,
+def write_report(meta: dict, rows: list[dict], args, model_name: str,
                  levels: list[int]) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     top = max(levels)
     tps = {(v, n): _median(rows, "output_tps", variant=v, clients=n, client="raw")
            for v in VARIANTS for n in levels}
@@ -216,12 +152,9 @@ def write_report(rows: list[dict], args: argparse.Namespace, model_name: str,
         f"- A Python client on httpx (one JSON parse a chunk) costs ~{httpx_cost:.0f} µs of CPU "
         f"per token, the raw client ~{raw_cost:.0f}: a load from one httpx process measures the "
         "client, not a fast server (`bench/serve_load.py --client raw`, or `--processes N`).",
-        "",
-        "![stream cost](stream_cost.png)",
-        "",
     ]
-    (RESULTS / "stream_cost.md").write_text("\n".join(lines))
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig, axes = harness.figure(1, 1, size=(8, 3.4))
+    ax = axes[0][0]
     names = list(VARIANTS)
     width = 0.8 / len(levels)
     for i, n in enumerate(levels):
@@ -236,8 +169,7 @@ def write_report(rows: list[dict], args: argparse.Namespace, model_name: str,
     ax.margins(x=0.15)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax.set_title(f"localinfer serve at GPU-like step rates ({model_name})")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "stream_cost.png", dpi=120)
+    harness.write("stream_cost", meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":

@@ -8,30 +8,25 @@ default (free cores at load, then the thread tuner). "adaptive, started busy" lo
 while the neighbour already runs; "adaptive" loads it idle and meets the neighbour mid-way.
 Reported: tok/s, and busy ÷ idle per setting — the figure the issue asks to keep ≥ 0.6.
 
-    python3 bench/threads_contention.py [--model smollm2:135m] [--rounds 3]
+    python3 bench/threads_contention.py [--model smollm2:135m] [--rounds 3] [--results FOLDER]
 
 Writes bench/results/threads_contention.{json,md,png}.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
+import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.threads import physical_cores
 from localinfer.model_store.sources import resolve
 
-RESULTS = Path(__file__).parent / "results"
 TOKENS = 160
 
 
@@ -86,11 +81,11 @@ def measure(path: Path, setting: str, threads: int | None, rounds: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = harness.arguments(__doc__)
     parser.add_argument("--model", default="smollm2:135m")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    path = resolve(args.model, Path(tempfile.gettempdir()) / "localinfer-bench").path
+    path = resolve(args.model, harness.STORE).path
     cores = physical_cores()
     settings = [(f"{cores} threads (one per core)", cores), ("1 thread", 1),
                 ("adaptive", None), ("adaptive, started busy", None)]
@@ -104,39 +99,27 @@ def main() -> None:
     _write(rows, args, cores)
 
 
-def _write(rows: list[dict], args: argparse.Namespace, cores: int) -> None:
-    RESULTS.mkdir(exist_ok=True)
-    meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "physical_cores": cores,
-            "model": args.model, "tokens": TOKENS, "rounds": args.rounds}
-    (RESULTS / "threads_contention.json").write_text(json.dumps({"meta": meta, "rows": rows},
-                                                                indent=2))
+def _write(rows: list[dict], args, cores: int) -> None:
+    meta = harness.run_facts(physical_cores=cores, model=args.model, tokens=TOKENS,
+                             rounds=args.rounds)
     lines = ["# Decode speed beside a busy neighbour", "",
              f"{args.model}, one stream, {TOKENS} tokens, {cores} physical cores; the neighbour "
              f"is a Python spin loop at normal priority (one core busy). Medians of "
-             f"{args.rounds} alternating rounds. Reproduce: "
-             f"`python3 bench/threads_contention.py`.", "",
+             f"{args.rounds} alternating rounds.", "",
              "| threads | idle tok/s | busy tok/s | busy ÷ idle | threads when busy |",
              "|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['setting']} | {r['idle_tps']:.1f} | {r['busy_tps']:.1f} | "
                      f"{r['busy_vs_idle']:.2f} | {r['threads_when_busy']} |")
-    lines += ["", "![plot](threads_contention.png)"]
-    (RESULTS / "threads_contention.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(8, 3.8))
+    fig, axes = harness.figure(1, 1, size=(8, 3.8))
+    ax = axes[0][0]
     x = range(len(rows))
     ax.bar([i - 0.2 for i in x], [r["idle_tps"] for r in rows], 0.4, label="idle")
     ax.bar([i + 0.2 for i in x], [r["busy_tps"] for r in rows], 0.4, label="one busy neighbour")
     ax.set_xticks(list(x), [r["setting"] for r in rows], fontsize=8)
     ax.set(ylabel="decode tok/s")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(RESULTS / "threads_contention.png", dpi=110)
+    harness.write("threads_contention", meta, {"rows": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":
