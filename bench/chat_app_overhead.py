@@ -20,7 +20,7 @@ from pathlib import Path
 import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.settings import Settings
-from localinfer.tui.app import ChatApp
+from localinfer.tui.chat_app import ChatApp
 from localinfer.tui.client import LocalClient
 from localinfer.tui.conversations import ConversationStore
 

@@ -1,16 +1,11 @@
 """The package's layers, read from the source: a module imports only from its own layer or
 those below it — at the top of a file or inside a function alike — and no modules import
 each other in a circle. docs/ARCHITECTURE.md draws the same layers.
-
-(The folders are mapped onto one `localinfer` package by pyproject's package-dir; an
-import-graph library that walks the installed package sees only `app/` of an editable
-install, so this reads the files the mapping names.)
 """
 
 from __future__ import annotations
 
 import ast
-import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,17 +26,14 @@ INDEPENDENT = ["localinfer.api", "localinfer.tui"]
 
 
 def _modules() -> dict[str, Path]:
-    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
-        "package-dir"]
     found = {}
-    for package, folder in mapping.items():
-        for path in (ROOT / folder).rglob("*.py"):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            if not (ROOT / folder).joinpath(*parts[:-1]).joinpath("__init__.py").exists():
-                continue  # a folder of files that are not modules (web/static)
-            found[".".join((package, *parts))] = path
+    for path in (ROOT / "localinfer").rglob("*.py"):
+        parts = ("localinfer", *path.relative_to(ROOT / "localinfer").with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if not path.parent.joinpath("__init__.py").exists():
+            continue  # a folder of files that are not modules (web/static)
+        found[".".join(parts)] = path
     return found
 
 
@@ -78,7 +70,7 @@ def _graph() -> dict[str, set[str]]:
 def test_the_layers_are_read_from_every_module():
     graph = _graph()
     assert {"localinfer.cli", "localinfer.backends.engine", "localinfer.api.core",
-            "localinfer.model_store.planner", "localinfer.tui.app",
+            "localinfer.model_store.planner", "localinfer.tui.chat_app",
             "localinfer.tui.screens.model_picker"} <= graph.keys()
     assert "localinfer.backends.llama_native" in graph["localinfer.backends.engine"]
     assert "localinfer.pool" in graph["localinfer.cli"]  # imported inside a function

@@ -7,7 +7,6 @@ import struct
 import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.model_store.planner import KV_BYTES
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.errors import InvalidRequest, InvalidModelFile, ModelFileMissing
 from localinfer.model_store.gguf_info import read_gguf_info
@@ -35,7 +34,7 @@ def test_kv_bytes_agree_with_what_llama_cpp_allocates(model, kv_type, request, c
                                 SamplingParams(temperature=0, max_tokens=3)).text()
     reported = [float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", caplog.text)]
     assert reported, "llama.cpp did not report its KV buffer"
-    ours = info.kv_bytes_per_token(KV_BYTES[kv_type]) * 2048 / 2**20
+    ours = info.kv_bytes_per_token(kv_type) * 2048 / 2**20
     assert sum(reported) == pytest.approx(ours, rel=0.05)
 
 

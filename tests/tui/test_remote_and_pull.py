@@ -10,14 +10,14 @@ from huggingface_hub import constants
 
 from localinfer.backends.base import LoadOptions
 from localinfer.settings import Settings
-from localinfer.tui.app import ChatApp
+from localinfer.tui.chat_app import ChatApp
 from localinfer.tui.client import LocalClient, RemoteClient
 from localinfer.tui.screens import ModelPicker, TextPrompt
 from localinfer.tui.conversations import ConversationStore
 
 from ..api.conftest import start_server, stop_server
 from ..fake_hub import FakeHub
-from .test_app import GREEDY, ask, chat_prompt, wait_until
+from .test_chat_app import GREEDY, ask, chat_prompt, wait_until
 
 REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
 STORY = "Write a long story about a lighthouse keeper."  # goes on past 12 tokens

@@ -14,7 +14,7 @@ from localinfer.backends.base import LoadOptions
 from localinfer.backends.metrics import Figures
 from localinfer.model_store.hardware import CPU, Hardware
 from localinfer.settings import Settings
-from localinfer.tui.app import ChatApp
+from localinfer.tui.chat_app import ChatApp
 from localinfer.tui.client import LocalClient
 from localinfer.tui.conversations import ConversationStore, StoredMessage
 

@@ -122,6 +122,10 @@ def test_chat_switch_model_and_find_the_chat_after_a_reload(browser, desktop_app
                       r"(\d+) tok", figures)
     assert shown and 1 < int(shown.group(1)) <= 24, figures  # the engine's numbers; the cap
     assert page.evaluate("window.draws") > 3, "the reply should appear piece by piece"
+    # the live figures are the engine's definitions on the page's clock: 4 pieces after the
+    # first in 2 s is 2 tok/s, however long ago the last one came
+    live = page.evaluate("async () => (await import('/ui/app.js')).liveFigures(0, 500, 2500, 5)")
+    assert live == {"ttft_ms": 500, "decode_tps": 2}
     assert "tok/s" in page.text_content("#status")
     _shot(page, "web-chat")
 

@@ -51,18 +51,18 @@ def _host_bytes(n_vocab: int) -> int:
 
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
-                    kv_bytes_per_element: float = 2.0, n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
+                    kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs)."""
-    kv = int(info.kv_bytes_per_token(kv_bytes_per_element) * n_ctx * n_slots)
+    kv = int(info.kv_bytes_per_token(kv_type) * n_ctx * n_slots)
     compute = compute_buffer(info.shape(), n_ctx, n_ubatch, max(n_outputs, n_slots))
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab)
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
-                kv_bytes_per_element: float = 2.0, n_outputs: int = DEFAULT_OUTPUTS) -> int:
+                kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
-        return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_bytes_per_element,
+        return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type,
                                n_outputs).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
@@ -76,7 +76,7 @@ def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int 
 
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
-                  kv_bytes_per_element: float = 2.0,
+                  kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
@@ -90,9 +90,9 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
-    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_bytes_per_element, n_outputs)
+    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs)
     if estimate.ram > free:
-        fits = max_context(info, free, n_slots, n_ubatch, kv_bytes_per_element, n_outputs)
+        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         after = f" after {taken / _GIB:.2f} GiB for {what}" if taken else ""
         raise ContextTooLarge(

@@ -11,7 +11,7 @@ import pytest
 import typer.main
 
 from localinfer.backends.base import LoadOptions
-from localinfer.cli import app
+from localinfer.cli import commands
 from localinfer.settings import KvType, Settings, SettingsError
 
 
@@ -78,7 +78,7 @@ def test_load_options_come_from_the_settings(home, monkeypatch):
 def test_every_setting_flag_shows_the_schema_default_and_variable():
     """Flags are built from the fields: each flag that names a LOCALINFER_ variable names a
     field, with that field's bounds, and serve offers every per-model and server setting."""
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(commands)
     fields = Settings.model_fields
     seen = set()
     for name, sub in command.commands.items():

@@ -139,7 +139,7 @@ class LocalClient(ChatClient):
             return await self.status()
 
     def _describe(self, model: Any) -> ModelStatus:
-        from localinfer.model_store.planner import KV_BYTES
+        from localinfer.model_store.fit import estimate_memory
 
         info, options = model.info, model.options
         layers = options.n_gpu_layers or 0
@@ -147,8 +147,8 @@ class LocalClient(ChatClient):
         device = "CPU" if not layers else (
             f"{gpu.backend.upper() if gpu else 'GPU'} {min(layers, info.n_layer)}/{info.n_layer} "
             f"layers")
-        kv = info.kv_bytes_per_token(KV_BYTES[options.kv_type]) * options.n_ctx * options.n_slots
-        return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=int(kv))
+        kv = estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type).kv_cache
+        return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=kv)
 
     async def check_context(self, model: str, n_ctx: int) -> str | None:
         async with self._load_lock:  # (the pool's options are the load's meanwhile)

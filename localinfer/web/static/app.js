@@ -60,6 +60,15 @@ function status(text, isError = false) {
 }
 
 // ------------------------------------------------------------------ figures
+// While a reply streams, its figures on the page's clock, defined as the engine defines them
+// (backends/metrics.py RequestStats): TTFT from sending to the first piece; tok/s over the
+// pieces after the first, from the first to the last (not to now: a pause between pieces
+// does not read as a slower model). The engine's own `timings` replace them at the end.
+export function liveFigures(sent, first, last, pieces) {
+  const decode = pieces > 1 && last > first ? (pieces - 1) / ((last - first) / 1000) : null;
+  return { ttft_ms: first == null ? null : first - sent, decode_tps: decode };
+}
+
 export function figuresText(f) {
   if (!f) return "";
   const parts = [];
@@ -358,6 +367,7 @@ async function reply(chat) {
   $("#stop").hidden = false;
   const sent = performance.now();
   let first = null;
+  let last = null;
   let pieces = 0;
   let drawing = false;
   let finished = false;  // a frame asked for before the end must not draw over the final figures
@@ -365,8 +375,7 @@ async function reply(chat) {
     drawing = false;
     if (finished) return;
     content.innerHTML = renderMarkdown(answer.content);
-    const now = performance.now();
-    const live = { ttft_ms: first - sent, decode_tps: pieces > 1 ? (pieces - 1) / ((now - first) / 1000) : null };
+    const live = liveFigures(sent, first, last, pieces);
     figures.textContent = figuresText(live);
     status(`${answer.model} · ${figuresText(live)}`);
     $("#messages").scrollTop = $("#messages").scrollHeight;
@@ -386,7 +395,8 @@ async function reply(chat) {
       const chunk = JSON.parse(data);
       const choice = chunk.choices?.[0];
       if (choice?.delta?.content) {
-        first ??= performance.now();
+        last = performance.now();
+        first ??= last;
         pieces += 1;
         answer.content += choice.delta.content;
         if (!drawing) {

@@ -58,7 +58,7 @@ def test_a_step_budget_of_one_or_less_is_refused():
 @pytest.mark.slow
 def test_a_startup_model_given_as_a_path_is_loaded_before_the_first_request(
         tmp_path, smollm2_path):
-    from ..api.conftest import start_server, stop_server
+    from .api.conftest import start_server, stop_server
 
     server = start_server(tmp_path / "home", "--model", str(smollm2_path), "--parallel", "1",
                           "--ctx", "256")
@@ -85,7 +85,7 @@ def test_a_bad_environment_variable_is_one_clear_line(monkeypatch):
 
 @pytest.mark.slow
 def test_serve_options_read_their_environment_variables(tmp_path):
-    from ..api.conftest import start_server, stop_server
+    from .api.conftest import start_server, stop_server
 
     server = start_server(tmp_path / "home", env={
         "LOCALINFER_MODEL": "smollm2:135m", "LOCALINFER_CTX": "256", "LOCALINFER_PARALLEL": "1",
@@ -103,7 +103,7 @@ def test_serve_options_read_their_environment_variables(tmp_path):
 
 @pytest.mark.slow
 def test_a_request_that_names_no_model_gets_the_served_one(tmp_path):
-    from ..api.conftest import start_server, stop_server
+    from .api.conftest import start_server, stop_server
 
     server = start_server(tmp_path / "home", "--model", "gemma3:270m", "--parallel", "1",
                           "--ctx", "256")

@@ -12,7 +12,7 @@ import pytest
 
 from localinfer.backends.base import LoadOptions
 from localinfer.settings import Settings
-from localinfer.tui.app import ChatApp
+from localinfer.tui.chat_app import ChatApp
 from localinfer.tui.client import LocalClient
 from localinfer.tui.screens import ConversationList, ModelPicker, SettingsScreen
 from localinfer.tui.conversations import ConversationStore

@@ -12,7 +12,7 @@ from types import FrameType
 
 import uvicorn
 
-from localinfer.api.app import create_app
+from localinfer.api.asgi import create_app
 from localinfer.api.security import is_loopback
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError

@@ -61,6 +61,8 @@ class ModelShape:
         return int(file_size * (1 - self.input_embd_share))
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
+        """K and V for one token across all layers, as llama.cpp stores them: the one formula
+        (every KV total is this times the cells)."""
         return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
 
 

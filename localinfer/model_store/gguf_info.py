@@ -59,10 +59,9 @@ class GGUFInfo:
             return 0.0
         return self.n_vocab * self.n_embd / self.n_params
 
-    def kv_bytes_per_token(self, bytes_per_element: float = 2.0) -> float:
-        """K and V for one token across all layers (f16 by default), as llama.cpp stores them."""
-        per_layer = self.n_head_kv * (self.head_dim_k + self.head_dim_v) * bytes_per_element
-        return self.n_layer * per_layer
+    def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
+        """K and V for one token across all layers, as llama.cpp stores them (the shape's)."""
+        return self.shape().kv_bytes_per_token(kv_type)
 
 
 _SCALARS = {

@@ -18,7 +18,7 @@ from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
 from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
-from localinfer.model_store.planner import (DEFAULT_OUTPUTS, KV_BYTES, Plan, WontFit,
+from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
 from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
@@ -121,10 +121,10 @@ def prepare(
         return Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
                         chosen.gpu_bytes + draft_bytes)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
-                               KV_BYTES[options.kv_type], options.n_outputs)
+                               options.kv_type, options.n_outputs)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
-                      model.name, KV_BYTES[options.kv_type], beside=(draft_bytes, "the draft model"),
+                      model.name, options.kv_type, beside=(draft_bytes, "the draft model"),
                       n_outputs=options.n_outputs)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + draft_bytes)

@@ -22,11 +22,11 @@ from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
 from localinfer.settings import KvType, Settings, debug, explain, flag_help
 
-__all__ = ["app", "main"]
+__all__ = ["commands", "main"]
 
 SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
-app = typer.Typer(
+commands = typer.Typer(
     name="localinfer",
     help="Run large language models on your own machine.",
     no_args_is_help=True,
@@ -89,7 +89,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@commands.callback()
 def _root(
     version: Annotated[Optional[bool], typer.Option(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = None,
@@ -97,7 +97,7 @@ def _root(
     """Run large language models on your own machine."""
 
 
-@app.command()
+@commands.command()
 def run(
     model: Annotated[Optional[str], typer.Argument(
         help="Model name (e.g. smollm2:135m, gemma3:270m) or path to a .gguf file.")] = None,
@@ -185,7 +185,7 @@ def _pull(name: str, settings: Settings) -> None:
         _err.print(f"{got.name} ships with localinfer: {got.path}", highlight=False, markup=False)
 
 
-@app.command()
+@commands.command()
 def pull(
     model: Annotated[str, typer.Argument(
         help="Catalog name (llama3.2:3b, qwen3:8b-Q8_0) or hf.co/owner/repo[:QUANT].")],
@@ -196,7 +196,7 @@ def pull(
         _pull(model, Settings.read())
 
 
-@app.command("list")
+@commands.command("list")
 def list_models() -> None:
     """Installed models: the embedded ones and those pulled from the hub."""
     from localinfer.model_store.sources import installed_models
@@ -214,7 +214,7 @@ def list_models() -> None:
         print(f"{name:{width}} {quant:10} {shown:>10}  {when}")
 
 
-@app.command()
+@commands.command()
 def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
     """Delete a pulled model."""
     from localinfer.model_store.sources import delete_model
@@ -223,7 +223,7 @@ def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")])
         print(f"deleted {delete_model(Settings.read().models_dir, model)}")
 
 
-@app.command()
+@commands.command()
 def show(
     model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
     ctx: Annotated[Optional[int], typer.Option(
@@ -277,7 +277,7 @@ def show(
             print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
 
 
-@app.command()
+@commands.command()
 def ps(
     url: Annotated[Optional[str], typer.Option(
         help="The server to ask [http://127.0.0.1:11435, or LOCALINFER_HOST/PORT].")] = None,
@@ -292,7 +292,7 @@ def ps(
                   f"{m.get('context_length', 0):>8}  {m.get('expires_at', '')[:19].replace('T', ' ')}")
 
 
-@app.command()
+@commands.command()
 def stop(
     model: Annotated[str, typer.Argument(help="The model to unload, as `localinfer ps` names it.")],
     url: Annotated[Optional[str], typer.Option(
@@ -327,7 +327,7 @@ def _ask_server(url: str | None, method: str, path: str, **kwargs) -> dict:
     return response.json()
 
 
-@app.command()
+@commands.command()
 def bench(
     model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
     levels: Annotated[str, typer.Option(help="Concurrency levels, comma-separated.")] = "1,2,4,8,16",
@@ -364,7 +364,7 @@ def bench(
             out.write_text(json.dumps(result, indent=2))
 
 
-@app.command()
+@commands.command()
 def chat(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to start with (default smollm2:135m); Ctrl+T picks another.")] = None,
@@ -379,7 +379,7 @@ def chat(
                        ] = False,
 ) -> None:
     """A full-screen chat: streaming replies, live TTFT and tok/s, models, saved chats."""
-    from localinfer.tui.app import ChatApp
+    from localinfer.tui.chat_app import ChatApp
     from localinfer.tui.client import LocalClient, RemoteClient
     from localinfer.tui.conversations import ConversationStore
 
@@ -398,7 +398,7 @@ def chat(
         raise typer.Exit(chat_app.return_code)
 
 
-@app.command()
+@commands.command()
 def serve(
     model: Annotated[Optional[str], _flag("model", "--model", "-m")] = None,
     host: Annotated[Optional[str], _flag("host")] = None,
@@ -443,7 +443,7 @@ def serve(
         run_server(settings, options, settings.model, verbose)
 
 
-@app.command(name="app")
+@commands.command(name="app")
 def desktop_app(
     model: Annotated[Optional[str], typer.Argument(
         help="Model to load at start (default smollm2:135m); the page picks others.")] = None,
@@ -468,7 +468,7 @@ def desktop_app(
                 browser, verbose)
 
 
-@app.command()
+@commands.command()
 def hw(
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
@@ -514,7 +514,7 @@ def hw(
 
 
 def main() -> None:
-    app()
+    commands()
 
 
 if __name__ == "__main__":
