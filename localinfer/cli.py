@@ -20,7 +20,7 @@ from rich.console import Console
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
-from localinfer.settings import KvType, Settings, debug, explain, flag_help
+from localinfer.settings import KvType, Settings, SplitMode, debug, explain, flag_help
 
 __all__ = ["commands", "main"]
 
@@ -120,6 +120,8 @@ def run(
                           ] = None,
     draft: Annotated[Optional[int], _flag("draft")] = None,
     draft_model: Annotated[Optional[str], _flag("draft_model")] = None,
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -132,7 +134,8 @@ def run(
     with _user_errors():
         settings = Settings.read({"max_tokens": max_tokens, "ctx": ctx, "threads": threads,
                                   "kv_type": kv_type, "flash_attn": flash_attn, "draft": draft,
-                                  "draft_model": draft_model})
+                                  "draft_model": draft_model, "gpus": gpus,
+                                  "split_mode": split_mode})
         # the reply cap (--max-tokens, LOCALINFER_MAX_TOKENS) applies in the engine; 0: none
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                 stop=tuple(stop or ()))
@@ -229,32 +232,70 @@ def show(
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context to plan for. [default: what `run` gives this model]")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="Concurrent sequences to plan for.")] = 1,
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    gpu: Annotated[Optional[list[str]], typer.Option(
+        "--gpu", help="Plan for a GPU of this size instead of this machine's, e.g. --gpu 24GiB "
+                      "--gpu 12GiB (repeatable): what a model would need.")] = None,
+    ram: Annotated[Optional[str], typer.Option(
+        help="Plan for this much free RAM instead of this machine's, e.g. 64GiB.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
-    """Architecture, quant, size, KV bytes per token, and the plan for this machine."""
+    """Architecture, quant, size, KV bytes per token, and the plan: for this machine, or for
+    the GPUs and RAM named (what-if)."""
+    import dataclasses
     import json
 
-    from localinfer.model_store.gguf_info import read_gguf_info
     from localinfer.backends.machine import detect
+    from localinfer.model_store.gguf_info import read_gguf_info
+    from localinfer.model_store.hardware import parse_size, select_gpus, what_if
     from localinfer.model_store.planner import WontFit
+    from localinfer.model_store.catalog import parse_hub_ref
+    from localinfer.model_store.hub import list_ggufs, remote_info
     from localinfer.model_store.sources import resolve
-    from localinfer.service import default_context, plan_for
+    from localinfer.service import default_context, plan_for, plan_remote
 
     with _user_errors():
-        settings = Settings.read()
-        resolved = resolve(model or settings.default_model, settings.models_dir)
-        info = read_gguf_info(resolved.path)
+        settings = Settings.read({"gpus": gpus})
+        machine = select_gpus(detect(), settings.gpus)
+        if gpu or ram:  # the same planner, on the hardware named
+            machine = what_if(machine, [parse_size(g) for g in gpu] if gpu else
+                              [g.total_bytes for g in machine.usable_gpus],
+                              parse_size(ram) if ram else None)
+        name = model or settings.default_model
         try:
-            chosen = plan_for(info, detect(), n_ctx=ctx or default_context(info, settings),
-                              n_slots=parallel)
+            resolved = resolve(name, settings.models_dir)
+            info, remote = read_gguf_info(resolved.path), None
+            path = str(resolved.path)
+        except ModelNotInstalled:  # a hub model not pulled: planned from the hub's listing
+            remote = parse_hub_ref(name)
+            if remote is None:
+                raise
+            files = list_ggufs(remote.repo)
+            if not files:
+                raise LocalinferError(f"'{remote.repo}' holds no single-file GGUF model") from None
+            info = remote_info(remote.repo, min(files, key=lambda f: f.size))
+            path = f"{remote.repo} on the hub (not pulled)"
+        try:
+            n_ctx = ctx or default_context(info, settings)
+            chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
+                      plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel))
             plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                          "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                          "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,
-                         "memory": chosen.parts, "reason": chosen.reason}
+                         "memory": chosen.parts, "reason": chosen.reason,
+                         "placement": [{**dataclasses.asdict(p), "total": p.total}
+                                       for p in chosen.placement],
+                         "split_mode": (chosen.split_mode if chosen.split_mode == "none"
+                                        else str(settings.split_mode)),
+                         "main_gpu": chosen.main_gpu, "tensor_split": chosen.tensor_split,
+                         "what_if": bool(gpu or ram)}
         except WontFit as exc:
-            plan_dict = {"device": None, "reason": str(exc)}
-        facts = {"name": resolved.name, "path": str(resolved.path), "architecture": info.architecture,
-                 "quant": info.quant, "file_size": info.file_size, "n_layer": info.n_layer,
+            plan_dict = {"device": None, "reason": str(exc), "what_if": bool(gpu or ram)}
+        facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
+                 "architecture": info.architecture,
+                 "quant": chosen.quant if remote and plan_dict["device"] else info.quant,
+                 "file_size": ({f.quant: f.size for f in files}[chosen.quant]
+                               if remote and plan_dict["device"] else info.file_size), "n_layer": info.n_layer,
                  "n_head": info.n_head, "n_head_kv": info.n_head_kv,
                  "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
                  "kv_bytes_per_token": int(info.kv_bytes_per_token()),
@@ -262,19 +303,25 @@ def show(
         if as_json:
             print(json.dumps(facts, indent=2))
             return
-        print(f"{facts['name']}  ({info.architecture}, {info.quant}, "
-              f"{info.file_size / 2**20:,.0f} MiB)")
+        print(f"{facts['name']}  ({info.architecture}, {facts['quant']}, "
+              f"{facts['file_size'] / 2**20:,.0f} MiB)" + ("  — on the hub, not pulled"
+                                                            if remote else ""))
         print(f"  layers {info.n_layer} · heads {info.n_head} (KV {info.n_head_kv}) · "
               f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
         print(f"  KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)")
         if info.chat_template is None:
             print("  no chat template in the file: likely a base model, which continues text "
                   "rather than answering (chats use a generic turn format)")
-        print(f"  plan: {plan_dict['reason']}")
+        print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")
         if plan_dict.get("memory"):
             parts = " + ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}"
                                for k, v in plan_dict["memory"].items() if v)
             print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
+        for place in plan_dict.get("placement") or []:
+            print(f"    {place['device']}: {place['layers']} layers, "
+                  f"{place['total'] / 2**30:.2f} GiB "
+                  f"(weights {place['weights'] / 2**30:.2f}, KV {place['kv_cache'] / 2**30:.2f}, "
+                  f"compute {place['compute'] / 2**30:.2f}, runtime {place['runtime'] / 2**30:.2f})")
 
 
 @commands.command()
@@ -375,6 +422,7 @@ def chat(
         help="The server's API key, with --url [LOCALINFER_API_KEY].")] = None,
     ctx: Annotated[Optional[int], _flag("ctx")] = None,
     threads: Annotated[Optional[int], _flag("threads")] = None,
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
                        ] = False,
 ) -> None:
@@ -385,7 +433,8 @@ def chat(
 
     _setup_logging(verbose)
     with _user_errors():
-        settings = Settings.read({"api_key": api_key, "ctx": ctx, "threads": threads})
+        settings = Settings.read({"api_key": api_key, "ctx": ctx, "threads": threads,
+                                  "gpus": gpus})
         if url:
             client = RemoteClient(url, settings.api_key)
         else:
@@ -416,6 +465,8 @@ def serve(
     flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
                           ] = None,
     max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
     api_key: Annotated[Optional[str], _flag("api_key")] = None,
     allow_origin: Annotated[Optional[list[str]], _flag("allowed_origins", "--allow-origin")
                             ] = None,
@@ -436,7 +487,7 @@ def serve(
             "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
             "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "flash_attn": flash_attn, "max_tokens": max_tokens,
-            "api_key": api_key, "allowed_origins": allow_origin, "allowed_hosts": allow_host,
+            "gpus": gpus, "split_mode": split_mode, "api_key": api_key, "allowed_origins": allow_origin, "allowed_hosts": allow_host,
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel)
@@ -450,6 +501,7 @@ def desktop_app(
     ctx: Annotated[Optional[int], _flag("ctx")] = None,
     parallel: Annotated[Optional[int], _flag("parallel")] = None,
     threads: Annotated[Optional[int], _flag("threads")] = None,
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
     browser: Annotated[bool, typer.Option(
         "--browser/--no-browser", help="Open a window or the system browser [yes]; without, "
                                        "only print the page's address.")] = True,
@@ -462,7 +514,8 @@ def desktop_app(
 
     _setup_logging(verbose)
     with _user_errors():
-        settings = Settings.read({"ctx": ctx, "parallel": parallel, "threads": threads})
+        settings = Settings.read({"ctx": ctx, "parallel": parallel, "threads": threads,
+                                  "gpus": gpus})
         run_app(settings, model or settings.default_model,
                 LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel),
                 browser, verbose)

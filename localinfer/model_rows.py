@@ -48,9 +48,11 @@ def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
 def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
     """Installed models with the planner's badge, then catalog models with an estimate."""
     from localinfer.model_store.catalog import catalog_names
+    from localinfer.model_store.hardware import select_gpus
     from localinfer.model_store.planner import params_from_tag, rough_device
     from localinfer.model_store.sources import installed_models
 
+    hw = select_gpus(hw, settings.gpus)  # the GPUs the user chose (--gpus)
     rows = []
     for model in installed_models(settings.models_dir):
         name, path, embedded = model.name, model.path, model.embedded

@@ -16,11 +16,11 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 
 from localinfer.backends.base import Backend, LoadOptions
-from localinfer.errors import EngineBusy, InvalidRequest
+from localinfer.errors import ContextTooLarge, EngineBusy, InvalidRequest
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.backends.machine import detect
 from localinfer.model_store.hardware import Hardware
@@ -58,6 +58,15 @@ def parse_keep_alive(value: str | float | int | None, default: float | None) -> 
     return None if seconds < 0 else seconds
 
 
+
+def _per_gpu(uses: Iterable[dict[int, int]]) -> dict[int, int]:
+    """Bytes per GPU index, summed over models."""
+    total: dict[int, int] = {}
+    for use in uses:
+        for index, size in use.items():
+            total[index] = total.get(index, 0) + size
+    return total
+
 @dataclass
 class LoadedModel:
     name: str
@@ -67,7 +76,7 @@ class LoadedModel:
     options: LoadOptions
     load_duration: float
     ram_bytes: int  # as the fit check planned it (service.Prepared)
-    gpu_bytes: int
+    gpu_use: dict[int, int]  # GPU index → bytes, likewise
     keep_alive: float | None
     active: int = 0
     last_used: float = field(default_factory=time.monotonic)
@@ -75,6 +84,10 @@ class LoadedModel:
     # or a request could find the model it waited for gone before it starts
     claimed: bool = False
     loaded_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(self.gpu_use.values())
 
     @property
     def memory_bytes(self) -> int:
@@ -215,18 +228,29 @@ class ModelPool:
         return model
 
     async def plan(self, ref: str | None) -> Prepared:
-        """The fit check for `ref` beside the loaded models, loading nothing: planned as if
-        the idle ones were gone (the least recently used go first to make room); busy ones
-        keep what they hold. Raises what `get` would."""
+        """The fit check for `ref` beside the loaded models, loading nothing. Planned first
+        beside every loaded model; where that puts fewer layers on the GPUs than planning
+        as if the idle ones were gone (the least recently used then go first to make room),
+        the latter: busy ones always keep what they hold. Raises what `get` would."""
         target, allow_paths = self._target(ref or self.default)
         idle_ram = sum(m.ram_bytes for m in self._idle())
-        busy_gpu = sum(m.gpu_bytes for m in self._loaded.values() if m.active)
+        busy_gpu = _per_gpu(m.gpu_use for m in self._loaded.values() if m.active)
+        all_gpu = _per_gpu(m.gpu_use for m in self._loaded.values())
 
         def planned() -> Prepared:
             warm_runner(self._factory)  # a load may follow: its runner starts meanwhile
-            return prepare(target, self.options, self.settings,
-                           lambda: self._available() + idle_ram, allow_paths,
-                           lambda: less_gpu_memory(self.hardware(), busy_gpu))
+            evicting = prepare(target, self.options, self.settings,
+                               lambda: self._available() + idle_ram, allow_paths,
+                               lambda: less_gpu_memory(self.hardware(), busy_gpu))
+            if all_gpu == busy_gpu or not evicting.options.n_gpu_layers:
+                return evicting  # no idle model holds a GPU, or none is used: the same plan
+            try:  # beside them all: another card may have the room
+                beside = prepare(target, self.options, self.settings, self._available,
+                                 allow_paths, lambda: less_gpu_memory(self.hardware(), all_gpu))
+            except ContextTooLarge:  # not without unloading
+                return evicting
+            keep = beside.options.n_gpu_layers >= evicting.options.n_gpu_layers
+            return beside if keep else evicting
 
         return await asyncio.to_thread(planned)
 
@@ -244,7 +268,7 @@ class ModelPool:
             model = LoadedModel(
                 name=resolved.name, backend=backend, info=prepared.info, resolved=resolved,
                 options=prepared.options, load_duration=time.monotonic() - started,
-                ram_bytes=prepared.ram_bytes, gpu_bytes=prepared.gpu_bytes,
+                ram_bytes=prepared.ram_bytes, gpu_use=prepared.gpu_use,
                 keep_alive=self.default_keep_alive,
             )
             async with self._lock:
@@ -261,11 +285,12 @@ class ModelPool:
         for model in [m for m in self._loaded.values() if m.backend.ended]:
             await self.unload(model.name)  # holds nothing now
         while True:
-            gpu_taken = sum(m.gpu_bytes for m in self._loaded.values())
+            gpu_taken = _per_gpu(m.gpu_use for m in self._loaded.values())
+            gpu_free = self._gpu_free()
             fits = (len(self._loaded) < self.max_loaded
                     and prepared.ram_bytes <= self._available()
-                    and (not prepared.gpu_bytes
-                         or prepared.gpu_bytes <= self._gpu_free() - gpu_taken))
+                    and all(need <= gpu_free.get(i, 0) - gpu_taken.get(i, 0)
+                            for i, need in prepared.gpu_use.items() if need))
             if fits:
                 return
             victim = min(self._idle(), key=lambda m: m.last_used, default=None)
@@ -278,10 +303,9 @@ class ModelPool:
             log.info("unloading %s to make room for %s", victim.name, prepared.model.name)
             await self.unload(victim.name)
 
-    def _gpu_free(self) -> int:
-        """The free memory of the GPU the plans use, as probed before anything was loaded."""
-        hw = self.hardware()
-        return max((free_memory(g) for g in hw.usable_gpus), default=0)
+    def _gpu_free(self) -> dict[int, int]:
+        """Each GPU's free memory, by index, as probed before anything was loaded."""
+        return {g.index: free_memory(g) for g in self.hardware().usable_gpus}
 
     def _idle(self) -> list[LoadedModel]:
         """Models that may be unloaded to make room: no request runs on them, and the one

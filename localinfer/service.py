@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import logging
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import psutil
@@ -16,7 +16,7 @@ from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
-from localinfer.model_store.hardware import Hardware
+from localinfer.model_store.hardware import Hardware, select_gpus
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
@@ -27,7 +27,7 @@ from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
 __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
-           "load_model", "plan_for", "prepare", "pull_model", "ram_available", "runner_backend",
+           "load_model", "placed", "plan_for", "plan_remote", "prepare", "pull_model", "ram_available", "runner_backend",
            "warm_runner"]
 
 log = logging.getLogger("localinfer.service")
@@ -81,7 +81,12 @@ class Prepared:
     info: GGUFInfo
     options: LoadOptions  # the context, GPU layers and draft model's file filled in
     ram_bytes: int  # what it takes of RAM (weights the GPU does not hold, KV and buffers)
-    gpu_bytes: int = 0  # and of the GPU, as the planner counts it (its draft model included)
+    # and of each GPU (by index), as the planner counts it (a draft model on the main GPU)
+    gpu_use: dict[int, int] = dataclasses.field(default_factory=dict)
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(self.gpu_use.values())
 
     @property
     def memory_bytes(self) -> int:
@@ -112,14 +117,18 @@ def prepare(
                                   else options.reply_cap)
     chosen = None
     if options.n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
-        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(hardware(), draft_bytes),
+        machine = hardware()
+        machine = machine and select_gpus(machine, settings.gpus)  # --gpus
+        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, draft_bytes),
                           options.kv_type, options.n_outputs)
-        options = dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers if chosen else 0)
+        options = placed(options, chosen)
     if chosen is not None:
         # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
         in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
+        use = {p.index: p.total for p in chosen.placement if p.index is not None}
+        use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + draft_bytes
         return Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
-                        chosen.gpu_bytes + draft_bytes)
+                        use)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
                                options.kv_type, options.n_outputs)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
@@ -130,6 +139,18 @@ def prepare(
     return Prepared(model, info, options, estimate.ram + draft_bytes)
 
 
+def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:
+    """The options with the plan's placement: its GPU layers, and on one GPU that GPU alone;
+    on several, their shares (split by layer or by row, as the options say)."""
+    if chosen is None:
+        return dataclasses.replace(options, n_gpu_layers=0, split_mode="none", main_gpu=0,
+                                   tensor_split=())
+    several = chosen.split_mode != "none"
+    return dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers,
+                               main_gpu=chosen.main_gpu, tensor_split=chosen.tensor_split,
+                               split_mode=options.split_mode if several else "none")
+
+
 def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
     """A draft model's memory: its weights, an f16 KV cache for one stream (for the whole pool
     with --kv-unified) and its compute buffer, as the backend creates it."""
@@ -137,11 +158,13 @@ def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEsti
     return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1)
 
 
-def less_gpu_memory(hw: Hardware | None, taken: int) -> Hardware | None:
-    """The machine as the model's plan sees it once `taken` bytes of each GPU are in use."""
+def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hardware | None:
+    """The machine as the model's plan sees it once `taken` bytes are in use: of each GPU
+    (a number), or of the GPU of each index (a mapping)."""
     if hw is None or not taken:
         return hw
-    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - taken))
+    use = taken if isinstance(taken, Mapping) else {g.index: taken for g in hw.gpus}
+    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
                  for g in hw.gpus)
     return dataclasses.replace(hw, gpus=gpus)
 
@@ -180,17 +203,25 @@ def load_model(
     return backend_factory(prepared.model.path, prepared.options, prepared.model.name)
 
 
+def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
+                n_ctx: int = 8192, n_slots: int = 1, info: GGUFInfo | None = None
+                ) -> tuple[GGUFInfo, Plan]:
+    """A hub model's plan before it is pulled: the header of one file read remotely (unless
+    given), each quant's size from the listing (only the quant the name asks for, if it
+    asks); raises WontFit."""
+    info = info or remote_info(ref.repo, min(files, key=lambda f: f.size))
+    sizes = {f.quant: f.size for f in files if f.quant and ref.quant in (None, f.quant)}
+    if not sizes:
+        raise ModelNotFound(f"{ref.repo} (no file names {ref.quant or 'a quant'})")
+    return info, plan(info.shape(), sizes, list(hardware.usable_gpus),
+                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots)
+
+
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
                  hardware: Hardware | None = None) -> str:
     """The planner's pick for this machine, from the header of one file read remotely."""
-    info = remote_info(ref.repo, min(files, key=lambda f: f.size))
-    hardware = hardware or detect()
-    gpus = list(hardware.usable_gpus)
-    sizes = {f.quant: f.size for f in files if f.quant}
-    if not sizes:
-        raise ModelNotFound(f"{ref.repo} (no file names a quant)")
     try:
-        chosen = plan(info.shape(), sizes, gpus, hardware.ram_available_bytes, n_ctx=n_ctx)
+        _, chosen = plan_remote(ref, files, hardware or detect(), n_ctx)
     except WontFit as exc:
         raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
     log.info("plan for %s: %s", ref.installed_name, chosen.reason)
@@ -209,4 +240,7 @@ def pull_model(ref: str, settings: Settings | None = None,
     if hub_ref is None:
         resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
-    return pulled.pull(hub_ref, settings.models_dir, choose_quant, progress)
+    def choose(ref: HubRef, files: Sequence[RemoteFile]) -> str:  # for the GPUs chosen
+        return choose_quant(ref, files, hardware=select_gpus(detect(), settings.gpus))
+
+    return pulled.pull(hub_ref, settings.models_dir, choose, progress)

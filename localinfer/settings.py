@@ -24,7 +24,7 @@ from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSourc
 
 from localinfer.errors import LocalinferError
 
-__all__ = ["DEFAULT_MODEL", "KvType", "Settings", "SettingsError", "debug", "default",
+__all__ = ["DEFAULT_MODEL", "KvType", "Settings", "SettingsError", "SplitMode", "debug", "default",
            "explain", "flag_help"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
@@ -38,6 +38,13 @@ class KvType(StrEnum):
     F16 = "f16"
     Q8_0 = "q8_0"
     Q4_0 = "q4_0"
+
+
+class SplitMode(StrEnum):
+    """How a model spread over several GPUs is cut: whole layers to each, or rows of each."""
+
+    LAYER = "layer"
+    ROW = "row"
 
 
 class SettingsError(LocalinferError):
@@ -105,6 +112,12 @@ class Settings(BaseSettings):
         "wait for free cells (off: a fixed share each)."))
     flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
                                     **_unset("auto"))
+    gpus: str | None = Field(None, description=(
+        "GPUs to use: indexes or names as `localinfer hw` shows them, comma-separated "
+        "(0,2), or none for the CPU alone."), **_unset("all"))
+    split_mode: SplitMode = Field(SplitMode.LAYER, description=(
+        "A model spread over several GPUs: whole layers on each (layer), or each layer's "
+        "rows split across them (row: tensor parallel, for fast links between the cards)."))
     # a runner with work that makes no progress this long is killed (one prompt chunk of a
     # big model on a slow CPU can take a while); one that takes longer to load, too
     runner_timeout: float = Field(120.0, gt=0, description=(

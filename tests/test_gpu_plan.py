@@ -4,11 +4,15 @@ GPU here), a draft model's memory counted."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 
+import llama_cpp
 import pytest
 
 from localinfer.backends.base import LoadOptions
-from localinfer.errors import ContextTooLarge
+from localinfer.errors import ContextTooLarge, InvalidRequest
 from localinfer.model_store.hardware import CPU, GPU, Hardware
 from localinfer.model_store.fit import estimate_memory
 from localinfer.service import prepare
@@ -72,3 +76,66 @@ def test_bench_runs_on_the_device_the_planner_picks(smollm2_path):
     assert 0 < layers < 30 and device.startswith("GPU NVIDIA GeForce RTX 4090")
     assert planned_device(smollm2_path, 2048, 8, hw=machine(23000, offload=False)) == (0, "CPU")
     assert planned_device(smollm2_path, 2048, 8, 0, hw=machine(23000)) == (0, "CPU")
+
+
+def two_cards(free_mib: int, other_free_mib: int | None = None) -> Hardware:
+    """Two RTX 4090s as NVML reports them, with this much free on each."""
+    gpus = tuple(GPU("nvidia", i, "NVIDIA GeForce RTX 4090", 24564 * 2**20, free * 2**20,
+                     "cuda", "550.54.14")
+                 for i, free in enumerate((free_mib, other_free_mib or free_mib)))
+    return Hardware(CPU_X86, 64 * 2**30, 60 * 2**30, gpus, True)
+
+
+def _placed(hw: Hardware, gpus: str | None = None) -> LoadOptions:
+    settings = Settings(gpus=gpus)
+    options = LoadOptions.from_settings(settings, n_ctx=2048)
+    return prepare("smollm2:135m", options, settings, hardware=lambda: hw).options
+
+
+def test_a_model_no_one_card_holds_is_split_over_both():
+    """720 MiB free on each card (608 of them CUDA's own): smollm2 fits neither alone, so
+    its layers are dealt out over both, by layer, each card's share in tensor_split."""
+    options = _placed(two_cards(720))
+    assert options.n_gpu_layers == 31 and options.split_mode == "layer"
+    assert options.tensor_split == pytest.approx((0.5, 0.5), abs=0.05)
+    roomy = _placed(two_cards(720, 23000))  # one card has room: the model goes there alone
+    assert (roomy.split_mode, roomy.main_gpu, roomy.tensor_split) == ("none", 1, ())
+
+
+def test_the_gpus_setting_chooses_the_cards():
+    only_first = _placed(two_cards(23000, 23500), gpus="0")
+    assert (only_first.main_gpu, only_first.split_mode) == (0, "none")
+    assert _placed(two_cards(23000), gpus="none").n_gpu_layers == 0
+    by_name = _placed(two_cards(720), gpus="NVIDIA GeForce RTX 4090")  # both cards of the name
+    assert by_name.split_mode == "layer"
+    with pytest.raises(InvalidRequest, match="no GPU '2'.*0 \\(NVIDIA GeForce RTX 4090\\)"):
+        _placed(two_cards(23000), gpus="0,2")
+
+
+def test_the_placement_reaches_llama_cpps_model_params():
+    from localinfer.backends.llama_native import model_params
+
+    params, keep = model_params(31, "layer", 0, (0.25, 0.75))
+    assert (params.n_gpu_layers, params.main_gpu) == (31, 0)
+    assert params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_LAYER
+    assert [params.tensor_split[i] for i in range(3)] == [0.25, 0.75, 0.0]
+    params, _ = model_params(31, "none", 1)
+    assert params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_NONE and params.main_gpu == 1
+    assert not params.tensor_split  # NULL: llama.cpp's own default
+
+
+def test_show_plans_for_gpus_this_machine_does_not_have():
+    """`show --gpu --gpu --ram`: the same planner on hardware named, each device's share."""
+    result = subprocess.run([sys.executable, "-m", "localinfer", "show", "--gpu", "1GiB",
+                             "--gpu", "1GiB", "--ram", "8GiB", "--ctx", "8192", "--parallel",
+                             "8", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)["plan"]
+    devices = [(p["index"], p["layers"]) for p in plan["placement"]]
+    assert plan["what_if"] and plan["split_mode"] == "layer" and len(devices) == 3
+    assert devices[0][0] == 0 and devices[1][0] == 1 and devices[2][0] is None  # then RAM
+    assert sum(layers for _, layers in devices) == 31
+    assert all(p["total"] <= 2**30 for p in plan["placement"][:2])
+    bad = subprocess.run([sys.executable, "-m", "localinfer", "show", "--gpu", "lots"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "24GiB" in bad.stderr

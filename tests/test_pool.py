@@ -208,6 +208,33 @@ def test_gpu_plans_make_room_on_the_gpu(settings):
     asyncio.run(scenario())
 
 
+def test_two_gpus_each_hold_a_model_without_unloading_the_other(settings):
+    """Room is counted per GPU: with two cards that each hold either model, the second goes
+    on the card the first left free, and nothing is unloaded."""
+    from dataclasses import replace
+
+    from localinfer.service import prepare
+
+    options = LoadOptions(n_ctx=256)
+    need = max(prepare(name, options, settings, hardware=lambda: _machine(24 * 2**30)).gpu_bytes
+               for name in ("smollm2", "gemma3"))
+    one = _machine(need + 2**20)
+    two = replace(one, gpus=(one.gpus[0], replace(one.gpus[0], index=1)))
+
+    async def scenario():
+        pool = ModelPool(settings, options, backend_factory=llama_cpp_backend, hardware=two)
+        try:
+            first = await pool.get("smollm2")
+            second = await pool.get("gemma3")
+            assert {m.name for m in pool.loaded()} == {"smollm2:135m", "gemma3:270m"}
+            assert {first.options.main_gpu, second.options.main_gpu} == {0, 1}
+            assert set(first.gpu_use) | set(second.gpu_use) == {0, 1}
+            assert second.options.n_gpu_layers == second.info.n_layer + 1
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
 def test_a_model_just_loaded_stays_until_its_request_has_it(settings):
     """Between a load's end and its waiting request's start, another load's room-making must
     not take the model away (the request would find it unloaded)."""

@@ -116,6 +116,12 @@ class LoadOptions:
     # None until service.prepare fills in the settings' (LOCALINFER_MAX_TOKENS)
     reply_cap: int | None = None
     flash_attn: bool | None = None  # None: llama.cpp decides; a quantised V cache needs it
+    # on several GPUs (the plan's, filled in by service.prepare): "none" puts the offloaded
+    # layers on main_gpu alone; "layer" deals them out by tensor_split (a share per GPU
+    # index), "row" splits each layer's rows across them
+    split_mode: str = "none"
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, n_ctx: int | None = None,
@@ -126,7 +132,8 @@ class LoadOptions:
                    kv_type=settings.kv_type, flash_attn=settings.flash_attn,
                    prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
                    draft_tokens=settings.draft, draft_model=settings.draft_model,
-                   kv_unified=settings.kv_unified, reply_cap=settings.max_tokens)
+                   kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
+                   split_mode=str(settings.split_mode))
 
     @property
     def guesses(self) -> int:
@@ -152,6 +159,8 @@ class LoadOptions:
                                  "(or 0 to turn it off)")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")
+        if self.split_mode not in ("none", "layer", "row"):
+            raise InvalidRequest(f"split mode must be layer or row, not {self.split_mode!r}")
         if self.kv_type != "f16" and self.flash_attn is False:
             raise InvalidRequest("a quantised KV cache needs flash attention — drop --no-flash-attn")
 

@@ -51,9 +51,10 @@ class DraftModel:
     """
 
     def __init__(self, path: str, target: NativeModel, n_ctx: int, n_batch: int,
-                 n_threads: int, n_gpu_layers: int = 0):
+                 n_threads: int, n_gpu_layers: int = 0, main_gpu: int = 0):
         self.native = NativeModel(path, n_ctx_total=n_ctx, n_slots=1, n_batch=n_batch,
-                                  n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_outputs=1)
+                                  n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_outputs=1,
+                                  main_gpu=main_gpu)
         try:
             _check_same_vocabulary(self.native, target)
         except ModelLoadFailed:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import os
 import sys
 import threading
 from collections.abc import Callable
@@ -114,6 +115,9 @@ def ensure_loaded() -> bool:
     True when backends were loaded at run time, False when the build links them in.
     """
     route_llama_log()  # llama.cpp says which library it loaded: into our log, not stderr
+    # CUDA numbers its devices fastest first unless told otherwise; NVML, nvidia-smi and so
+    # `hw` and the planner number them by PCI bus: one order for both (before CUDA starts)
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     with _state_lock:
         if _state["at_run_time"] is None:
             lib = _ggml()

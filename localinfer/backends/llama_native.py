@@ -25,19 +25,44 @@ _KV_TYPES = {KvType.F16: llama_cpp.GGML_TYPE_F16, KvType.Q8_0: llama_cpp.GGML_TY
              KvType.Q4_0: llama_cpp.GGML_TYPE_Q4_0}
 
 
+_SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+                "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
+
+
+def model_params(n_gpu_layers: int, split_mode: str = "none", main_gpu: int = 0,
+                 tensor_split: Sequence[float] = ()) -> tuple[llama_cpp.llama_model_params, object]:
+    """llama_model_params for a placement, and the float array its tensor_split points to
+    (keep it alive until the model is loaded). Device numbers are llama.cpp's GPU order,
+    which ggml_backends makes the PCI bus order that `hw` and the planner use."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers
+    mparams.split_mode = _SPLIT_MODES[split_mode]
+    mparams.main_gpu = main_gpu
+    split = None
+    if tensor_split:
+        n = llama_cpp.llama_max_devices()
+        if len(tensor_split) > n:
+            raise ModelLoadFailed(f"this llama.cpp build takes at most {n} devices, not "
+                                  f"{len(tensor_split)}")
+        split = (ctypes.c_float * n)(*tensor_split)
+        mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
+    return mparams, split
+
+
 class NativeModel:
     """A llama.cpp model and one context, owned together."""
 
     def __init__(self, path: str, n_ctx_total: int, n_slots: int, n_batch: int,
                  n_threads: int, n_gpu_layers: int = 0, kv_type: KvType = KvType.F16,
-                 flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0):
+                 flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0,
+                 split_mode: str = "none", main_gpu: int = 0,
+                 tensor_split: Sequence[float] = ()):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode."""
         route_llama_log()
         ensure_loaded()
         llama_cpp.llama_backend_init()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers
+        mparams, self._split = model_params(n_gpu_layers, split_mode, main_gpu, tensor_split)
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ModelLoadFailed(f"llama.cpp could not load '{path}' — run with --verbose to see why")

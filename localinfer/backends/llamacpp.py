@@ -46,6 +46,9 @@ class LlamaCppBackend(Backend):
             flash_attn=options.flash_attn,
             kv_unified=options.kv_unified,
             n_outputs=options.n_outputs,
+            split_mode=options.split_mode,
+            main_gpu=options.main_gpu,
+            tensor_split=options.tensor_split,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
@@ -61,7 +64,8 @@ class LlamaCppBackend(Backend):
                 drafter = DraftModel(options.draft_model, self.native,
                                      n_ctx=n_ctx * (options.n_slots if options.kv_unified else 1),
                                      n_batch=n_batch, n_threads=n_threads,
-                                     n_gpu_layers=999 if options.n_gpu_layers else 0)
+                                     n_gpu_layers=999 if options.n_gpu_layers else 0,
+                                     main_gpu=options.main_gpu)
             except Exception:
                 self.native.close()
                 raise

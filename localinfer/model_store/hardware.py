@@ -18,12 +18,14 @@ import re
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 
+from localinfer.errors import InvalidRequest
+
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
-           "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
+           "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -106,6 +108,50 @@ class Hardware:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def select_gpus(hw: Hardware, selection: str | None) -> Hardware:
+    """The machine with only the GPUs chosen: indexes or names as `hw` shows them,
+    comma-separated ("0,2", "NVIDIA GeForce RTX 4090": every card of that name); "none" for
+    the CPU alone; None or "" for all."""
+    if not selection or not selection.strip():
+        return hw
+    if selection.strip().lower() == "none":
+        return replace(hw, gpus=())
+    chosen: list[GPU] = []
+    for wanted in (w.strip() for w in selection.split(",") if w.strip()):
+        found = [g for g in hw.gpus if wanted == str(g.index) or wanted.lower() == g.name.lower()]
+        if not found:
+            have = ", ".join(f"{g.index} ({g.name})" for g in hw.gpus) or "none"
+            raise InvalidRequest(f"no GPU '{wanted}' on this machine — `localinfer hw` lists "
+                                 f"them: {have}")
+        chosen += [g for g in found if g not in chosen]
+    return replace(hw, gpus=tuple(sorted(chosen, key=lambda g: g.index)))
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(k|m|g|t)?(i)?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "24GiB", "24G" (binary: GiB), "24GB" (decimal), "512MiB", "1.5T"."""
+    match = _SIZE.match(text)
+    if not match or not match.group(2):
+        raise InvalidRequest(f"'{text}' is not a memory size — write it as 24GiB, 12GB or "
+                             f"512MiB")
+    number, unit, binary = float(match.group(1)), match.group(2).lower(), match.group(3)
+    power = "kmgt".index(unit) + 1
+    decimal = text.strip().lower().endswith("b") and not binary
+    return int(number * (1000 if decimal else 1024) ** power)
+
+
+def what_if(hw: Hardware, gpus: Sequence[int], ram: int | None = None) -> Hardware:
+    """This machine as if it had these GPUs (CUDA cards of these sizes, all free) and this
+    much RAM available: the same planner then says what a model would need."""
+    cards = tuple(GPU("nvidia", i, f"what-if GPU of {size / 2**30:g} GiB", size, size, "cuda")
+                  for i, size in enumerate(gpus))
+    return replace(hw, gpus=cards, gpu_offload=bool(cards) or hw.gpu_offload,
+                   ram_available_bytes=hw.ram_available_bytes if ram is None else ram,
+                   ram_total_bytes=hw.ram_total_bytes if ram is None else ram)
 
 
 def run_tool(cmd: Sequence[str], timeout: float) -> str:

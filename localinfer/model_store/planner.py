@@ -14,6 +14,8 @@ size), the devices and the request, so tables of machines can test it. The rules
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,8 +23,8 @@ from dataclasses import dataclass, field
 from localinfer.model_store.hardware import GPU
 from localinfer.settings import KvType
 
-__all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Plan", "WontFit",
-           "compute_buffer", "free_memory", "params_from_tag", "plan", "rough_device",
+__all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
+           "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
            "runtime_overhead"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
@@ -67,6 +69,24 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
+class Placement:
+    """One device's share of a plan, in bytes: a GPU's, or what stays in RAM."""
+
+    device: str  # "GPU 0 NVIDIA GeForce RTX 4090", or "RAM"
+    index: int | None  # the GPU's index (as `hw` shows it); None for RAM
+    layers: int  # of n_layer + 1 (the output layer counts as one)
+    weights: int
+    kv_cache: int
+    compute: int
+    runtime: int
+    margin: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.kv_cache + self.compute + self.runtime + self.margin
+
+
+@dataclass(frozen=True)
 class Plan:
     quant: str
     device: str  # "cuda", "metal", "rocm" or "cpu"
@@ -80,7 +100,14 @@ class Plan:
     # overhead), margin (fragmentation), in bytes: on a GPU plan, what the GPU takes with
     # every layer on it (the input embeddings of an untied model stay in RAM); on the CPU, RAM
     parts: dict[str, int] = field(default_factory=dict)
-    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPU
+    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs
+    # per device: each GPU used, then RAM where layers stay there
+    placement: tuple[Placement, ...] = ()
+    # how llama.cpp is told: "none" with main_gpu for one GPU; "layer" with tensor_split
+    # (a share per GPU index, 0 for one left out) for several
+    split_mode: str = "none"
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
 
 
 class WontFit(Exception):
@@ -142,25 +169,41 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
 
+    usable = sorted(gpus, key=free_memory, reverse=True)
     if gpu is not None:
-        budget = free_memory(gpu)
-        for quant in ranked:
-            parts = _gpu_parts(shape.gpu_weights(files[quant]), kv, compute, gpu.backend)
+        for quant in ranked:  # whole on the GPU with the most room; else spread over all
+            weights = shape.gpu_weights(files[quant])
+            parts = _gpu_parts(weights, kv, compute, gpu.backend)
             need = sum(parts.values())
-            if need <= budget:
+            if need <= free_memory(gpu):
+                device = Placement(_name(gpu), gpu.index, shape.n_layer + 1, **parts)
                 return Plan(quant, gpu.backend, shape.n_layer + 1, memory_bytes=need, **common,
-                            parts=parts, gpu_bytes=need,
+                            parts=parts, gpu_bytes=need, placement=(device,),
+                            main_gpu=gpu.index,
                             reason=f"{quant} fits fully on {gpu.name} ({gib(need)} of "
-                                   f"{gib(budget)} free) with a {n_ctx}-token context")
-        for quant in capped:
-            split = _split(shape, shape.gpu_weights(files[quant]), kv, compute, budget,
-                           ram_available, gpu.backend)
-            if split is not None:
-                layers, parts, on_gpu = split
-                return Plan(quant, gpu.backend, layers, memory_bytes=sum(parts.values()),
-                            **common, parts=parts, gpu_bytes=on_gpu,
-                            reason=f"no quant fits {gpu.name}'s {gib(budget)} at {n_ctx} tokens; "
-                                   f"{quant} with {layers} of {shape.n_layer} layers on the GPU, "
+                                   f"{gib(free_memory(gpu))} free) with a {n_ctx}-token context")
+            spread = _spread(shape, weights, kv, compute, usable, shape.n_layer + 1)
+            if spread is not None:
+                return _plan_on(quant, spread, shape, weights, kv, compute, gpu.backend, common,
+                                reason=f"{quant} fits no one GPU; split over "
+                                       f"{_names(spread)} in proportion to their free memory, "
+                                       f"with a {n_ctx}-token context")
+        for quant in capped:  # the layers the GPUs can take; the rest in RAM
+            weights = shape.gpu_weights(files[quant])
+            per_layer = (weights + kv) / max(shape.n_layer, 1)
+            layers = min(shape.n_layer, int(sum(_room(g, compute) for g in usable) // per_layer))
+            spread = None
+            while layers > 0 and spread is None:  # (dealt out, a GPU may get one too many)
+                spread = _spread(shape, weights, kv, compute, usable, layers, alone=True)
+                layers -= spread is None
+            in_ram = (shape.n_layer - layers) * per_layer
+            if spread is None or in_ram + _margin(int(in_ram)) > ram_available:
+                continue
+            on = "the GPU" if len(spread) == 1 else _names(spread)
+            return _plan_on(quant, spread, shape, weights, kv, compute, gpu.backend, common,
+                            layers=layers,
+                            reason=f"no quant fits {_names(usable)} at {n_ctx} tokens; "
+                                   f"{quant} with {layers} of {shape.n_layer} layers on {on}, "
                                    f"the rest in RAM")
     for quant in capped:
         need = files[quant] + kv + compute
@@ -188,21 +231,85 @@ def free_memory(gpu: GPU) -> int:
     return gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes
 
 
-def _split(shape: ModelShape, weights: int, kv: int, compute: int, gpu_budget: int,
-           ram: int, backend: str) -> tuple[int, dict[str, int], int] | None:
-    """Layers on the GPU for a partial offload, the memory's parts and what of it goes on
-    the GPU, or None."""
-    per_layer = (weights + kv) / max(shape.n_layer, 1)
-    room = gpu_budget - compute - runtime_overhead(backend) - gpu_budget // 20
-    layers = min(shape.n_layer, int(room // per_layer)) if room > 0 else 0
-    if layers < 1:
+def _name(gpu: GPU) -> str:
+    return f"GPU {gpu.index} {gpu.name}"
+
+
+def _names(gpus: Sequence[GPU] | Mapping[GPU, int]) -> str:
+    gpus = list(gpus)
+    return gpus[0].name if len(gpus) == 1 else " + ".join(f"GPU {g.index}" for g in gpus)
+
+
+def _room(gpu: GPU, compute: int) -> float:
+    """Bytes of layers (weights and KV) a GPU can hold: its free memory less the backend's
+    runtime, a compute buffer of its own, and 5% of its buffers for fragmentation."""
+    return max(0.0, (free_memory(gpu) - runtime_overhead(gpu.backend)) / 1.05 - compute)
+
+
+def layers_per_device(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> list[int]:
+    """How llama.cpp deals n_gpu_layers of the n_layer + 1 (the output layer last) out to
+    devices in proportion to `split`: layer il goes to the first device whose cumulative
+    share exceeds (il - first offloaded) / n_gpu_layers (llama-model.cpp)."""
+    n_gpu_layers = min(n_gpu_layers, n_layer + 1)
+    total = sum(split)
+    if not n_gpu_layers or not total:
+        return [0] * len(split)
+    bounds = list(itertools.accumulate(x / total for x in split))
+    first = n_layer + 1 - n_gpu_layers
+    counts = [0] * len(split)
+    for il in range(first, n_layer + 1):
+        counts[min(bisect.bisect_right(bounds, (il - first) / n_gpu_layers), len(split) - 1)] += 1
+    return counts
+
+
+def _spread(shape: ModelShape, weights: int, kv: int, compute: int, gpus: Sequence[GPU],
+            n_gpu_layers: int, alone: bool = False) -> dict[GPU, int] | None:
+    """GPU → layers for n_gpu_layers of the model over the GPUs, each taking layers in
+    proportion to its room (free memory less its fixed costs); None when not every GPU given
+    its share can hold it, or (unless `alone`) when only one GPU has room."""
+    per_layer = (weights + kv) / max(shape.n_layer, 1)  # (as the layer count reckons)
+    rooms = {g: _room(g, compute) for g in gpus}
+    rooms = {g: r for g, r in rooms.items() if r >= per_layer}  # a GPU too full for a layer
+    if n_gpu_layers < 1 or len(rooms) < (1 if alone else 2):
         return None
-    in_ram = (shape.n_layer - layers) * per_layer
-    if in_ram + _margin(int(in_ram)) > ram:
-        return None
-    parts = _gpu_parts(weights, kv, compute, backend)
-    on_gpu = int(layers * per_layer) + compute + parts["runtime"] + parts["margin"]
-    return layers, parts, on_gpu
+    counts = layers_per_device(shape.n_layer, n_gpu_layers, list(rooms.values()))
+    placed = {g: n for g, n in zip(rooms, counts) if n}
+    if all(n * per_layer <= rooms[g] for g, n in placed.items()):
+        return placed
+    return None
+
+
+def _plan_on(quant: str, spread: dict[GPU, int], shape: ModelShape, weights: int, kv: int,
+             compute: int, backend: str, common: dict, reason: str,
+             layers: int | None = None) -> Plan:
+    """A plan with layers on one or several GPUs (and, for a partial offload, the rest in
+    RAM): each device's share of the weights and KV by its layers."""
+    total_layers = shape.n_layer + 1
+    placement, on_gpu = [], 0
+    for gpu, n in spread.items():
+        share_w, share_kv = weights * n // total_layers, kv * n // total_layers
+        margin = (share_w + share_kv + compute) // 20
+        device = Placement(_name(gpu), gpu.index, n, share_w, share_kv, compute,
+                           runtime_overhead(gpu.backend), margin)
+        placement.append(device)
+        on_gpu += device.total
+    n_gpu_layers = total_layers if layers is None else layers
+    if layers is not None:  # the rest in RAM
+        rest_w = weights - sum(p.weights for p in placement)
+        rest_kv = kv - sum(p.kv_cache for p in placement)
+        placement.append(Placement("RAM", None, total_layers - sum(spread.values()), rest_w,
+                                   rest_kv, 0, 0, _margin(rest_w + rest_kv)))
+    parts = {key: sum(getattr(p, key) for p in placement)
+             for key in ("weights", "kv_cache", "compute", "runtime", "margin")}
+    split = [0.0] * (max(g.index for g in spread) + 1)
+    for gpu, n in spread.items():
+        split[gpu.index] = n / sum(spread.values())
+    several = len(spread) > 1
+    return Plan(quant, backend, n_gpu_layers, memory_bytes=sum(parts.values()), **common,
+                parts=parts, gpu_bytes=on_gpu, placement=tuple(placement),
+                split_mode="layer" if several else "none",
+                main_gpu=next(iter(spread)).index,
+                tensor_split=tuple(split) if several else (), reason=reason)
 
 
 # Average bits per weight of Q4_K_M files (mixed 4- and 6-bit blocks with scales).

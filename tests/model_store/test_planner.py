@@ -88,3 +88,91 @@ def test_wont_fit_names_what_would():
         plan(LLAMA31_8B, FILES_8B, [], 4 * GIB, n_ctx=131072)
     with pytest.raises(WontFit, match="smaller model"):
         plan(LLAMA31_8B, FILES_8B, [], 2 * GIB)
+
+
+# ---------------------------------------------------------------------------- several GPUs
+# Llama 3.1 70B and 405B Instruct: 80 and 126 layers, 8 KV heads of 128, an output layer of
+# their own; file sizes as published for their GGUF quants (405B's come as split files)
+LLAMA31_70B = ModelShape(n_layer=80, n_head_kv=8, head_dim_k=128, head_dim_v=128,
+                         n_vocab=128256, n_ctx_train=131072, n_embd=8192,
+                         input_embd_share=128256 * 8192 / 70_553_706_496)
+FILES_70B = {q: int(v * GB) for q, v in {
+    "Q8_0": 74.98, "Q6_K": 57.89, "Q5_K_M": 49.95, "Q4_K_M": 42.52, "IQ4_XS": 37.90,
+    "Q3_K_M": 34.27, "IQ3_XS": 29.31, "Q2_K": 26.38}.items()}
+LLAMA31_405B = ModelShape(n_layer=126, n_head_kv=8, head_dim_k=128, head_dim_v=128,
+                          n_vocab=128256, n_ctx_train=131072, n_embd=16384,
+                          input_embd_share=128256 * 16384 / 405_853_388_800)
+FILES_405B = {q: int(v * GB) for q, v in {
+    "Q8_0": 431.3, "Q6_K": 333.2, "Q5_K_M": 286.7, "Q4_K_M": 243.1, "Q3_K_M": 196.3,
+    "Q2_K": 151.1}.items()}
+
+
+def card(index: int, name: str, total_mib: int, free_mib: int) -> GPU:
+    """A GPU as NVML reports it (nvidia-smi --query-gpu=index,name,memory.total,memory.free)."""
+    return GPU("nvidia", index, name, total_mib * 2**20, free_mib * 2**20, "cuda", "550.54.14")
+
+
+RTX4090 = lambda i, free=23552: card(i, "NVIDIA GeForce RTX 4090", 24564, free)  # noqa: E731
+RTX3060 = lambda i: card(i, "NVIDIA GeForce RTX 3060", 12288, 11776)  # noqa: E731
+H100 = lambda i: card(i, "NVIDIA H100 80GB HBM3", 81559, 80970)  # noqa: E731
+
+
+@pytest.mark.parametrize("model, files, gpus, ram_gib, quant, layers, split", [
+    # a model that fits one GPU stays on it: the one with the most free memory
+    (LLAMA31_8B, FILES_8B, [RTX4090(0, free=20000), RTX4090(1)], 64, "F16", {1: 33}, ()),
+    # 2 × 24 GiB: 70B split evenly, all 81 layers on the GPUs
+    (LLAMA31_70B, FILES_70B, [RTX4090(0), RTX4090(1)], 64, "IQ4_XS", {0: 41, 1: 40},
+     (0.5, 0.5)),
+    # 24 + 12 GiB: in proportion to each card's room
+    (LLAMA31_70B, FILES_70B, [RTX4090(0), RTX3060(1)], 64, "IQ3_XS", {0: 55, 1: 26}, None),
+    # 4 × 80 GiB: 405B over all four
+    (LLAMA31_405B, FILES_405B, [H100(i) for i in range(4)], 512, "Q5_K_M",
+     {0: 32, 1: 32, 2: 32, 3: 31}, (0.25, 0.25, 0.25, 0.25)),
+    # one GPU almost full (another process): the model goes on the other, alone
+    (LLAMA31_8B, FILES_8B, [RTX4090(0, free=900), RTX4090(1)], 64, "F16", {1: 33}, ()),
+])
+def test_several_gpus(model, files, gpus, ram_gib, quant, layers, split):
+    chosen = plan(model, files, gpus, ram_gib * GIB, n_ctx=8192)
+    on_gpus = {d.index: d.layers for d in chosen.placement if d.index is not None}
+    assert (chosen.quant, on_gpus) == (quant, layers), chosen.reason
+    assert chosen.n_gpu_layers == model.n_layer + 1 and chosen.device == "cuda"
+    if split is None:  # proportional to room: 24 GiB takes about twice the 12's layers
+        assert chosen.tensor_split[0] == pytest.approx(2 * chosen.tensor_split[1], rel=0.2)
+    else:
+        assert chosen.tensor_split == pytest.approx(split, abs=0.01)
+    assert chosen.split_mode == ("layer" if len(layers) > 1 else "none")
+    assert chosen.main_gpu == next(iter(layers))
+    free = {g.index: g.free_bytes for g in gpus}
+    for device in chosen.placement:  # each device's share within its free memory
+        assert device.total <= free[device.index], device
+    assert chosen.gpu_bytes == sum(d.total for d in chosen.placement)
+
+
+def test_what_the_gpus_cannot_take_stays_in_ram():
+    """70B Q4_K_M (the best quant a partial offload may use) on 24 + 12 GiB and 64 GiB of
+    RAM: the layers the two cards hold, dealt out by their room, and the rest in RAM."""
+    gpus = [RTX4090(0), RTX3060(1)]
+    chosen = plan(LLAMA31_70B, {"Q8_0": FILES_70B["Q8_0"], "Q4_K_M": FILES_70B["Q4_K_M"]},
+                  gpus, 64 * GIB, n_ctx=8192)
+    assert chosen.quant == "Q4_K_M" and 40 < chosen.n_gpu_layers < 80
+    gpu_part = [d for d in chosen.placement if d.index is not None]
+    ram_part = [d for d in chosen.placement if d.index is None]
+    assert [d.index for d in gpu_part] == [0, 1] and len(ram_part) == 1
+    assert sum(d.layers for d in gpu_part) == chosen.n_gpu_layers
+    assert sum(d.layers for d in chosen.placement) == LLAMA31_70B.n_layer + 1
+    assert gpu_part[0].layers > gpu_part[1].layers
+    for device, gpu in zip(gpu_part, gpus):
+        assert device.total <= gpu.free_bytes
+    assert chosen.split_mode == "layer" and len(chosen.tensor_split) == 2
+
+
+def test_layers_are_dealt_out_as_llama_cpp_deals_them():
+    """llama-model.cpp: layer il goes to the first device whose cumulative share exceeds
+    (il - first offloaded) / n_gpu_layers; the output layer is the last of n_layer + 1."""
+    from localinfer.model_store.planner import layers_per_device
+
+    assert layers_per_device(32, 33, [1, 1]) == [17, 16]
+    assert layers_per_device(32, 33, [3, 1]) == [25, 8]
+    assert layers_per_device(32, 10, [1, 1]) == [5, 5]  # the last 10 (output layer among them)
+    assert layers_per_device(32, 33, [1, 0, 1]) == [17, 0, 16]  # a GPU left out gets none
+    assert sum(layers_per_device(126, 127, [1, 1, 1, 1])) == 127

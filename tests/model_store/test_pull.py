@@ -73,6 +73,21 @@ def test_pull_plans_the_quant_verifies_and_registers(hub, _private_home):
                 for i, line in enumerate(lines) if "SIZE" in line or " MiB" in line}) == 1
 
 
+def test_show_plans_a_hub_model_before_it_is_pulled(hub, _private_home):
+    """`show` of a model not pulled: its header read remotely, every quant's size from the
+    listing, the plan for the hardware named — and nothing downloaded."""
+    result = cli(hub, "show", REF, "--gpu", "24GiB", "--gpu", "12GiB", "--ram", "64GiB",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["quant"] in ("Q8_0", "F16") and "not pulled" in facts["path"]
+    assert facts["plan"]["what_if"] and facts["plan"]["placement"][0]["index"] == 0
+    assert all(r.startswith("bytes=0-") for r in hub.ranges)  # headers only
+    assert manifests(_private_home) == []
+    asked = cli(hub, "show", f"{REF}:Q4_K_M")  # a quant named: that file's plan
+    assert asked.returncode == 0 and "Q4_K_M" in asked.stdout.splitlines()[0], asked.stderr
+
+
 def test_explicit_quant_then_run_offline(hub, _private_home):
     assert cli(hub, "pull", f"{REF}:q8_0").returncode == 0
     assert manifests(_private_home)[0]["quant"] == "Q8_0"
