@@ -467,6 +467,7 @@ def serve(
     max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
     split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
+    replicas: Annotated[Optional[int], _flag("replicas")] = None,
     api_key: Annotated[Optional[str], _flag("api_key")] = None,
     allow_origin: Annotated[Optional[list[str]], _flag("allowed_origins", "--allow-origin")
                             ] = None,
@@ -487,7 +488,8 @@ def serve(
             "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
             "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "flash_attn": flash_attn, "max_tokens": max_tokens,
-            "gpus": gpus, "split_mode": split_mode, "api_key": api_key, "allowed_origins": allow_origin, "allowed_hosts": allow_host,
+            "gpus": gpus, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,
+            "allowed_origins": allow_origin, "allowed_hosts": allow_host,
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel)

@@ -23,6 +23,7 @@ from localinfer.backends.base import Backend, LoadOptions
 from localinfer.errors import ContextTooLarge, EngineBusy, InvalidRequest
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.backends.machine import detect
+from localinfer.backends.replicas import Replicas
 from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
@@ -262,8 +263,7 @@ class ModelPool:
                     prepared = await self.plan(ref)
                 await self._make_room(prepared)
                 started = time.monotonic()
-                backend = await asyncio.to_thread(self._factory, resolved.path,
-                                                  prepared.options, resolved.name,
+                backend = await asyncio.to_thread(self._start_copies, prepared,
                                                   asyncio.get_running_loop())
             model = LoadedModel(
                 name=resolved.name, backend=backend, info=prepared.info, resolved=resolved,
@@ -302,6 +302,24 @@ class ModelPool:
                     f"to finish or raise the number of models kept loaded")
             log.info("unloading %s to make room for %s", victim.name, prepared.model.name)
             await self.unload(victim.name)
+
+    def _start_copies(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> Backend:
+        """The model's backend: one runner, or one per copy (`--replicas`) serving as one."""
+        path, name = prepared.model.path, prepared.model.name
+        first = self._factory(path, prepared.options, name, loop)
+        if not prepared.copies:
+            return first
+        members = [first]
+        try:
+            for options in prepared.copies:
+                members.append(self._factory(path, options, name, loop))
+        except BaseException:
+            for member in members:
+                member.close()
+            raise
+        log.info("%s: %d copies, on GPUs %s", name, len(members),
+                 ", ".join(str(o.main_gpu) for o in (prepared.options, *prepared.copies)))
+        return Replicas(members)
 
     def _gpu_free(self) -> dict[int, int]:
         """Each GPU's free memory, by index, as probed before anything was loaded."""

@@ -83,6 +83,8 @@ class Prepared:
     ram_bytes: int  # what it takes of RAM (weights the GPU does not hold, KV and buffers)
     # and of each GPU (by index), as the planner counts it (a draft model on the main GPU)
     gpu_use: dict[int, int] = dataclasses.field(default_factory=dict)
+    # more copies of the model, each whole on a GPU of its own (`options` is the first's)
+    copies: tuple[LoadOptions, ...] = ()
 
     @property
     def gpu_bytes(self) -> int:
@@ -127,8 +129,9 @@ def prepare(
         in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
         use = {p.index: p.total for p in chosen.placement if p.index is not None}
         use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + draft_bytes
-        return Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
-                        use)
+        prepared = Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
+                            use)
+        return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
                                options.kv_type, options.n_outputs)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
@@ -137,6 +140,27 @@ def prepare(
                       n_outputs=options.n_outputs)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + draft_bytes)
+
+
+def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Prepared:
+    """Up to `copies` copies of a model planned whole onto one GPU: the first as planned,
+    each other on another GPU with room for all of it (the most free first). A model split
+    over GPUs, or partly in RAM, stays one copy."""
+    options = prepared.options
+    whole = (options.split_mode == "none" and len(prepared.gpu_use) == 1
+             and options.n_gpu_layers == prepared.info.n_layer + 1)
+    if copies < 2 or hardware is None or not whole:
+        return prepared
+    need = prepared.gpu_use[options.main_gpu]
+    room = sorted((g for g in hardware.usable_gpus
+                   if g.index != options.main_gpu and free_memory(g) >= need),
+                  key=free_memory, reverse=True)[:copies - 1]
+    if not room:
+        return prepared
+    return dataclasses.replace(
+        prepared, ram_bytes=prepared.ram_bytes * (1 + len(room)),
+        gpu_use={**prepared.gpu_use, **{g.index: need for g in room}},
+        copies=tuple(dataclasses.replace(options, main_gpu=g.index) for g in room))
 
 
 def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     split_mode: SplitMode = Field(SplitMode.LAYER, description=(
         "A model spread over several GPUs: whole layers on each (layer), or each layer's "
         "rows split across them (row: tensor parallel, for fast links between the cards)."))
+    replicas: int = Field(1, ge=1, le=16, description=(
+        "Copies of a model that fits one GPU whole: one on each GPU with room for it, "
+        "requests spread over them (more users at once). 1: one copy."))
     # a runner with work that makes no progress this long is killed (one prompt chunk of a
     # big model on a slow CPU can take a while); one that takes longer to load, too
     runner_timeout: float = Field(120.0, gt=0, description=(

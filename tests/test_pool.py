@@ -235,6 +235,42 @@ def test_two_gpus_each_hold_a_model_without_unloading_the_other(settings):
     asyncio.run(scenario())
 
 
+def test_replicas_put_a_copy_on_each_card_and_spread_the_requests(settings):
+    """--replicas 2 on two cards that each hold the model: two copies, one per card, served
+    as one model; two requests at once go one to each copy."""
+    from dataclasses import replace
+
+    from localinfer.backends.base import SamplingParams
+    from localinfer.backends.replicas import Replicas
+    from localinfer.service import prepare
+
+    from .backends.test_replicas import settled_loads
+
+    options = LoadOptions(n_ctx=256)
+    need = prepare("smollm2", options, settings, hardware=lambda: _machine(24 * 2**30)).gpu_bytes
+    one = _machine(need + 2**20)
+    two = replace(one, gpus=(one.gpus[0], replace(one.gpus[0], index=1)))
+
+    async def scenario():
+        pool = ModelPool(settings.model_copy(update={"replicas": 2}), options,
+                         backend_factory=llama_cpp_backend, hardware=two)
+        try:
+            model = await pool.get("smollm2")
+            copies = model.backend
+            assert isinstance(copies, Replicas) and len(copies.members) == 2
+            assert {m.info.n_slots for m in copies.members} == {1} and copies.info.n_slots == 2
+            assert model.gpu_use == {0: need, 1: need}
+            prompt = copies.tokenize("Once upon a time")
+            params = SamplingParams(temperature=0, max_tokens=24)
+            first, second = copies.generate(prompt, params), copies.generate(prompt, params)
+            assert settled_loads(copies, [1, 1]) == [1, 1]
+            assert first.text() == second.text()  # the same model, the same greedy reply
+            assert copies.stats().requests_finished == 2
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
 def test_a_model_just_loaded_stays_until_its_request_has_it(settings):
     """Between a load's end and its waiting request's start, another load's room-making must
     not take the model away (the request would find it unloaded)."""
