@@ -32,7 +32,7 @@ from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.model_store import pulled
-from localinfer.model_store.sources import delete_model, installed_models, is_embedded
+from localinfer.model_store.sources import delete_model, digest, installed_models, is_embedded
 from localinfer.model_store.pulled import Manifest
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
@@ -290,7 +290,8 @@ async def tags(request: Request) -> dict[str, Any]:
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
             "size": stat.st_size if stat else known and known.size or 0,  # (not unpacked yet)
-            "digest": known and known.sha256 or "",
+            "digest": await asyncio.to_thread(digest, path, models_dir, known and known.sha256)
+            if stat else "",
             "details": _details(name, info, known and known.quant),
         })
     return {"models": models}
@@ -326,11 +327,11 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
     }
 
 
-def _ps_entry(m: LoadedModel) -> dict[str, Any]:
+def _ps_entry(m: LoadedModel, sha256: str) -> dict[str, Any]:
     expires = m.expires_in
     until = (datetime.now(timezone.utc) + timedelta(seconds=expires) if expires is not None
              else datetime(2318, 1, 1, tzinfo=timezone.utc))  # Ollama's "forever"
-    return {"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": "",
+    return {"name": m.name, "model": m.name, "size": m.memory_bytes, "digest": sha256,
             "details": _details(m.name, m.backend.info),
             "expires_at": until.isoformat().replace("+00:00", "Z"),
             "size_vram": m.gpu_bytes,
@@ -339,7 +340,19 @@ def _ps_entry(m: LoadedModel) -> dict[str, Any]:
 
 @router.get("/ps")
 async def ps(request: Request) -> dict[str, Any]:
-    return {"models": [_ps_entry(m) for m in request.app.state.pool.loaded()]}
+    models_dir = request.app.state.settings.models_dir
+    loaded = request.app.state.pool.loaded()
+    return {"models": [_ps_entry(m, await asyncio.to_thread(_digest_of, m, models_dir))
+                       for m in loaded]}
+
+
+def _digest_of(model: LoadedModel, models_dir: Path) -> str:
+    """A loaded model's digest, as /api/tags gives it (a pulled one's from its manifest)."""
+    known = next((m.sha256 for m in installed_models(models_dir) if m.name == model.name), None)
+    try:
+        return digest(model.resolved.path, models_dir, known)
+    except OSError:  # the file went away under a loaded model
+        return ""
 
 
 @router.post("/pull")

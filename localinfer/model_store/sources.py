@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import errno
+import json
 import importlib
 import importlib.machinery
 import importlib.util
@@ -27,10 +28,11 @@ from localinfer.errors import (
     ModelNotFound,
     ModelNotInstalled,
 )
-from localinfer.model_store import pulled
+from localinfer.files import write_atomically
+from localinfer.model_store import hub, pulled
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
-__all__ = ["EMBEDDED", "Installed", "ResolvedModel", "delete_model",
+__all__ = ["EMBEDDED", "Installed", "ResolvedModel", "delete_model", "digest",
            "installed_models", "is_embedded", "known_names", "resolve"]
 
 
@@ -195,6 +197,34 @@ def installed_models(models_dir: Path) -> list[Installed]:
         models.append(Installed(m.name, "hub", path if path.is_file() else None, m.size,
                                 m.quant, m.pulled_at, m.sha256))
     return models
+
+
+def digest(path: Path, models_dir: Path, known: str | None = None) -> str:
+    """A model file's sha256 (as Ollama's `digest`: clients tell models apart by it): the
+    hub's for a pulled one (`known`, from its manifest); else computed once and kept in
+    models_dir/digests.json, by path, size and modification time."""
+    if known:
+        return known
+    stat = path.stat()
+    mark = [stat.st_size, stat.st_mtime_ns]
+    cache = models_dir / "digests.json"
+    try:
+        kept = json.loads(cache.read_text())
+        if not isinstance(kept, dict):
+            kept = {}
+    except (OSError, ValueError):
+        kept = {}
+    entry = kept.get(str(path))
+    if isinstance(entry, list) and entry[:2] == mark and len(entry) == 3:
+        return entry[2]
+    value = hub.file_sha256(path)
+    kept[str(path)] = [*mark, value]
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+        write_atomically(cache, json.dumps(kept))
+    except OSError:  # a read-only home: computed again next time
+        pass
+    return value
 
 
 def delete_model(models_dir: Path, ref: str) -> str:

@@ -83,6 +83,19 @@ def test_list_show_ps(client):
     assert entry.size > 90_000_000 and entry.expires_at is not None
 
 
+def test_every_model_has_its_files_digest(client, smollm2_path, gemma3_path):
+    """Clients tell models apart by digest (llm-ollama: an empty one made every model the
+    same): the file's sha256, in /api/tags and /api/ps alike, computed once and kept."""
+    import hashlib
+
+    digests = {m.model: m.digest for m in client.list().models}
+    for name, path in (("smollm2:135m", smollm2_path), ("gemma3:270m", gemma3_path)):
+        assert digests[name] == hashlib.sha256(path.read_bytes()).hexdigest()
+    client.generate("smollm2:135m", "Hi", options={"num_predict": 1})
+    running = {m.model: m.digest for m in client.ps().models}
+    assert running["smollm2:135m"] == digests["smollm2:135m"]
+
+
 def test_show_and_tags_read_the_file_without_loading_it(client):
     shown = client.show("gemma3:270m")
     assert shown.modelinfo["general.architecture"] == "gemma3"

@@ -65,3 +65,26 @@ def test_paths(tmp_path, smollm2_path):
     assert resolve(str(smollm2_path), tmp_path).source == "path"
     with pytest.raises(ModelFileMissing, match="no model file at"):
         resolve(str(tmp_path / "missing.gguf"), tmp_path)
+
+
+def test_a_files_digest_is_computed_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    import hashlib
+    import os
+
+    from localinfer.model_store import hub
+    from localinfer.model_store.sources import digest
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF" + bytes(1000))
+    hashed = []
+    real = hub.file_sha256
+    monkeypatch.setattr(hub, "file_sha256", lambda p: hashed.append(p) or real(p))
+    first = digest(model, tmp_path / "models")
+    assert first == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert digest(model, tmp_path / "models") == first and len(hashed) == 1  # kept
+    model.write_bytes(b"GGUF" + bytes(999) + b"x")
+    os.utime(model, ns=(1, 1))
+    assert digest(model, tmp_path / "models") != first and len(hashed) == 2  # changed: anew
+    assert digest(model, tmp_path / "models", known="abc") == "abc"  # a pulled one's manifest
+    (tmp_path / "models" / "digests.json").write_text("[not json")
+    assert digest(model, tmp_path / "models") == hashlib.sha256(model.read_bytes()).hexdigest()
