@@ -165,11 +165,11 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
-    gpu = max(gpus, key=free_memory, default=None)
+    usable = sorted(gpus, key=free_memory, reverse=True)  # the card with the most room first
+    gpu = usable[0] if usable else None
     common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
 
-    usable = sorted(gpus, key=free_memory, reverse=True)
     if gpu is not None:
         for quant in ranked:  # whole on the GPU with the most room; else spread over all
             weights = shape.gpu_weights(files[quant])
