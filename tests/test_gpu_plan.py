@@ -139,3 +139,12 @@ def test_show_plans_for_gpus_this_machine_does_not_have():
     bad = subprocess.run([sys.executable, "-m", "localinfer", "show", "--gpu", "lots"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "24GiB" in bad.stderr
+
+
+def test_more_devices_than_the_build_takes_is_one_clear_error():
+    from localinfer.backends.llama_native import model_params
+    from localinfer.errors import ModelLoadFailed
+
+    too_many = (1.0,) * (llama_cpp.llama_max_devices() + 1)
+    with pytest.raises(ModelLoadFailed, match="at most"):
+        model_params(99, "layer", 0, too_many)

@@ -104,3 +104,9 @@ def test_status_commands_read_the_config_file(home):
                             text=True, timeout=60)
     assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
     assert "http://127.0.0.1:1 " in result.stderr
+
+
+def test_a_config_file_too_big_to_be_one_is_refused(home):
+    (home / "config.toml").write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
+    with pytest.raises(SettingsError, match="over 1 MiB"):
+        Settings.read()
