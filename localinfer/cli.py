@@ -121,6 +121,7 @@ def run(
     draft: Annotated[Optional[int], _flag("draft")] = None,
     draft_model: Annotated[Optional[str], _flag("draft_model")] = None,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
     split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
@@ -134,7 +135,7 @@ def run(
     with _user_errors():
         settings = Settings.read({"max_tokens": max_tokens, "ctx": ctx, "threads": threads,
                                   "kv_type": kv_type, "flash_attn": flash_attn, "draft": draft,
-                                  "draft_model": draft_model, "gpus": gpus,
+                                  "draft_model": draft_model, "gpus": gpus, "workers": workers,
                                   "split_mode": split_mode})
         # the reply cap (--max-tokens, LOCALINFER_MAX_TOKENS) applies in the engine; 0: none
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
@@ -192,11 +193,14 @@ def _pull(name: str, settings: Settings) -> None:
 def pull(
     model: Annotated[str, typer.Argument(
         help="Catalog name (llama3.2:3b, qwen3:8b-Q8_0) or hf.co/owner/repo[:QUANT].")],
+    gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
 ) -> None:
-    """Download a model from the Hugging Face hub; the quant fits this machine unless named."""
+    """Download a model from the Hugging Face hub; the quant fits this machine (and its
+    workers) unless named."""
     _setup_logging(False)
     with _user_errors():
-        _pull(model, Settings.read())
+        _pull(model, Settings.read({"gpus": gpus, "workers": workers}))
 
 
 @commands.command("list")
@@ -233,6 +237,7 @@ def show(
         min=16, help="Context to plan for. [default: what `run` gives this model]")] = None,
     parallel: Annotated[int, typer.Option(min=1, help="Concurrent sequences to plan for.")] = 1,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
     gpu: Annotated[Optional[list[str]], typer.Option(
         "--gpu", help="Plan for a GPU of this size instead of this machine's, e.g. --gpu 24GiB "
                       "--gpu 12GiB (repeatable): what a model would need.")] = None,
@@ -252,11 +257,12 @@ def show(
     from localinfer.model_store.catalog import parse_hub_ref
     from localinfer.model_store.hub import list_ggufs, remote_info
     from localinfer.model_store.sources import resolve
-    from localinfer.service import default_context, plan_for, plan_remote
+    from localinfer.service import default_context, plan_for, plan_remote, with_workers
 
     with _user_errors():
-        settings = Settings.read({"gpus": gpus})
-        machine = select_gpus(detect(), settings.gpus)
+        settings = Settings.read({"gpus": gpus, "workers": workers})
+        machine = with_workers(select_gpus(detect(), settings.gpus), settings.workers,
+                               settings.worker_key)
         if gpu or ram:  # the same planner, on the hardware named
             machine = what_if(machine, [parse_size(g) for g in gpu] if gpu else
                               [g.total_bytes for g in machine.usable_gpus],
@@ -423,6 +429,7 @@ def chat(
     ctx: Annotated[Optional[int], _flag("ctx")] = None,
     threads: Annotated[Optional[int], _flag("threads")] = None,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
                        ] = False,
 ) -> None:
@@ -434,7 +441,7 @@ def chat(
     _setup_logging(verbose)
     with _user_errors():
         settings = Settings.read({"api_key": api_key, "ctx": ctx, "threads": threads,
-                                  "gpus": gpus})
+                                  "gpus": gpus, "workers": workers})
         if url:
             client = RemoteClient(url, settings.api_key)
         else:
@@ -466,6 +473,7 @@ def serve(
                           ] = None,
     max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
     split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
     replicas: Annotated[Optional[int], _flag("replicas")] = None,
     api_key: Annotated[Optional[str], _flag("api_key")] = None,
@@ -488,7 +496,7 @@ def serve(
             "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
             "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "flash_attn": flash_attn, "max_tokens": max_tokens,
-            "gpus": gpus, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,
+            "gpus": gpus, "workers": workers, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,
             "allowed_origins": allow_origin, "allowed_hosts": allow_host,
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
@@ -504,6 +512,7 @@ def desktop_app(
     parallel: Annotated[Optional[int], _flag("parallel")] = None,
     threads: Annotated[Optional[int], _flag("threads")] = None,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
+    workers: Annotated[Optional[str], _flag("workers")] = None,
     browser: Annotated[bool, typer.Option(
         "--browser/--no-browser", help="Open a window or the system browser [yes]; without, "
                                        "only print the page's address.")] = True,
@@ -517,10 +526,37 @@ def desktop_app(
     _setup_logging(verbose)
     with _user_errors():
         settings = Settings.read({"ctx": ctx, "parallel": parallel, "threads": threads,
-                                  "gpus": gpus})
+                                  "gpus": gpus, "workers": workers})
         run_app(settings, model or settings.default_model,
                 LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel),
                 browser, verbose)
+
+
+@commands.command()
+def worker(
+    host: Annotated[str, typer.Option(help="Address to listen on; beyond loopback a key is "
+                                           "required (LOCALINFER_WORKER_KEY).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535, help="Port.")] = 50052,
+    threads: Annotated[Optional[int], typer.Option(
+        min=1, help="CPU threads for the layers it runs. [default: the physical cores]")] = None,
+    cache: Annotated[Optional[Path], typer.Option(
+        help="Keep the tensors a head sends (those over 10 MiB) in this folder: the next load "
+             "of the same model sends only their hashes.")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show llama.cpp's log.")
+                       ] = False,
+) -> None:
+    """Serve this machine's GPUs (or its CPU) to a head over llama.cpp's RPC: the head's
+    `--workers host:port` then puts a share of each model's layers here."""
+    from localinfer.worker import start_worker
+
+    _setup_logging(verbose)
+    with _user_errors():
+        settings = Settings.read()
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+        front = start_worker(host, port, settings.worker_key, threads, cache,
+                             say=lambda line: print(line, flush=True))
+        front.serve_forever()
 
 
 @commands.command()
@@ -533,9 +569,12 @@ def hw(
 
     from localinfer.backends.machine import detect
 
+    from localinfer.backends.rpc import status as rpc_status
+
     found = detect()
+    rpc = rpc_status()
     if as_json:
-        print(json.dumps(found.to_dict(), indent=2))
+        print(json.dumps({**found.to_dict(), "rpc": rpc}, indent=2))
         return
     gib = lambda n: f"{n / 2**30:.1f} GiB"  # noqa: E731
     cpu = found.cpu
@@ -564,6 +603,7 @@ def hw(
         for lib in found.backend_libraries:
             if lib.why_not:
                 print(f"  {lib.name} did not load: {lib.why_not}")
+    print(f"RPC workers: {rpc['summary']}")
     for probe in found.probes:
         print(f"  probe {probe.name}: {probe.status}" + (f" ({probe.reason})" if probe.reason else ""))
 

@@ -16,7 +16,7 @@ from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
-from localinfer.model_store.hardware import Hardware, select_gpus
+from localinfer.model_store.hardware import GPU, Hardware, select_gpus
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
@@ -121,9 +121,13 @@ def prepare(
     if options.n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
         machine = hardware()
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
+        machine = with_workers(machine, settings.workers, settings.worker_key)
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, draft_bytes),
                           options.kv_type, options.n_outputs)
         options = placed(options, chosen)
+        if chosen is not None and any(p.device.startswith("worker ") for p in chosen.placement):
+            options = dataclasses.replace(options, workers=tuple(settings.workers),
+                                          worker_key=settings.worker_key)
     if chosen is not None:
         # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
         in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
@@ -142,6 +146,39 @@ def prepare(
     return Prepared(model, info, options, estimate.ram + draft_bytes)
 
 
+def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
+                 ) -> Hardware | None:
+    """The machine with its RPC workers' devices (probed now, with timeouts: a worker that is
+    down, busy or of another llama.cpp is an error naming it), numbered after the GPUs
+    llama.cpp has here."""
+    if hw is None or not workers:
+        return hw
+    from importlib.metadata import version
+
+    from localinfer.backends.rpc import protocol
+    from localinfer.backends.workers import check_usable, probe
+
+    ours = version("llama_cpp_python"), protocol()
+    remote = []
+    for endpoint in workers:
+        info = probe(endpoint, key)
+        check_usable(info, *ours)
+        for device in info.devices:
+            remote.append(GPU(vendor="rpc", index=local_gpu_count(hw) + len(remote),
+                              name=f"{endpoint}/{device.name}", total_bytes=device.total_bytes,
+                              free_bytes=device.free_bytes, backend="rpc",
+                              driver=device.description))
+    return dataclasses.replace(hw, remote=tuple(remote))
+
+
+def local_gpu_count(hw: Hardware) -> int:
+    """The GPUs llama.cpp numbers on this machine (its discrete ones, else its integrated)."""
+    if hw.devices:
+        discrete = sum(d.kind == "gpu" for d in hw.devices)
+        return discrete or sum(d.kind == "igpu" for d in hw.devices)
+    return len(hw.gpus) if hw.gpu_offload else 0
+
+
 def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Prepared:
     """Up to `copies` copies of a model planned whole onto one GPU: the first as planned,
     each other on another GPU with room for all of it (the most free first). A model split
@@ -152,8 +189,8 @@ def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Pre
     if copies < 2 or hardware is None or not whole:
         return prepared
     need = prepared.gpu_use[options.main_gpu]
-    room = sorted((g for g in hardware.usable_gpus
-                   if g.index != options.main_gpu and free_memory(g) >= need),
+    room = sorted((g for g in hardware.usable_gpus if g.backend != "rpc"
+                   and g.index != options.main_gpu and free_memory(g) >= need),
                   key=free_memory, reverse=True)[:copies - 1]
     if not room:
         return prepared
@@ -188,9 +225,10 @@ def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hard
     if hw is None or not taken:
         return hw
     use = taken if isinstance(taken, Mapping) else {g.index: taken for g in hw.gpus}
-    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
-                 for g in hw.gpus)
-    return dataclasses.replace(hw, gpus=gpus)
+    less = lambda gpus: tuple(  # noqa: E731
+        dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
+        for g in gpus)
+    return dataclasses.replace(hw, gpus=less(hw.gpus), remote=less(hw.remote))
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
@@ -265,6 +303,7 @@ def pull_model(ref: str, settings: Settings | None = None,
         resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
     def choose(ref: HubRef, files: Sequence[RemoteFile]) -> str:  # for the GPUs chosen
-        return choose_quant(ref, files, hardware=select_gpus(detect(), settings.gpus))
+        return choose_quant(ref, files, hardware=with_workers(
+            select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key))
 
     return pulled.pull(hub_ref, settings.models_dir, choose, progress)

@@ -121,6 +121,14 @@ class Settings(BaseSettings):
     replicas: int = Field(1, ge=1, le=16, description=(
         "Copies of a model that fits one GPU whole: one on each GPU with room for it, "
         "requests spread over them (more users at once). 1: one copy."))
+    # comma-separated in the environment: LOCALINFER_WORKERS=10.0.0.5:50052,10.0.0.6:50052
+    workers: Annotated[list[str], NoDecode] = Field(default_factory=list, description=(
+        "RPC workers (`localinfer worker` on other machines) whose devices take a share of "
+        "each model: host:port, comma-separated."))
+    # a secret: no flag (a command line is visible to every user of the machine)
+    worker_key: str | None = Field(None, min_length=8, description=(
+        "The key a worker requires and a head sends (set it on both; needed for a worker "
+        "listening beyond loopback)."), **_unset("none"))
     # a runner with work that makes no progress this long is killed (one prompt chunk of a
     # big model on a slow CPU can take a while); one that takes longer to load, too
     runner_timeout: float = Field(120.0, gt=0, description=(
@@ -156,7 +164,7 @@ class Settings(BaseSettings):
     def models_dir(self) -> Path:
         return self.home / "models"
 
-    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", "workers", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         if isinstance(value, str):

@@ -93,7 +93,8 @@ def test_every_setting_flag_shows_the_schema_default_and_variable():
             if low is not None:
                 assert param.min == low, (name, param.name)
     only_elsewhere = {"home", "default_model", "runner_timeout", "load_timeout",
-                      "max_body_bytes", "header_timeout", "body_timeout"}
+                      "max_body_bytes", "header_timeout", "body_timeout",
+                      "worker_key"}  # (a secret: never on a command line)
     assert seen == set(fields) - only_elsewhere
 
 

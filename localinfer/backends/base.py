@@ -122,6 +122,10 @@ class LoadOptions:
     split_mode: str = "none"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    # RPC workers whose devices join llama.cpp's before the load (host:port; the plan's
+    # tensor_split counts their devices after the GPUs here), and the key they take
+    workers: tuple[str, ...] = ()
+    worker_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_settings(cls, settings: Settings, n_ctx: int | None = None,

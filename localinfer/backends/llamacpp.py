@@ -35,6 +35,16 @@ class LlamaCppBackend(Backend):
         path = str(path)
         n_ctx = options.n_ctx or default("ctx")
         n_threads = options.n_threads or default_threads()
+        split, main_gpu = options.tensor_split, options.main_gpu
+        if options.workers:  # their devices join llama.cpp's before it places the layers
+            from localinfer.backends.ggml_backends import devices
+            from localinfer.backends.rpc import join, llama_order
+
+            here = devices()
+            here = [d for d in here if not d.backend.startswith("RPC")]
+            n_local = sum(d.kind == "gpu" for d in here) or sum(d.kind == "igpu" for d in here)
+            split, main_gpu = llama_order(split, main_gpu, n_local,
+                                          join(options.workers, options.worker_key))
         self.native = NativeModel(
             path,
             n_ctx_total=n_ctx * options.n_slots,
@@ -47,8 +57,8 @@ class LlamaCppBackend(Backend):
             kv_unified=options.kv_unified,
             n_outputs=options.n_outputs,
             split_mode=options.split_mode,
-            main_gpu=options.main_gpu,
-            tensor_split=options.tensor_split,
+            main_gpu=main_gpu,
+            tensor_split=split,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
@@ -64,7 +74,8 @@ class LlamaCppBackend(Backend):
                 drafter = DraftModel(options.draft_model, self.native,
                                      n_ctx=n_ctx * (options.n_slots if options.kv_unified else 1),
                                      n_batch=n_batch, n_threads=n_threads,
-                                     n_gpu_layers=999 if options.n_gpu_layers else 0,
+                                     n_gpu_layers=999 if options.n_gpu_layers and not
+                                     options.workers else 0,
                                      main_gpu=options.main_gpu)
             except Exception:
                 self.native.close()

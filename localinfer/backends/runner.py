@@ -47,7 +47,7 @@ from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Gen
 from localinfer.backends.metrics import EngineStats
 from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, LocalinferError,
                                ModelLoadFailed, RunnerDied)
-from localinfer.settings import Settings
+from localinfer.settings import Settings, debug
 
 __all__ = ["BEAT_SECONDS", "RunnerBackend", "hang_seconds",
            "load_seconds", "runner_main", "warm_spare"]
@@ -406,9 +406,12 @@ class _Call:
 def _spawn() -> subprocess.Popen[bytes]:
     command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
                else [sys.executable, "-m", "localinfer.backends.runner"])
+    # when llama.cpp aborts it (a worker lost), it ends at once with a line on stderr rather
+    # than attaching a debugger for a backtrace (seconds, and pages in the server's log)
+    env = os.environ if debug() else {**os.environ, "GGML_NO_BACKTRACE": "1"}
     # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                            start_new_session=os.name == "posix")
+                            start_new_session=os.name == "posix", env=env)
 
 
 _spare: tuple[subprocess.Popen[bytes], dict[str, str]] | None = None

@@ -100,11 +100,15 @@ class Hardware:
     devices: tuple[Device, ...] = ()  # what llama.cpp itself can run on, GPUs first
     # a build whose backends load at run time (GGML_BACKEND_DL): each library, loaded or not
     backend_libraries: tuple[BackendLibrary, ...] = ()
+    # the devices of the RPC workers the head was given (backend "rpc"), numbered after the
+    # GPUs llama.cpp has here, as it numbers them once they join
+    remote: tuple[GPU, ...] = ()
 
     @property
     def usable_gpus(self) -> tuple[GPU, ...]:
-        """The GPUs this build of llama.cpp can use: none on a CPU-only build."""
-        return self.gpus if self.gpu_offload else ()
+        """The GPUs this build of llama.cpp can use (none on a CPU-only build), then the
+        workers' devices."""
+        return (self.gpus if self.gpu_offload else ()) + self.remote
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -166,16 +166,21 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
     usable = sorted(gpus, key=free_memory, reverse=True)  # the card with the most room first
+    local = [g for g in usable if g.backend != "rpc"]
     gpu = usable[0] if usable else None
     common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
 
+    if gpu is not None and not local:  # a CPU head and workers: the layers shared out
+        pooled = _pooled(shape, files, usable, ram_available, kv, compute, common)
+        if pooled is not None:
+            return pooled
     if gpu is not None:
         for quant in ranked:  # whole on the GPU with the most room; else spread over all
             weights = shape.gpu_weights(files[quant])
             parts = _gpu_parts(weights, kv, compute, gpu.backend)
             need = sum(parts.values())
-            if need <= free_memory(gpu):
+            if need <= free_memory(gpu) and gpu.backend != "rpc":  # (a worker's: shared)
                 device = Placement(_name(gpu), gpu.index, shape.n_layer + 1, **parts)
                 return Plan(quant, gpu.backend, shape.n_layer + 1, memory_bytes=need, **common,
                             parts=parts, gpu_bytes=need, placement=(device,),
@@ -226,18 +231,58 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                   f"{gib(fixed + kv)} and {gib(room)} is free — {hint}")
 
 
+def _pooled(shape: ModelShape, files: Mapping[str, int], remote: Sequence[GPU],
+            ram_available: int, kv: int, compute: int, common: dict) -> Plan | None:
+    """A CPU head with workers: the best quant whose layers the head's RAM and the workers'
+    devices hold together, each taking layers in proportion to its room. The head keeps the
+    first layers and the input embeddings (llama.cpp's order: what is not offloaded is the
+    first layers), the workers the rest. None when no quant fits the pool."""
+    total_layers = shape.n_layer + 1
+    for quant in sorted(files, key=_rank):
+        weights = shape.gpu_weights(files[quant])
+        per_layer = (weights + kv) / max(shape.n_layer, 1)
+        head_fixed = files[quant] - weights + compute  # input embeddings and a compute buffer
+        head_room = max(0.0, (ram_available - head_fixed) / 1.05 - 256 * _MIB)
+        rooms = {g: _room(g, compute) for g in remote}
+        rooms = {g: r for g, r in rooms.items() if r >= per_layer}
+        pool = head_room + sum(rooms.values())
+        if not rooms or pool < per_layer * total_layers:
+            continue
+        cpu_layers = min(shape.n_layer, int(total_layers * head_room / pool))
+        spread = None
+        while spread is None and cpu_layers <= shape.n_layer:  # rounding: one more at home
+            spread = _spread(shape, weights, kv, compute, list(rooms), total_layers - cpu_layers,
+                             alone=True)
+            cpu_layers += spread is None
+        if spread is None or cpu_layers * per_layer > head_room:
+            continue
+        on = _names(spread) if len(spread) > 1 else _name(next(iter(spread)))
+        return _plan_on(quant, spread, shape, weights, kv, compute, "rpc", common,
+                        layers=total_layers - cpu_layers,
+                        reason=f"{quant} shared by this machine's RAM ({cpu_layers} of "
+                               f"{total_layers} layers) and {on} ({total_layers - cpu_layers}), "
+                               f"in proportion to their free memory, with a "
+                               f"{common['n_ctx']}-token context")
+    return None
+
+
 def free_memory(gpu: GPU) -> int:
     """What the plan may use of a GPU: its free memory, or all of it where none is reported."""
     return gpu.free_bytes if gpu.free_bytes is not None else gpu.total_bytes
 
 
 def _name(gpu: GPU) -> str:
-    return f"GPU {gpu.index} {gpu.name}"
+    """"GPU 0 NVIDIA GeForce RTX 4090"; a worker's device: "worker 10.0.0.5:50052/CPU"."""
+    return f"worker {gpu.name}" if gpu.backend == "rpc" else f"GPU {gpu.index} {gpu.name}"
+
+
+def _label(gpu: GPU) -> str:
+    return _name(gpu) if gpu.backend == "rpc" else f"GPU {gpu.index}"
 
 
 def _names(gpus: Sequence[GPU] | Mapping[GPU, int]) -> str:
     gpus = list(gpus)
-    return gpus[0].name if len(gpus) == 1 else " + ".join(f"GPU {g.index}" for g in gpus)
+    return gpus[0].name if len(gpus) == 1 else " + ".join(_label(g) for g in gpus)
 
 
 def _room(gpu: GPU, compute: int) -> float:

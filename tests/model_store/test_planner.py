@@ -176,3 +176,69 @@ def test_layers_are_dealt_out_as_llama_cpp_deals_them():
     assert layers_per_device(32, 10, [1, 1]) == [5, 5]  # the last 10 (output layer among them)
     assert layers_per_device(32, 33, [1, 0, 1]) == [17, 0, 16]  # a GPU left out gets none
     assert sum(layers_per_device(126, 127, [1, 1, 1, 1])) == 127
+
+
+def worker(index: int, total_gib: float, free_gib: float, kind: str = "CPU") -> GPU:
+    """An RPC worker's device as service.with_workers makes it from the worker's report."""
+    return GPU("rpc", index, f"10.0.0.{5 + index}:50052/{kind}", int(total_gib * GIB),
+               int(free_gib * GIB), "rpc", "AMD EPYC")
+
+
+def test_a_cpu_head_and_two_workers_share_the_layers_by_their_free_memory():
+    # 8B at Q8_0 (8.5 GB) fits none of three 6 GiB machines; together they hold it
+    chosen = plan(LLAMA31_8B, FILES_8B, [worker(0, 8, 6), worker(1, 8, 6)], 6 * GIB,
+                  n_ctx=4096)
+    on = {p.device: p.layers for p in chosen.placement}
+    assert chosen.device == "rpc" and chosen.split_mode == "layer"
+    assert set(on) == {"worker 10.0.0.5:50052/CPU", "worker 10.0.0.6:50052/CPU", "RAM"}
+    assert sum(on.values()) == 33 and chosen.n_gpu_layers == 33 - on["RAM"]
+    # about a third each: the head keeps a little less (its compute buffer and embeddings)
+    assert all(8 <= n <= 13 for n in on.values()), on
+    assert chosen.tensor_split == pytest.approx((0.5, 0.5), abs=0.06)
+    for device in chosen.placement:  # nobody gets more than it has
+        room = 6 * GIB
+        assert device.total <= room, (device.device, device.total / GIB)
+    # a worker with twice the free memory takes at least twice the layers (each device's
+    # compute buffer comes off its room first)
+    uneven = plan(LLAMA31_8B, FILES_8B, [worker(0, 16, 12), worker(1, 8, 6)], 6 * GIB,
+                  n_ctx=4096)
+    first, second = uneven.placement[0].layers, uneven.placement[1].layers
+    assert 2 * second - 1 <= first <= 3 * second, uneven.placement
+
+
+def test_the_pool_of_a_head_and_its_workers_picks_the_quant():
+    # alone, 6 GiB of RAM takes Q4_K_M at best; with two 12 GiB workers, F16 fits the pool
+    alone = plan(LLAMA31_8B, FILES_8B, [], 6 * GIB, n_ctx=4096)
+    pooled = plan(LLAMA31_8B, FILES_8B, [worker(0, 16, 12), worker(1, 16, 12)], 6 * GIB,
+                  n_ctx=4096)
+    assert alone.quant == "Q4_K_M" and pooled.quant == "F16", pooled.reason
+    # workers too small to help: the head alone, as before
+    tiny = plan(LLAMA31_8B, FILES_8B, [worker(0, 1, 0.1)], 16 * GIB, n_ctx=4096)
+    assert tiny.device == "cpu" and tiny.n_gpu_layers == 0
+
+
+def test_a_gpu_head_keeps_a_model_that_fits_its_gpu_and_spreads_one_that_does_not():
+    card = GPU("nvidia", 0, "NVIDIA GeForce RTX 4090", 24564 * 2**20, 23552 * 2**20, "cuda")
+    remote = worker(1, 24, 23, "CUDA0")
+    fits = plan(LLAMA31_8B, FILES_8B, [card, remote], 64 * GIB, n_ctx=8192)
+    assert fits.device == "cuda" and [p.index for p in fits.placement] == [0], fits.reason
+    # a 70B-sized model: the 4090 and the worker's card together
+    big = ModelShape(n_layer=80, n_head_kv=8, head_dim_k=128, head_dim_v=128, n_vocab=128256,
+                     n_ctx_train=131072, n_embd=8192, input_embd_share=0.015)
+    files = {"Q8_0": int(75.0 * GB), "Q4_K_M": int(42.5 * GB), "IQ2_XS": int(21.1 * GB)}
+    spread = plan(big, files, [card, remote], 64 * GIB, n_ctx=4096)
+    assert spread.quant == "Q4_K_M" and spread.split_mode == "layer", spread.reason
+    assert {p.index for p in spread.placement} == {0, 1}
+    assert len(spread.tensor_split) == 2 and all(spread.tensor_split)
+
+
+def test_shares_in_llama_cpps_order_put_the_workers_first():
+    from localinfer.backends.rpc import llama_order
+
+    # two GPUs here (0, 1), a worker's two devices after them (2, 3): llama.cpp lists RPC
+    # devices first
+    assert llama_order((0.1, 0.2, 0.3, 0.4), 0, 2, 2) == ((0.3, 0.4, 0.1, 0.2), 2)
+    assert llama_order((0.0, 0.0, 1.0), 2, 2, 1) == ((1.0, 0.0, 0.0), 0)
+    assert llama_order((0.5, 0.5), 1, 0, 2) == ((0.5, 0.5), 1)  # a CPU head: as planned
+    assert llama_order((), 3, 2, 2) == ((), 1)  # one device, by main_gpu alone
+    assert llama_order((0.6, 0.4), 0, 2, 0) == ((0.6, 0.4), 0)  # no worker joined
