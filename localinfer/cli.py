@@ -278,7 +278,7 @@ def show(
                 raise
             files = list_ggufs(remote.repo)
             if not files:
-                raise LocalinferError(f"'{remote.repo}' holds no single-file GGUF model") from None
+                raise LocalinferError(f"'{remote.repo}' holds no GGUF model") from None
             info = remote_info(remote.repo, min(files, key=lambda f: f.size))
             path = f"{remote.repo} on the hub (not pulled)"
         try:

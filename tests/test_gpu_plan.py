@@ -3,8 +3,10 @@ GPU here), a draft model's memory counted."""
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 
@@ -122,6 +124,15 @@ def test_the_placement_reaches_llama_cpps_model_params():
     params, _ = model_params(31, "none", 1)
     assert params.split_mode == llama_cpp.LLAMA_SPLIT_MODE_NONE and params.main_gpu == 1
     assert not params.tensor_split  # NULL: llama.cpp's own default
+    assert not params.tensor_buft_overrides
+    # a CPU head with workers keeps the output layer: its tensors go to host memory
+    params, keep = model_params(31, "layer", 0, (0.5, 0.5), output_on_cpu=True)
+    first = keep[-1][0]
+    assert params.tensor_buft_overrides == ctypes.addressof(keep[-1])
+    assert re.match(first.pattern.decode(), "output.weight") and first.buft
+    assert re.match(first.pattern.decode(), "token_embd.weight")  # tied embeddings
+    assert not re.match(first.pattern.decode(), "blk.0.attn_q.weight")
+    assert keep[-1][1].pattern is None  # the list's end
 
 
 def test_show_plans_for_gpus_this_machine_does_not_have():

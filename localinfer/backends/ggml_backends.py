@@ -20,7 +20,8 @@ from pathlib import Path
 
 from localinfer.model_store.hardware import BackendLibrary, Device
 
-__all__ = ["BackendLibrary", "Device", "backend_libraries", "devices", "ensure_loaded",
+__all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
+           "ensure_loaded",
            "library_dir", "route_llama_log"]
 
 log = logging.getLogger("localinfer.llama_cpp")
@@ -146,6 +147,20 @@ def devices() -> tuple[Device, ...]:
             kind=_DEVICE_KINDS[kind] if 0 <= kind < len(_DEVICE_KINDS) else "other",
             free_bytes=free.value, total_bytes=total.value))
     return tuple(found)
+
+
+def cpu_buffer_type() -> int:
+    """The buffer type of host memory, as the CPU device gives it (for tensors that must stay
+    in this machine's RAM)."""
+    ensure_loaded()
+    lib = _ggml()
+    lib.ggml_backend_dev_buffer_type.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_dev_buffer_type.restype = ctypes.c_void_p
+    for index in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(index)
+        if lib.ggml_backend_dev_type(dev) == 0:  # GGML_BACKEND_DEVICE_TYPE_CPU
+            return lib.ggml_backend_dev_buffer_type(dev)
+    raise RuntimeError("llama.cpp has no CPU device")
 
 
 def _mapped_files() -> set[str] | None:

@@ -14,7 +14,7 @@ import llama_cpp
 import numpy
 
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.ggml_backends import ensure_loaded, route_llama_log
+from localinfer.backends.ggml_backends import cpu_buffer_type, ensure_loaded, route_llama_log
 from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 from localinfer.settings import KvType
@@ -29,16 +29,27 @@ _SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAM
                 "row": llama_cpp.LLAMA_SPLIT_MODE_ROW}
 
 
+class _BuftOverride(ctypes.Structure):  # llama_model_tensor_buft_override
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+# the output layer's tensors (a model with tied embeddings uses token_embd for it)
+_OUTPUT = rb"^(output|output_norm|token_embd)\.weight$"
+
+
 def model_params(n_gpu_layers: int, split_mode: str = "none", main_gpu: int = 0,
-                 tensor_split: Sequence[float] = ()) -> tuple[llama_cpp.llama_model_params, object]:
-    """llama_model_params for a placement, and the float array its tensor_split points to
-    (keep it alive until the model is loaded). Device numbers are llama.cpp's GPU order,
-    which ggml_backends makes the PCI bus order that `hw` and the planner use."""
+                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False
+                 ) -> tuple[llama_cpp.llama_model_params, object]:
+    """llama_model_params for a placement, and what its pointers point to (keep it alive
+    until the model is loaded). Device numbers are llama.cpp's GPU order, which ggml_backends
+    makes the PCI bus order that `hw` and the planner use. output_on_cpu: the output layer
+    stays in this machine's RAM, where llama.cpp would put it on the last device (a worker:
+    its logits would cross the network every token, instead of one hidden state)."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
     mparams.split_mode = _SPLIT_MODES[split_mode]
     mparams.main_gpu = main_gpu
-    split = None
+    kept: list[object] = []
     if tensor_split:
         n = llama_cpp.llama_max_devices()
         if len(tensor_split) > n:
@@ -46,7 +57,13 @@ def model_params(n_gpu_layers: int, split_mode: str = "none", main_gpu: int = 0,
                                   f"{len(tensor_split)}")
         split = (ctypes.c_float * n)(*tensor_split)
         mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
-    return mparams, split
+        kept.append(split)
+    if output_on_cpu:
+        overrides = (_BuftOverride * 2)(_BuftOverride(_OUTPUT, cpu_buffer_type()),
+                                        _BuftOverride(None, None))
+        mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
+        kept.append(overrides)
+    return mparams, kept
 
 
 class NativeModel:
@@ -56,13 +73,14 @@ class NativeModel:
                  n_threads: int, n_gpu_layers: int = 0, kv_type: KvType = KvType.F16,
                  flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0,
                  split_mode: str = "none", main_gpu: int = 0,
-                 tensor_split: Sequence[float] = ()):
+                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode."""
         route_llama_log()
         ensure_loaded()
         llama_cpp.llama_backend_init()
-        mparams, self._split = model_params(n_gpu_layers, split_mode, main_gpu, tensor_split)
+        mparams, self._kept = model_params(n_gpu_layers, split_mode, main_gpu, tensor_split,
+                                           output_on_cpu)
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ModelLoadFailed(f"llama.cpp could not load '{path}' — run with --verbose to see why")

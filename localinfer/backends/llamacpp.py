@@ -35,7 +35,7 @@ class LlamaCppBackend(Backend):
         path = str(path)
         n_ctx = options.n_ctx or default("ctx")
         n_threads = options.n_threads or default_threads()
-        split, main_gpu = options.tensor_split, options.main_gpu
+        split, main_gpu, n_local = options.tensor_split, options.main_gpu, 0
         if options.workers:  # their devices join llama.cpp's before it places the layers
             from localinfer.backends.ggml_backends import devices
             from localinfer.backends.rpc import join, llama_order
@@ -45,6 +45,9 @@ class LlamaCppBackend(Backend):
             n_local = sum(d.kind == "gpu" for d in here) or sum(d.kind == "igpu" for d in here)
             split, main_gpu = llama_order(split, main_gpu, n_local,
                                           join(options.workers, options.worker_key))
+        # a CPU head keeps the output layer: one hidden state crosses the network each token,
+        # not the logits (a GPU head's last device is its own GPU, where llama.cpp puts it)
+        output_on_cpu = bool(options.workers) and not n_local
         self.native = NativeModel(
             path,
             n_ctx_total=n_ctx * options.n_slots,
@@ -59,6 +62,7 @@ class LlamaCppBackend(Backend):
             split_mode=options.split_mode,
             main_gpu=main_gpu,
             tensor_split=split,
+            output_on_cpu=output_on_cpu,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import mmap
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ import gguf  # noqa: E402
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.planner import ModelShape
 
-__all__ = ["GGUFInfo", "quant_name", "read_gguf_header", "read_gguf_info"]
+__all__ = ["GGUFInfo", "part_paths", "quant_name", "read_gguf_header", "read_gguf_info",
+           "read_gguf_part"]
 
 _MAGIC = b"GGUF"
 
@@ -214,9 +217,55 @@ def _check_header(path: Path) -> int:
     return size
 
 
+_PART = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+def part_paths(path: Path, count: int) -> list[Path]:
+    """The parts of a split model (llama.cpp's naming: NAME-00001-of-00003.gguf), from the
+    first's path."""
+    match = _PART.match(path.name)
+    if not match or int(match["no"]) != 1 or int(match["count"]) != count:
+        raise InvalidModelFile(str(path), f"it is part of a model split in {count}, but not "
+                                          f"named as its first part (NAME-00001-of-"
+                                          f"{count:05d}.gguf) — load the first part")
+    return [path.with_name(f"{match['prefix']}-{i:05d}-of-{count:05d}.gguf")
+            for i in range(1, count + 1)]
+
+
 def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
-    """Parse the header and tensor table; reject files that are not GGUF or are cut short."""
-    path = Path(path)
+    """Parse the header and tensor table; reject files that are not GGUF or are cut short.
+    A model split in parts is read from its first: the size and weights are the whole set's,
+    and a part missing or damaged is an error naming it."""
+    info, meta = _read_part(Path(path))
+    try:
+        count = _count("split.count", meta.get("split.count"), 1) or 1
+        number = _count("split.no", meta.get("split.no"), 0)
+    except ValueError as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged ({exc})") from None
+    if count == 1:
+        return info
+    if number != 0:
+        raise InvalidModelFile(str(path), "it is not the first part of its split model — "
+                                          "load the part named -00001-of-")
+    size, n_params, separate = info.file_size, info.n_params, info.separate_output
+    for number, part in enumerate(part_paths(Path(path), count)[1:], start=2):
+        if not part.is_file():
+            raise InvalidModelFile(str(path), f"part {number} of {count}, {part.name}, is not "
+                                              f"beside it — put it there, or pull the model "
+                                              f"again")
+        other, _ = _read_part(part)
+        size, n_params = size + other.file_size, n_params + other.n_params
+        separate |= other.separate_output
+    return dataclasses.replace(info, file_size=size, n_params=n_params,
+                               separate_output=separate)
+
+
+def read_gguf_part(path: str | os.PathLike[str]) -> GGUFInfo:
+    """One file's header and tensors, whether or not it is a part of a split model."""
+    return _read_part(Path(path))[0]
+
+
+def _read_part(path: Path) -> tuple[GGUFInfo, dict[str, Any]]:
     size = _check_header(path)
     try:
         with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
@@ -229,7 +278,7 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
             f"the file is truncated: {size:,} bytes but its tensors need {header.data_end:,} "
             "— download it again",
         )
-    return _info_from_header(path, size, header)
+    return _info_from_header(path, size, header), header.meta
 
 
 # what a damaged header raises while it is read: each becomes InvalidModelFile

@@ -8,6 +8,7 @@ across runs (see `download`).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import re
@@ -36,14 +37,14 @@ from localinfer.errors import (
     ModelError,
     ModelNotFound,
 )
-from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header, read_gguf_info
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header, read_gguf_part
 from localinfer.model_store.planner import QUALITY
 
 __all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "file_sha256", "pick_file", "quant_of",
            "remote_info"]
 
 _QUANT_IN_NAME = re.compile(r"[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|F16|BF16|F32)\.gguf$", re.IGNORECASE)
-_SPLIT = re.compile(r"-\d{5}-of-\d{5}\.gguf$")
+_SPLIT = re.compile(r"-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 
 class HubError(ModelError):
@@ -52,10 +53,20 @@ class HubError(ModelError):
 
 @dataclass(frozen=True)
 class RemoteFile:
+    """A model on the hub: one GGUF file, or (`parts`) a model split in files —
+    NAME-00001-of-0000N.gguf and the rest, the hub capping a file at 50 GB — named by its
+    first part, its size the whole set's."""
+
     path: str
     size: int
     sha256: str | None
     quant: str | None
+    parts: tuple[RemoteFile, ...] = ()
+
+    @property
+    def files(self) -> tuple[RemoteFile, ...]:
+        """What to download: the one file, or every part in order."""
+        return self.parts or (self,)
 
 
 def _check_reachable() -> None:
@@ -97,17 +108,32 @@ def quant_of(filename: str) -> str | None:
 
 
 def list_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
-    """The repo's single-file GGUFs (split files are not supported yet), largest first."""
+    """The repo's GGUF models, largest first: single files, and split models whose every
+    part is there (one entry each, named by the first part)."""
     entries = _hub_call(repo, lambda: list(HfApi().list_repo_tree(repo, revision=revision,
                                                                   recursive=True)))
-    files = []
+    files, sets = [], {}
     for entry in entries:
         path = getattr(entry, "path", "")
-        if not path.lower().endswith(".gguf") or _SPLIT.search(path) or "mmproj" in path.lower():
+        if not path.lower().endswith(".gguf") or "mmproj" in path.lower():
             continue
         lfs = getattr(entry, "lfs", None)
-        files.append(RemoteFile(path, int(getattr(entry, "size", 0) or 0),
-                                getattr(lfs, "sha256", None) if lfs else None, quant_of(path)))
+        split = _SPLIT.search(path)
+        file = RemoteFile(path, int(getattr(entry, "size", 0) or 0),
+                          getattr(lfs, "sha256", None) if lfs else None,
+                          quant_of(_SPLIT.sub(".gguf", path) if split else path))
+        if split:
+            number, count = int(split["no"]), int(split["count"])
+            sets.setdefault((path[:split.start()], count), {})[number] = file
+        else:
+            files.append(file)
+    for (_, count), parts in sets.items():
+        if sorted(parts) != list(range(1, count + 1)):
+            continue  # a part missing: not a model llama.cpp can load
+        ordered = tuple(parts[n] for n in sorted(parts))
+        first = ordered[0]
+        files.append(RemoteFile(first.path, sum(p.size for p in ordered), first.sha256,
+                                first.quant, ordered))
     return sorted(files, key=lambda f: -f.size)
 
 
@@ -122,7 +148,18 @@ def pick_file(repo: str, files: Sequence[RemoteFile], quant: str) -> RemoteFile:
 
 def remote_info(repo: str, file: RemoteFile, revision: str = "main",
                 first_chunk: int = 4 * 1024 * 1024, limit: int = 64 * 1024 * 1024) -> GGUFInfo:
-    """The GGUF header of a file on the hub, read with range requests (no download)."""
+    """The GGUF header of a file on the hub, read with range requests (no download). Of a
+    split model: the first part's, with the size and weights of the whole set (each other
+    part's tensor table read too: no part's header is large)."""
+    if file.parts:
+        info = remote_info(repo, file.parts[0], revision, first_chunk,
+                           limit)
+        n_params, separate = info.n_params, info.separate_output
+        for part in file.parts[1:]:
+            other = remote_info(repo, part, revision, min(first_chunk, 256 * 1024), limit)
+            n_params, separate = n_params + other.n_params, separate or other.separate_output
+        return dataclasses.replace(info, file_size=file.size, n_params=n_params,
+                                   separate_output=separate)
     url = hf_hub_url(repo, file.path, revision=revision)
     headers = build_hf_headers()
     end = first_chunk
@@ -176,7 +213,7 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main",
             raise HubError(f"{file.path} failed its checksum (got {digest[:12]}…, the hub says "
                            f"{file.sha256[:12]}…) — it was deleted; pull again")
     try:  # what the hub holds may be anything: only a file that reads as GGUF is installed
-        read_gguf_info(partial)
+        read_gguf_part(partial)
     except InvalidModelFile as exc:
         partial.unlink(missing_ok=True)
         raise HubError(f"{file.path} from '{repo}' is not a usable GGUF file: {exc.reason} — "

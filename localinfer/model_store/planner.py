@@ -18,7 +18,7 @@ import bisect
 import itertools
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from localinfer.model_store.hardware import GPU
 from localinfer.settings import KvType
@@ -254,16 +254,33 @@ def _pooled(shape: ModelShape, files: Mapping[str, int], remote: Sequence[GPU],
             spread = _spread(shape, weights, kv, compute, list(rooms), total_layers - cpu_layers,
                              alone=True)
             cpu_layers += spread is None
-        if spread is None or cpu_layers * per_layer > head_room:
+        # (+1: the output layer stays here too: the runner keeps it off the last device)
+        if spread is None or (cpu_layers + 1) * per_layer > head_room:
             continue
         on = _names(spread) if len(spread) > 1 else _name(next(iter(spread)))
-        return _plan_on(quant, spread, shape, weights, kv, compute, "rpc", common,
-                        layers=total_layers - cpu_layers,
-                        reason=f"{quant} shared by this machine's RAM ({cpu_layers} of "
-                               f"{total_layers} layers) and {on} ({total_layers - cpu_layers}), "
-                               f"in proportion to their free memory, with a "
-                               f"{common['n_ctx']}-token context")
+        chosen = _plan_on(quant, spread, shape, weights, kv, compute, "rpc", common,
+                          layers=total_layers - cpu_layers,
+                          reason=f"{quant} shared by this machine's RAM ({cpu_layers} of "
+                                 f"{shape.n_layer} layers and the output layer) and {on} "
+                                 f"({total_layers - cpu_layers - 1}), in proportion to their "
+                                 f"free memory, with a {common['n_ctx']}-token context")
+        return _output_here(chosen, weights // total_layers)
     return None
+
+
+def _output_here(chosen: Plan, output_weights: int) -> Plan:
+    """The plan with the output layer (dealt by llama.cpp to the last device) in RAM."""
+    devices = [p for p in chosen.placement if p.index is not None]
+    last = max(devices, key=lambda p: p.index)
+    moved = []
+    for p in chosen.placement:
+        if p is last:
+            p = replace(p, layers=p.layers - 1, weights=p.weights - output_weights)
+        elif p.index is None:
+            p = replace(p, layers=p.layers + 1, weights=p.weights + output_weights)
+        moved.append(p)
+    return replace(chosen, placement=tuple(moved),
+                   gpu_bytes=chosen.gpu_bytes - output_weights)
 
 
 def free_memory(gpu: GPU) -> int:

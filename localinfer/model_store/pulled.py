@@ -37,9 +37,19 @@ class Manifest:
     size: int
     pulled_at: str
     source: str = "hub"
+    # a split model: every part's file, the first (`file`) included; empty for one file
+    parts: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parts", tuple(self.parts))  # (a list, as JSON has it)
 
     def path(self, models_dir: Path) -> Path:
+        """The file llama.cpp loads: the model's, or its first part's."""
         return models_dir / "hub" / self.repo / self.file
+
+    def paths(self, models_dir: Path) -> list[Path]:
+        """Every file of the model."""
+        return [models_dir / "hub" / self.repo / f for f in self.parts or (self.file,)]
 
 
 def _manifest_path(models_dir: Path, name: str) -> Path:
@@ -66,7 +76,7 @@ def find(models_dir: Path, name: str) -> Manifest | None:
         manifest = Manifest(**json.loads(path.read_text("utf-8")))
     except (ValueError, TypeError):
         return None
-    return manifest if manifest.path(models_dir).is_file() else None
+    return manifest if all(p.is_file() for p in manifest.paths(models_dir)) else None
 
 
 def _write(models_dir: Path, manifest: Manifest) -> None:
@@ -79,23 +89,41 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
          progress: hub.Progress | None = None) -> Manifest:
     files = hub.list_ggufs(ref.repo)
     if not files:
-        raise hub.HubError(f"'{ref.repo}' holds no single-file GGUF model")
+        raise hub.HubError(f"'{ref.repo}' holds no GGUF model")
     quant = ref.quant or choose_quant(ref, files)
     remote = hub.pick_file(ref.repo, files, quant)
-    dest = models_dir / "hub" / ref.repo / remote.path
-    dest.parent.mkdir(parents=True, exist_ok=True)
     key = hashlib.sha1(f"{ref.repo}/{remote.path}".encode()).hexdigest()[:16]
     (models_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with FileLock(models_dir / ".locks" / f"{key}.lock"):
-        if not (dest.is_file() and remote.sha256 and hub.file_sha256(dest) == remote.sha256):
-            hub.download(ref.repo, remote, dest, progress=progress)
+        # a split model's parts one after another, each verified; the manifest (what makes
+        # the model installed) only once every part is in place
+        total = sum(f.size for f in remote.files)
+        done_before = 0
+        for part in remote.files:
+            dest = models_dir / "hub" / ref.repo / part.path
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if not (dest.is_file() and part.sha256 and hub.file_sha256(dest) == part.sha256):
+                hub.download(ref.repo, part, dest, progress=_overall(progress, done_before,
+                                                                       total, remote))
+            done_before += part.size
         manifest = Manifest(
             name=ref.installed_name, repo=ref.repo, file=remote.path, quant=remote.quant,
-            sha256=remote.sha256, size=dest.stat().st_size,
+            sha256=remote.sha256,
+            size=sum((models_dir / "hub" / ref.repo / f.path).stat().st_size
+                     for f in remote.files),
             pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            parts=tuple(f.path for f in remote.parts),
         )
         _write(models_dir, manifest)
     return manifest
+
+
+def _overall(progress: hub.Progress | None, before: int, total: int,
+             remote: hub.RemoteFile) -> hub.Progress | None:
+    """A part's progress as the whole model's (bytes of the parts before it added)."""
+    if progress is None or not remote.parts:
+        return progress
+    return lambda done, _of: progress(before + done, total or None)
 
 
 def remove(models_dir: Path, name: str) -> str:
@@ -122,5 +150,6 @@ def remove(models_dir: Path, name: str) -> str:
     path.unlink()
     if manifest and not any(m.file == manifest.file and m.repo == manifest.repo
                             for m in installed(models_dir)):
-        manifest.path(models_dir).unlink(missing_ok=True)
+        for file in manifest.paths(models_dir):
+            file.unlink(missing_ok=True)
     return name

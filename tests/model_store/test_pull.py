@@ -218,7 +218,7 @@ def test_offline_mode_names_the_way_out(hub):
 
 def test_what_the_hub_does_not_have(hub):
     one_line_error(cli(hub, "pull", "hf.co/testorg/missing-repo"), "not found")
-    one_line_error(cli(hub, "pull", "hf.co/testorg/no-gguf"), "no single-file GGUF")
+    one_line_error(cli(hub, "pull", "hf.co/testorg/no-gguf"), "no GGUF model")
     one_line_error(cli(hub, "pull", f"{REF}:Q3_K_M"), "Q8_0", "Q4_K_M", "Q4_1")
     one_line_error(cli(hub, "pull", "llama3.2:9b"), "llama3.2:1b", "llama3.2:3b")
     one_line_error(cli(hub, "pull", "lama3.2"), "llama3.2")
