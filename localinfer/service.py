@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 
 from localinfer.backends.base import Backend, LoadOptions
+from localinfer.backends.workers import HEAD
 from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
@@ -122,19 +123,23 @@ def prepare(
         machine = hardware()
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
         machine = with_workers(machine, settings.workers, settings.worker_key)
+        used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, draft_bytes),
                           options.kv_type, options.n_outputs)
         options = placed(options, chosen)
-        if chosen is not None and any(p.device.startswith("worker ") for p in chosen.placement):
-            options = dataclasses.replace(options, workers=tuple(settings.workers),
-                                          worker_key=settings.worker_key)
+        if chosen is not None and any(p.remote for p in chosen.placement):
+            options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
+                                          worker_key=settings.worker_key, worker_head=HEAD)
     if chosen is not None:
         # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
         in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
-        use = {p.index: p.total for p in chosen.placement if p.index is not None}
-        use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + draft_bytes
-        prepared = Prepared(model, info, options, in_ram + chosen.memory_bytes - chosen.gpu_bytes,
-                            use)
+        # (this machine's memory only: a worker's is the worker's, and it serves one model)
+        use = {p.index: p.total for p in chosen.placement if p.index is not None
+               and not p.remote}
+        if use:  # a draft model goes on the main GPU; with workers alone, into RAM
+            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + draft_bytes
+        ram = in_ram + chosen.memory_bytes - chosen.gpu_bytes + (0 if use else draft_bytes)
+        prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
                                options.kv_type, options.n_outputs)
@@ -162,6 +167,9 @@ def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
     remote = []
     for endpoint in workers:
         info = probe(endpoint, key)
+        if info.busy and info.busy_head == HEAD:
+            log.info("worker %s holds another model of ours: planned without it", endpoint)
+            continue
         check_usable(info, *ours)
         for device in info.devices:
             remote.append(GPU(vendor="rpc", index=local_gpu_count(hw) + len(remote),

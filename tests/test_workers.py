@@ -176,6 +176,11 @@ def test_a_busy_worker_and_a_worker_lost_mid_stream_cost_one_model_not_the_serve
         client = ollama.Client(host=server.url)
         first = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 3})
         assert first.response
+        # a second model of the same server: planned without the worker its first model
+        # holds, loaded beside it (not refused as busy, nothing evicted)
+        second = client.generate(model="gemma3:270m", prompt="Hi", options={"num_predict": 3})
+        assert second.response
+        assert {m.model for m in client.ps().models} == {"smollm2:135m", "gemma3:270m"}
         # the worker serves this server's model: another head is turned away, by name
         _one_line_error(_run("run", "--workers", worker.endpoint, "-p", "hi"), "busy")
         assert probe(worker.endpoint).busy

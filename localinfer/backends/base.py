@@ -126,6 +126,7 @@ class LoadOptions:
     # tensor_split counts their devices after the GPUs here), and the key they take
     workers: tuple[str, ...] = ()
     worker_key: str | None = field(default=None, repr=False)
+    worker_head: str | None = None  # the head's id, for the workers (workers.HEAD)
 
     @classmethod
     def from_settings(cls, settings: Settings, n_ctx: int | None = None,

@@ -44,7 +44,8 @@ class LlamaCppBackend(Backend):
             here = [d for d in here if not d.backend.startswith("RPC")]
             n_local = sum(d.kind == "gpu" for d in here) or sum(d.kind == "igpu" for d in here)
             split, main_gpu = llama_order(split, main_gpu, n_local,
-                                          join(options.workers, options.worker_key))
+                                          join(options.workers, options.worker_key,
+                                               options.worker_head))
         # a CPU head keeps the output layer: one hidden state crosses the network each token,
         # not the logits (a GPU head's last device is its own GPU, where llama.cpp puts it)
         output_on_cpu = bool(options.workers) and not n_local

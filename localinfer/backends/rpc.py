@@ -237,17 +237,17 @@ def attach(endpoint: str) -> list[str]:
 _joined: dict[str, object] = {}  # endpoint → its Tunnel, for the process's life
 
 
-def join(endpoints: tuple[str, ...], key: str | None) -> int:
+def join(endpoints: tuple[str, ...], key: str | None, head: str | None = None) -> int:
     """Make the workers' devices llama.cpp's, in the order given (once per process): each is
     probed in Python first, then reached through a loopback tunnel that carries the key. How
     many devices the workers have added."""
-    from localinfer.backends.workers import Tunnel, check_usable, probe
+    from localinfer.backends.workers import HEAD, Tunnel, check_usable, probe
 
     for endpoint in endpoints:
         if endpoint in _joined:
             continue
         check_usable(probe(endpoint, key), _version(), protocol())
-        tunnel = Tunnel(endpoint, key)
+        tunnel = Tunnel(endpoint, key, head=head or HEAD)
         _joined[endpoint] = (tunnel, attach(tunnel.local))
     return sum(len(names) for _, names in _joined.values())
 

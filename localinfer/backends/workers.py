@@ -45,6 +45,9 @@ _LINE_MAX = 64 * 1024  # a preamble line longer than this is not ours
 _PREAMBLE_TIMEOUT = 5.0
 _MAX_GREETING = 16  # connections still in their preamble at once; more are dropped
 _CHUNK = 1 << 20
+# this head (a server, or a `run`): its runners' tunnels carry it, so the head can tell a
+# worker busy with one of its own models from one another head holds
+HEAD = secrets.token_hex(8)
 
 
 class WorkerUnusable(LocalinferError):
@@ -66,7 +69,8 @@ class WorkerInfo:
     version: str  # llama-cpp-python's
     protocol: str  # ggml RPC's, "7.0.0"
     devices: tuple[RemoteDevice, ...]
-    busy: str | None  # the head it is serving, if any
+    busy: str | None  # the head it is serving, if any (its address)
+    busy_head: str | None = None  # and that head's id (`HEAD` where it is this one)
 
     def to_dict(self) -> dict:
         return {"endpoint": self.endpoint, "version": self.version, "protocol": self.protocol,
@@ -167,7 +171,7 @@ def probe(endpoint: str, key: str | None = None, timeout: float = 5.0) -> Worker
                                      int(d["free_bytes"]), int(d["total_bytes"]))
                         for d in info["devices"])
         return WorkerInfo(endpoint, str(info["version"]), str(info["protocol"]), devices,
-                          info.get("busy"))
+                          info.get("busy"), info.get("busy_head"))
     except (KeyError, TypeError, ValueError):
         raise WorkerUnusable(f"worker {endpoint} sent an answer this version cannot read — "
                              f"run the same localinfer on both machines") from None
@@ -257,8 +261,10 @@ class WorkerFront:
                                       "worker's key"})
                 return
             if ask.get("want") == "info":
+                head = self._session.partition(":")[0] if self._session else None
                 _send(conn, {"info": {"version": self.version, "protocol": self.protocol,
-                                      "devices": self.devices(), "busy": self._serving}})
+                                      "devices": self.devices(), "busy": self._serving,
+                                      "busy_head": head}})
                 return
             if ask.get("want") != "relay":
                 _send(conn, {"error": "unknown request"})
@@ -296,9 +302,11 @@ class Tunnel:
     """The head's end: a loopback port ggml's RPC client connects to, each connection relayed
     to the worker with the key. Lives as long as the process (a runner's)."""
 
-    def __init__(self, endpoint: str, key: str | None, timeout: float = 10.0):
+    def __init__(self, endpoint: str, key: str | None, timeout: float = 10.0,
+                 head: str = HEAD):
         self.endpoint, self.key, self.timeout = endpoint, key, timeout
-        self.session = secrets.token_hex(16)  # ggml reconnects: the worker knows it is us
+        # ggml reconnects: the worker knows it is us; and whose runner we are
+        self.session = f"{head}:{secrets.token_hex(8)}"
         self.sock = socket.create_server(("127.0.0.1", 0))
         threading.Thread(target=self._serve, daemon=True).start()
 

@@ -80,6 +80,7 @@ class Placement:
     compute: int
     runtime: int
     margin: int
+    remote: bool = False  # an RPC worker's device: memory on another machine
 
     @property
     def total(self) -> int:
@@ -352,7 +353,7 @@ def _plan_on(quant: str, spread: dict[GPU, int], shape: ModelShape, weights: int
         share_w, share_kv = weights * n // total_layers, kv * n // total_layers
         margin = (share_w + share_kv + compute) // 20
         device = Placement(_name(gpu), gpu.index, n, share_w, share_kv, compute,
-                           runtime_overhead(gpu.backend), margin)
+                           runtime_overhead(gpu.backend), margin, remote=gpu.backend == "rpc")
         placement.append(device)
         on_gpu += device.total
     n_gpu_layers = total_layers if layers is None else layers
