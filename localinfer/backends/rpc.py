@@ -62,8 +62,18 @@ def _folder() -> Path:
 
 
 def built() -> Build | None:
-    """The RPC backend built for this llama.cpp, None until one is."""
-    folder = _folder()
+    """The RPC backend built for this llama.cpp, None until one is: the one a packaged app
+    carries (built when it was packaged: a bundle has neither pip nor a compiler), else the
+    one in the cache folder."""
+    bundled = getattr(sys, "_MEIPASS", None)
+    for folder in ([Path(bundled) / "localinfer_rpc"] if bundled else []) + [_folder()]:
+        found = _built_in(folder)
+        if found:
+            return found
+    return None
+
+
+def _built_in(folder: Path) -> Build | None:
     try:
         facts = json.loads((folder / "build.json").read_text())
     except (OSError, ValueError):
