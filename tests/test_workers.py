@@ -228,3 +228,18 @@ def test_workers_and_their_key_are_settings(monkeypatch):
         Settings.read()
     assert parse_endpoint("[::1]:7000") == ("::1", 7000)
     assert parse_endpoint("gpu-box") == ("gpu-box", 50052)
+
+
+def test_a_packaged_app_finds_the_rpc_backend_it_carries(tmp_path, monkeypatch):
+    from localinfer.backends import rpc as backend
+
+    carried = tmp_path / "localinfer_rpc"
+    carried.mkdir()
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    monkeypatch.setattr(backend, "_folder", lambda: tmp_path / "cache-empty")
+    assert backend.built() is None  # nothing carried, nothing built
+    (carried / backend._LIB).write_bytes(b"\x7fELF")
+    (carried / "build.json").write_text(json.dumps({"protocol": "7.0.0"}))
+    found = backend.built()
+    assert found is not None and found.library == carried / backend._LIB
+    assert found.protocol == "7.0.0"
