@@ -88,6 +88,9 @@ def library() -> Build:
     found = built()
     if found:
         return found
+    if sys.platform == "win32":
+        raise RpcUnavailable("RPC workers are not built on Windows yet — run the worker and "
+                             "the head on Linux or macOS")
     folder = _folder()
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder / ".lock")):
@@ -112,11 +115,14 @@ def status() -> dict:
         return {"built": True, "protocol": found.protocol, "library": str(found.library),
                 "summary": f"yes, RPC {found.protocol} (`localinfer worker` serves this "
                            f"machine; --workers uses others)"}
-    compiler = _compiler()
-    return {"built": False, "protocol": None, "library": None,
-            "summary": "built on first use of `localinfer worker` or --workers (a few seconds)"
-            if compiler else "no: building llama.cpp's RPC backend needs a C++ compiler "
-                             "(Debian: apt install g++)"}
+    if sys.platform == "win32":
+        summary = "no: not built on Windows yet"
+    elif _compiler():
+        summary = "built on first use of `localinfer worker` or --workers (a few seconds)"
+    else:
+        summary = "no: building llama.cpp's RPC backend needs a C++ compiler (Debian: apt " \
+                  "install g++)"
+    return {"built": False, "protocol": None, "library": None, "summary": summary}
 
 
 def _compiler() -> str | None:

@@ -247,7 +247,7 @@ class WorkerFront:
             threading.Thread(target=self._handle, args=(conn, peer), daemon=True).start()
 
     def _handle(self, conn: socket.socket, peer: tuple) -> None:
-        relaying = False
+        relaying, greeting = False, True
         try:
             conn.settimeout(_PREAMBLE_TIMEOUT)
             nonce = secrets.token_hex(16)
@@ -274,7 +274,7 @@ class WorkerFront:
                 busy = self._serving is not None and self._session != session
                 if not busy:
                     if self._serving is None:
-                        self._serving, self._session = f"{peer[0]}:{peer[1]}", session
+                        self._serving, self._session = f"the head at {peer[0]}", session
                     self._connections += 1
             if busy:
                 _send(conn, {"error": f"busy serving {self._serving} — a worker serves one "
@@ -283,7 +283,8 @@ class WorkerFront:
             relaying = True
             ggml = socket.create_connection(("127.0.0.1", self.ggml_port), timeout=10)
             _send(conn, {"relay": True})
-            self._greeting.release()
+            greeting = False
+            self._greeting.release()  # past its preamble: no longer counted as greeting
             _relay(conn, ggml, bytes(buffer))
         except (OSError, ValueError, ConnectionError):
             pass
@@ -293,7 +294,7 @@ class WorkerFront:
                     self._connections -= 1
                     if not self._connections:
                         self._serving = self._session = None
-            else:
+            if greeting:
                 self._greeting.release()
             conn.close()
 
