@@ -11,6 +11,7 @@ died is loaded again by its next request, through the same check.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import logging
 import re
@@ -160,11 +161,13 @@ class ModelPool:
 
     # ------------------------------------------------------------------ use
     @contextlib.asynccontextmanager
-    async def use(self, ref: str | None, keep_alive: str | float | None = None
-                  ) -> AsyncIterator[LoadedModel]:
-        """The loaded model for `ref`, kept loaded while the block runs."""
+    async def use(self, ref: str | None, keep_alive: str | float | None = None,
+                  n_ctx: int | None = None) -> AsyncIterator[LoadedModel]:
+        """The loaded model for `ref`, kept loaded while the block runs. n_ctx: the context
+        per request a client asks for (Ollama's num_ctx): a model loaded with another is
+        loaded again with it once its requests are done, as Ollama does."""
         seconds = parse_keep_alive(keep_alive, self.default_keep_alive)  # bad value: fail first
-        model = await self.get(ref)
+        model = await self.get(ref, n_ctx=n_ctx)
         model.active += 1
         try:
             yield model
@@ -198,11 +201,22 @@ class ModelPool:
         resolved = self._resolve(ref)
         return resolved, read_gguf_info(resolved.path)
 
-    async def get(self, ref: str | None, prepared: Prepared | None = None) -> LoadedModel:
+    async def get(self, ref: str | None, prepared: Prepared | None = None,
+                  n_ctx: int | None = None) -> LoadedModel:
         """The loaded model for `ref`, loading it if need be. prepared: its plan, when the
-        caller has just made it (`plan`), not to read the header twice."""
+        caller has just made it (`plan`), not to read the header twice. n_ctx: as `use`."""
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
+        if known is not None and n_ctx and not known.backend.ended:
+            wanted = min(n_ctx, known.info.n_ctx_train or n_ctx)
+            if known.options.n_ctx != wanted:
+                while known.active and not known.backend.ended:  # its requests finish first
+                    await asyncio.sleep(0.05)
+                if self._loaded.get(known.name) is known:
+                    log.info("%s: loading again with a %d-token context", known.name, wanted)
+                    await self.unload(known.name)
+                known = None
+                prepared = prepared or await self.plan(ref, wanted)
         if known is not None and known.backend.ended:
             # its runner died and freed its memory, which another load may have taken since
             log.info("the runner of %s has ended; loading it again", known.name)
@@ -211,7 +225,7 @@ class ModelPool:
             known.last_used, known.claimed = time.monotonic(), True
             return known
         planned_at = self._changes
-        prepared = prepared or await self.plan(ref)
+        prepared = prepared or await self.plan(ref, n_ctx)
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
@@ -228,7 +242,7 @@ class ModelPool:
         model.claimed = True  # (use() marks it busy before anything else runs)
         return model
 
-    async def plan(self, ref: str | None) -> Prepared:
+    async def plan(self, ref: str | None, n_ctx: int | None = None) -> Prepared:
         """The fit check for `ref` beside the loaded models, loading nothing. Planned first
         beside every loaded model; where that puts fewer layers on the GPUs than planning
         as if the idle ones were gone (the least recently used then go first to make room),
@@ -240,13 +254,17 @@ class ModelPool:
 
         def planned() -> Prepared:
             warm_runner(self._factory)  # a load may follow: its runner starts meanwhile
-            evicting = prepare(target, self.options, self.settings,
+            options = self.options
+            if n_ctx:  # asked by the client: within what the model was trained on (Ollama)
+                trained = self.describe(ref)[1].n_ctx_train
+                options = dataclasses.replace(options, n_ctx=min(n_ctx, trained or n_ctx))
+            evicting = prepare(target, options, self.settings,
                                lambda: self._available() + idle_ram, allow_paths,
                                lambda: less_gpu_memory(self.hardware(), busy_gpu))
             if all_gpu == busy_gpu or not evicting.options.n_gpu_layers:
                 return evicting  # no idle model holds a GPU, or none is used: the same plan
             try:  # beside them all: another card may have the room
-                beside = prepare(target, self.options, self.settings, self._available,
+                beside = prepare(target, options, self.settings, self._available,
                                  allow_paths, lambda: less_gpu_memory(self.hardware(), all_gpu))
             except ContextTooLarge:  # not without unloading
                 return evicting
@@ -260,7 +278,7 @@ class ModelPool:
         try:
             async with self._turn:  # two loads checked at once would both find the same room
                 if self._changes != planned_at:  # planned beside models since (un)loaded
-                    prepared = await self.plan(ref)
+                    prepared = await self.plan(ref, prepared.options.n_ctx)
                 await self._make_room(prepared)
                 started = time.monotonic()
                 backend = await asyncio.to_thread(self._start_copies, prepared,

@@ -99,6 +99,7 @@ async def start(
     keep_alive: str | float | None = None,
     tools: ToolSpec | None = None,
     plain_without_template: bool = False,
+    n_ctx: int | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -109,7 +110,8 @@ async def start(
     stack = contextlib.AsyncExitStack()
     try:
         was_loaded = {m.name for m in pool.loaded()}
-        loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive))
+        loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive,
+                                                          n_ctx))
         backend = loaded.backend
         if max_tokens_too_big(params, loaded):
             raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "

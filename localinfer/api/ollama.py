@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
@@ -55,6 +56,8 @@ class Options(core.Lenient):
     num_predict: Optional[int] = Field(None, ge=-2)
     num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None
+    # the context per request: the model is loaded again with it where it differs (Ollama)
+    num_ctx: Optional[int] = Field(None, ge=16, le=1 << 24)
 
 
     def params(self, grammar: str | None) -> SamplingParams:
@@ -128,6 +131,7 @@ class EmbedRequest(core.Lenient):
     input: Union[str, list[str], None] = None
     prompt: Optional[str] = None  # /api/embeddings, the older route
     keep_alive: Union[str, float, None] = None
+    options: Optional[Options] = None  # (num_ctx is what counts here)
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -183,7 +187,8 @@ async def _load_only(request: Request, body: _Base, key: str) -> dict[str, Any]:
         await pool.unload(name)
         reason = "unload"
     else:
-        async with pool.use(core.check_model_name(body.model), body.keep_alive) as loaded:
+        async with pool.use(core.check_model_name(body.model), body.keep_alive,
+                            body.options.num_ctx) as loaded:
             name = loaded.name
     empty: Any = {"role": "assistant", "content": ""} if key == "message" else ""
     return {"model": name, "created_at": _now(), key: empty, "done": True,
@@ -249,7 +254,8 @@ async def chat(body: ChatRequest, request: Request):
                 for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
-                           messages=messages, keep_alive=body.keep_alive, tools=tools)
+                           messages=messages, keep_alive=body.keep_alive, tools=tools,
+                           n_ctx=body.options.num_ctx)
     return await _respond(job, body, "message")
 
 
@@ -262,12 +268,13 @@ async def generate(body: GenerateRequest, request: Request):
     pool = request.app.state.pool
     if body.raw:
         job = await core.start(pool, body.model, params, prompt=body.prompt,
-                               keep_alive=body.keep_alive)
+                               keep_alive=body.keep_alive, n_ctx=body.options.num_ctx)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
-                               keep_alive=body.keep_alive, plain_without_template=True)
+                               keep_alive=body.keep_alive, plain_without_template=True,
+                               n_ctx=body.options.num_ctx)
     return await _respond(job, body, "response")
 
 
@@ -322,9 +329,25 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
             f"{info.architecture}.attention.head_count": info.n_head,
             f"{info.architecture}.attention.head_count_kv": info.n_head_kv,
         },
-        "capabilities": ["completion", "tools", "embedding"],
+        "capabilities": capabilities(info),
         "modified_at": _now(),
     }
+
+
+_TOOLS_IN_TEMPLATE = re.compile(r"\btools\b")
+
+
+def capabilities(info: GGUFInfo) -> list[str]:
+    """What a model can do here, in Ollama's words: an embedding model embeds; any other
+    completes, and takes tools where its own chat template writes them (a template that
+    knows no tools gets them only through a generic instruction). Not yet: thinking,
+    vision, insert (fill-in-the-middle)."""
+    if info.embedding:
+        return ["embedding"]
+    found = ["completion"]
+    if info.chat_template and _TOOLS_IN_TEMPLATE.search(info.chat_template):
+        found.append("tools")
+    return found
 
 
 def _ps_entry(m: LoadedModel, sha256: str) -> dict[str, Any]:
@@ -428,7 +451,8 @@ async def embeddings(body: EmbedRequest, request: Request) -> dict[str, Any]:
 
 async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
     pool = request.app.state.pool
-    async with pool.use(core.check_model_name(body.model), body.keep_alive) as loaded:
+    async with pool.use(core.check_model_name(body.model), body.keep_alive,
+                        body.options.num_ctx if body.options else None) as loaded:
         vectors, n_tokens = [], 0
         for text in inputs:
             try:

@@ -47,6 +47,8 @@ class GGUFInfo:
     n_embd: int = 0
     n_params: int = 0
     separate_output: bool = False
+    # an embedding model: a pooling type in its header (BERT's kin, Qwen3-Embedding, …)
+    embedding: bool = False
 
     def shape(self) -> ModelShape:
         """What the fit planner needs to know of the model."""
@@ -75,6 +77,9 @@ _SCALARS = {
     gguf.GGUFValueType.UINT64: "<Q", gguf.GGUFValueType.INT64: "<q",
     gguf.GGUFValueType.FLOAT64: "<d",
 }
+# architectures that only embed (llama.cpp's encoder-only ones)
+_ENCODERS = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
+             "modern-bert", "neo-bert", "eurobert"}
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
 _MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
 _MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more
@@ -343,4 +348,5 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         n_embd=n_embd,
         n_params=header.n_params,
         separate_output=header.separate_output,
+        embedding=bool(get("pooling_type", 0)) or arch in _ENCODERS,
     )

@@ -1,0 +1,82 @@
+"""What the Ollama API says of a model through the unmodified `ollama` client: its
+capabilities as they are, and the context a request asks for (num_ctx) honoured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import ollama
+import pytest
+
+from .conftest import start_server, stop_server
+
+TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
+                  "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                  "{% endfor %}")
+
+
+def _install(home: Path, name: str, arch: str, template: str | None,
+             extra: dict | None = None) -> str:
+    """A pulled model of one small tensor with this header (describing a model reads only
+    its header: it is never loaded here)."""
+    repo = f"testorg/{name}"
+    folder = home / "models" / "hub" / repo
+    folder.mkdir(parents=True)
+    path = folder / f"{name}-Q8_0.gguf"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_context_length(512)
+    writer.add_embedding_length(32)
+    writer.add_head_count(2)
+    writer.add_token_list([f"t{i}" for i in range(8)])
+    if template:
+        writer.add_chat_template(template)
+    for key, value in (extra or {}).items():
+        writer.add_uint32(key, value)
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    manifests = home / "models" / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    installed = f"hf.co/{repo}:Q8_0"
+    (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
+        json.dumps({"name": installed, "repo": repo, "file": path.name, "quant": "Q8_0",
+                    "sha256": None, "size": path.stat().st_size,
+                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
+    return installed
+
+
+@pytest.mark.slow
+def test_capabilities_say_what_each_model_does_and_num_ctx_reloads_it(tmp_path):
+    home = tmp_path / "home"
+    with_tools = _install(home, "chat-with-tools", "llama", TOOLS_TEMPLATE)
+    embedder = _install(home, "embedder", "bert", None, {"bert.pooling_type": 1})
+    server = start_server(home, "--model", "smollm2:135m", "--ctx", "256", "--parallel", "1")
+    try:
+        client = ollama.Client(host=server.url)
+        # smollm2's template knows no tools; gemma3's neither; a template that writes them
+        assert client.show("smollm2:135m").capabilities == ["completion"]
+        assert client.show("gemma3:270m").capabilities == ["completion"]
+        assert client.show(with_tools).capabilities == ["completion", "tools"]
+        assert client.show(embedder).capabilities == ["embedding"]
+
+        long = "Tell me about the sea. " * 120  # ~700 tokens: more than 256
+        with pytest.raises(ollama.ResponseError, match="256"):
+            client.generate(model="smollm2:135m", prompt=long, options={"num_predict": 2})
+        reply = client.generate(model="smollm2:135m", prompt=long,
+                                options={"num_predict": 2, "num_ctx": 1024})
+        assert reply.prompt_eval_count > 256 and reply.eval_count >= 1
+        assert [m.context_length for m in client.ps().models] == [1024]
+        # beyond what the model was trained on: what it was trained on (as Ollama)
+        client.generate(model="smollm2:135m", prompt="Hi",
+                        options={"num_predict": 1, "num_ctx": 1 << 20})
+        assert [m.context_length for m in client.ps().models] == [8192]
+        client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 1})
+        assert [m.context_length for m in client.ps().models] == [8192]  # none asked: kept
+    finally:
+        stop_server(server)
