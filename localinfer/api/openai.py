@@ -65,7 +65,13 @@ class _Sampling(core.Lenient):
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: Optional[dict[str, float]] = None
 
+    def asks_logprobs(self) -> bool:
+        return False
+
     def params(self, max_tokens: int | None, grammar: str | None = None) -> SamplingParams:
+        if self.asks_logprobs():  # refused, never dropped: a client reading them would break
+            raise ApiError(400, "logprobs are not returned by this server yet — leave out "
+                                "logprobs and top_logprobs")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         bias = {}
         for token, value in (self.logit_bias or {}).items():
@@ -85,12 +91,21 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+    def asks_logprobs(self) -> bool:
+        return bool(self.logprobs or self.top_logprobs)
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int]]
     max_tokens: Optional[int] = Field(16, ge=1)  # the completions API's own default
     echo: bool = False
+    logprobs: Optional[int] = Field(None, ge=0, le=5)  # 0: the chosen tokens' alone
+
+    def asks_logprobs(self) -> bool:
+        return self.logprobs is not None
 
 
 class EmbeddingRequest(core.Lenient):

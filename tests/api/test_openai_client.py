@@ -182,3 +182,15 @@ def test_unknown_model_is_404_with_suggestion(client):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="smolm2", messages=QUESTION)
     assert "smollm2" in str(err.value)
+
+
+def test_logprobs_are_refused_with_a_400_not_dropped(client):
+    """A client that asks for logprobs and reads them must hear it gets none."""
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.chat.completions.create(model="smollm2:135m", messages=QUESTION, max_tokens=2,
+                                       logprobs=True, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model="smollm2:135m", prompt="Hi", max_tokens=2, logprobs=0)
+    plain = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                           max_tokens=2, logprobs=False)
+    assert plain.choices[0].message.content is not None
