@@ -58,6 +58,7 @@ class Job:
     tools: ToolSpec | None = None
     _release: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     stats: RequestStats | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
 
     async def events(self) -> AsyncIterator[Event]:
         finished = False
@@ -100,6 +101,7 @@ async def start(
     tools: ToolSpec | None = None,
     plain_without_template: bool = False,
     n_ctx: int | None = None,
+    context: Sequence[int] | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -121,21 +123,24 @@ async def start(
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
         # templating and tokenizing a long body takes seconds, and a runner answers over its
         # pipe: off the loop, which keeps serving every other stream meanwhile
-        n_prompt, generation = await _queue(backend, params, messages, prompt, tools)
+        prompt_ids, generation = await _queue(backend, params, messages, prompt, tools,
+                                              context)
     except BaseException:
         await stack.aclose()
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
-    return Job(loaded, generation, n_prompt, began, load, tools, stack)
+    return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
+               prompt_ids=prompt_ids)
 
 
 async def _queue(backend: Backend, params: SamplingParams,
                  messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
-                 tools: ToolSpec | None) -> tuple[int, Generation]:
-    """The prompt's length in tokens, and the request queued with it, in one trip off the
+                 tools: ToolSpec | None, context: Sequence[int] | None = None
+                 ) -> tuple[list[int], Generation]:
+    """The prompt's tokens, and the request queued with it, in one trip off the
     loop. A caller cancelled meanwhile (a client gone) cancels the request once queued."""
     queued = asyncio.get_running_loop().run_in_executor(
-        _STARTS, _start, backend, params, messages, prompt, tools)
+        _STARTS, _start, backend, params, messages, prompt, tools, context)
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
@@ -149,17 +154,25 @@ async def _queue(backend: Backend, params: SamplingParams,
 _STARTS = ThreadPoolExecutor(64, thread_name_prefix="localinfer-start")
 
 
-def _cancel_queued(queued: asyncio.Future[tuple[int, Generation]]) -> None:
+def _cancel_queued(queued: asyncio.Future[tuple[list[int], Generation]]) -> None:
     if not queued.cancelled() and queued.exception() is None:
         queued.result()[1].cancel()
 
 
 def _start(backend: Backend, params: SamplingParams,
            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
-           tools: ToolSpec | None) -> tuple[int, Generation]:
+           tools: ToolSpec | None, context: Sequence[int] | None = None
+           ) -> tuple[list[int], Generation]:
     _refuse_by_size(backend, messages, prompt)
     if messages is not None and tools is not None:
         messages, params = tools.prepare(messages, params)
+    if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
+        # new text goes on after it without a beginning-of-text token
+        text = backend.apply_chat_template(messages) if messages is not None else prompt
+        more = (backend.tokenize(text, add_special=False) if isinstance(text, str)
+                else list(text or ()))
+        tokens = [*context, *more]
+        return tokens, backend.generate(tokens, params)
     return backend.start(params, messages, prompt)
 
 

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -112,6 +112,8 @@ class GenerateRequest(_Base):
     system: Optional[str] = None
     raw: bool = False
     images: Optional[list[str]] = None
+    # the conversation so far, as the `context` of a previous reply returned it: tokens
+    context: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, max_length=1 << 20)
 
 
 class NameRequest(core.Lenient):
@@ -198,6 +200,7 @@ async def _load_only(request: Request, body: _Base, key: str) -> dict[str, Any]:
 async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, Any]]:
     """The reply as Ollama streams it: a line per piece, then the line with the numbers."""
     held: list[str] = []
+    reply_ids: list[int] = []
     async for event in job.events():
         if isinstance(event, ErrorEvent):
             yield {"error": str(event.error)}
@@ -205,6 +208,8 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
         if isinstance(event, DoneEvent):
             observe(job, event.stats)
             final = {"model": job.model.name, "created_at": _now(), **_final(job, event.stats)}
+            if key == "response":  # the conversation as tokens, to send back as `context`
+                final["context"] = [*job.prompt_ids, *reply_ids]
             if key == "message":
                 message: dict[str, Any] = {"role": "assistant", "content": ""}
                 calls = job.tools.parse("".join(held)) if job.tools else []
@@ -218,6 +223,7 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
                 final["response"] = ""
             yield final
             return
+        reply_ids.append(event.token)
         if job.tools:  # may be a tool call: hold the text until the end
             held.append(event.text)
             continue
@@ -268,13 +274,14 @@ async def generate(body: GenerateRequest, request: Request):
     pool = request.app.state.pool
     if body.raw:
         job = await core.start(pool, body.model, params, prompt=body.prompt,
-                               keep_alive=body.keep_alive, n_ctx=body.options.num_ctx)
+                               keep_alive=body.keep_alive, n_ctx=body.options.num_ctx,
+                               context=body.context)
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
                                keep_alive=body.keep_alive, plain_without_template=True,
-                               n_ctx=body.options.num_ctx)
+                               n_ctx=body.options.num_ctx, context=body.context)
     return await _respond(job, body, "response")
 
 

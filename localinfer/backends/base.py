@@ -387,11 +387,11 @@ class Backend(ABC):
         return self.tokenize(prompt) if isinstance(prompt, str) else list(prompt or ())
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[int, Generation]:
-        """Template, tokens and queue in one (one trip to a runner): the prompt's length in
-        tokens and the running request."""
+              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
+        """Template, tokens and queue in one (one trip to a runner): the prompt's tokens and
+        the running request."""
         tokens = self.start_tokens(messages, prompt)
-        return len(tokens), self.generate(tokens, params)
+        return tokens, self.generate(tokens, params)
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams) -> Generation:
         return self.start(params, messages)[1]

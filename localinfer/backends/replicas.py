@@ -50,7 +50,7 @@ class Replicas(Backend):
 
     # ---------------------------------------------------------------- requests: spread
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[int, Generation]:
+              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
         with self._least_busy() as member:
             return member.start(params, messages, prompt)
 

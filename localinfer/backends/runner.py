@@ -300,7 +300,7 @@ class _Runner:
                 params, messages, prompt = args
                 tokens = self.backend.start_tokens(messages, prompt)
                 self._generate(rid, tokens, params)
-                value = len(tokens)
+                value = tokens
             else:
                 value = getattr(self.backend, method)(*args, **kwargs)
             reply = ("reply", rid, True, value)
@@ -790,7 +790,7 @@ class RunnerBackend(Backend):
         return self._runner().generate("generate", (tokens, params))[1]
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[int, Generation]:
+              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
         if messages is not None:
             messages = [dict(m) for m in messages]
         elif prompt is not None and not isinstance(prompt, str):

@@ -198,3 +198,24 @@ def test_an_embedded_model_not_unpacked_yet_is_listed_with_its_size(tmp_path):
         assert not list((tmp_path / "home").rglob("*.gguf"))  # listed, not unpacked
     finally:
         stop_server(srv)
+
+
+def test_generate_returns_its_context_and_takes_it_back(client):
+    """/api/generate gives the conversation as tokens (`context`); sent back, the next prompt
+    continues it (a client such as llm-ollama keeps a conversation this way)."""
+    first = client.generate(model="smollm2:135m", prompt="My name is Ada.", options=GREEDY)
+    n_prompt = first.prompt_eval_count
+    assert len(first.context) == n_prompt + first.eval_count
+    follow = client.generate(model="smollm2:135m", prompt="What is my name?",
+                             context=first.context, options=GREEDY)
+    # the new prompt is the old conversation plus the new turn's tokens
+    assert follow.prompt_eval_count > len(first.context)
+    assert follow.context[:len(first.context)] == first.context
+    streamed = list(client.generate(model="smollm2:135m", prompt="My name is Ada.",
+                                    options=GREEDY, stream=True))
+    last = streamed[-1]  # (the reply may differ by a near-tie: the prompt is cached now)
+    assert last.done and last.context[:n_prompt] == first.context[:n_prompt]
+    assert len(last.context) == n_prompt + last.eval_count
+    assert not any(p.context for p in streamed[:-1])
+    with pytest.raises(ollama.ResponseError, match="vocabulary"):
+        client.generate(model="smollm2:135m", prompt="Hi", context=[10**7], options=GREEDY)
