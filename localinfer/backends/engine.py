@@ -343,6 +343,7 @@ class Engine:
         if text:
             task.generation.put(TokenEvent(text, token))
         if slot.stop.stopped:
+            task.stats.stop_string = slot.stop.matched
             return self._finish(slot, "stop")
         max_tokens = task.params.max_tokens
         if max_tokens is not None and task.stats.generated_tokens >= max_tokens:

@@ -40,6 +40,7 @@ class RequestStats:
     # times its KV was dropped to make room for older requests in a shared (unified) cache,
     # and rebuilt from its tokens when cells came free
     preemptions: int = 0
+    stop_string: str | None = None  # the request's stop string that ended the reply
 
     @property
     def acceptance_rate(self) -> float | None:

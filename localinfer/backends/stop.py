@@ -18,6 +18,7 @@ class StopMatcher:
         self._stops = [s for s in stops if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string found
 
     def feed(self, piece: str) -> str:
         if self.stopped:
@@ -25,9 +26,11 @@ class StopMatcher:
         if not self._stops:
             return piece
         text = self._held + piece
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
+        found = [(i, s) for s in self._stops if (i := text.find(s)) >= 0]
+        cut = min(found)[0] if found else -1
         if cut >= 0:
             self.stopped = True
+            self.matched = min(found)[1]
             self._held = ""
             return text[:cut]
         keep = self._longest_partial_suffix(text)
