@@ -58,10 +58,20 @@ def is_openai(request: Request) -> bool:
     return request.url.path.startswith("/v1/")
 
 
+# Anthropic's error types by status (its clients raise by status and show the message)
+_ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error",
+              403: "permission_error", 404: "not_found_error", 413: "request_too_large",
+              429: "rate_limit_error", 503: "overloaded_error"}
+
+
 def error_response(request: Request, status: int, message: str,
                    kind: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI: {"error": {"message", "type", ...}}; Ollama and the rest: {"error": "..."}."""
-    if is_openai(request):
+    """OpenAI: {"error": {"message", "type", ...}}; Anthropic (/v1/messages): {"type":
+    "error", "error": {"type", "message"}}; Ollama and the rest: {"error": "..."}."""
+    if request.url.path == "/v1/messages":
+        body = {"type": "error", "error": {"type": _ANTHROPIC.get(status, "api_error"),
+                                           "message": message}}
+    elif is_openai(request):
         body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     else:
         body = {"error": message}

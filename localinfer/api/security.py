@@ -134,7 +134,11 @@ class Guard:
                          f"server with --allow-origin {origin[:100]} to let that site use it")
         if self.api_key and not _open(scope["path"]):
             given = headers.get("authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode()):
+            # (Anthropic's clients send theirs as x-api-key)
+            keyed = headers.get("x-api-key")
+            if not (hmac.compare_digest(given.encode(), f"Bearer {self.api_key}".encode())
+                    or keyed is not None and hmac.compare_digest(keyed.encode(),
+                                                                 self.api_key.encode())):
                 return 401, "missing or wrong API key — send 'Authorization: Bearer <key>'"
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_body:
@@ -187,9 +191,11 @@ def _read_as_json(scope: Scope) -> None:
 
 
 async def _reply(scope: Scope, send: Send, status: int, message: str) -> None:
-    if scope["path"].startswith("/v1/"):
-        kind = {401: "authentication_error", 403: "permission_error"}.get(status,
-                                                                          "invalid_request_error")
+    kind = {401: "authentication_error", 403: "permission_error",
+            413: "request_too_large"}.get(status, "invalid_request_error")
+    if scope["path"] == "/v1/messages":  # Anthropic's shape
+        body = {"type": "error", "error": {"type": kind, "message": message}}
+    elif scope["path"].startswith("/v1/"):
         body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
     else:
         body = {"error": message}
