@@ -239,6 +239,9 @@ def test_a_packaged_app_finds_the_rpc_backend_it_carries(tmp_path, monkeypatch):
     monkeypatch.setattr(backend, "_folder", lambda: tmp_path / "cache-empty")
     assert backend.built() is None  # nothing carried, nothing built
     (carried / backend._LIB).write_bytes(b"\x7fELF")
+    (carried / "build.json").write_text("[]")  # damaged: as if none
+    assert backend.built() is None
+    (carried / backend._LIB).write_bytes(b"\x7fELF")
     (carried / "build.json").write_text(json.dumps({"protocol": "7.0.0"}))
     found = backend.built()
     assert found is not None and found.library == carried / backend._LIB

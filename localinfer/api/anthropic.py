@@ -96,7 +96,7 @@ async def messages(body: MessagesRequest, request: Request):
                            messages=_messages(body))
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
-        return StreamingResponse(_stream(job, body, message_id), media_type="text/event-stream")
+        return StreamingResponse(_stream(job, message_id), media_type="text/event-stream")
     text, stats = await job.collect()
     observe(job, stats)
     reason, sequence = _stop(stats)
@@ -109,7 +109,7 @@ def _event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
 
-async def _stream(job: core.Job, body: MessagesRequest, message_id: str) -> AsyncIterator[str]:
+async def _stream(job: core.Job, message_id: str) -> AsyncIterator[str]:
     """Anthropic's events: message_start, a text block's start, deltas and stop, then
     message_delta (stop reason, usage) and message_stop; an error mid-stream is an `error`
     event."""

@@ -75,11 +75,11 @@ def built() -> Build | None:
 
 def _built_in(folder: Path) -> Build | None:
     try:
-        facts = json.loads((folder / "build.json").read_text())
-    except (OSError, ValueError):
+        protocol = str(json.loads((folder / "build.json").read_text())["protocol"])
+    except (OSError, ValueError, KeyError, TypeError):  # none, or damaged: built again
         return None
     library = folder / _LIB
-    return Build(library, facts["protocol"]) if library.is_file() else None
+    return Build(library, protocol) if library.is_file() else None
 
 
 def library() -> Build:
