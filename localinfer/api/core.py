@@ -168,6 +168,8 @@ def _start(backend: Backend, params: SamplingParams,
         messages, params = tools.prepare(messages, params)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token
+        if len(context) >= backend.info.n_ctx:  # (before a long list crosses to the runner)
+            raise PromptTooLong(len(context), backend.info.n_ctx)
         text = backend.apply_chat_template(messages) if messages is not None else prompt
         more = (backend.tokenize(text, add_special=False) if isinstance(text, str)
                 else list(text or ()))

@@ -223,7 +223,8 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
                 final["response"] = ""
             yield final
             return
-        reply_ids.append(event.token)
+        if event.token >= 0:  # (-1: text held back and let go at the end, no token of its own)
+            reply_ids.append(event.token)
         if job.tools:  # may be a tool call: hold the text until the end
             held.append(event.text)
             continue

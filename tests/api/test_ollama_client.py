@@ -219,3 +219,6 @@ def test_generate_returns_its_context_and_takes_it_back(client):
     assert not any(p.context for p in streamed[:-1])
     with pytest.raises(ollama.ResponseError, match="vocabulary"):
         client.generate(model="smollm2:135m", prompt="Hi", context=[10**7], options=GREEDY)
+    with pytest.raises(ollama.ResponseError) as too_long:  # the server's slots hold 512
+        client.generate(model="smollm2:135m", prompt="Hi", context=[1] * 600, options=GREEDY)
+    assert too_long.value.status_code == 400 and "512" in str(too_long.value)
