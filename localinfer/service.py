@@ -17,7 +17,7 @@ from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
-from localinfer.model_store.hardware import GPU, Hardware, select_gpus
+from localinfer.model_store.hardware import GPU, Hardware, gpu_count, select_gpus
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
@@ -158,12 +158,10 @@ def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
     llama.cpp has here."""
     if hw is None or not workers:
         return hw
-    from importlib.metadata import version
-
-    from localinfer.backends.rpc import protocol
+    from localinfer.backends.rpc import identity
     from localinfer.backends.workers import check_usable, probe
 
-    ours = version("llama_cpp_python"), protocol()
+    ours = identity()
     remote = []
     for endpoint in workers:
         info = probe(endpoint, key)
@@ -180,10 +178,9 @@ def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
 
 
 def local_gpu_count(hw: Hardware) -> int:
-    """The GPUs llama.cpp numbers on this machine (its discrete ones, else its integrated)."""
+    """The GPUs llama.cpp numbers on this machine."""
     if hw.devices:
-        discrete = sum(d.kind == "gpu" for d in hw.devices)
-        return discrete or sum(d.kind == "igpu" for d in hw.devices)
+        return gpu_count(hw.devices)
     return len(hw.gpus) if hw.gpu_offload else 0
 
 
@@ -233,10 +230,9 @@ def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hard
     if hw is None or not taken:
         return hw
     use = taken if isinstance(taken, Mapping) else {g.index: taken for g in hw.gpus}
-    less = lambda gpus: tuple(  # noqa: E731
-        dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
-        for g in gpus)
-    return dataclasses.replace(hw, gpus=less(hw.gpus), remote=less(hw.remote))
+    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
+                 for g in hw.gpus)
+    return dataclasses.replace(hw, gpus=gpus)
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,

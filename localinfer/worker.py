@@ -78,11 +78,8 @@ def start_worker(host: str, port: int, key: str | None, threads: int | None,
                  "total_bytes": d.total_bytes}
                 for d in (current[i] for i in chosen)]
 
-    import llama_cpp
-
     try:
-        front = WorkerFront(host, port, ggml_port, key, report, llama_cpp.__version__,
-                            build.protocol)
+        front = WorkerFront(host, port, ggml_port, key, report, *rpc.identity())
     except OSError as exc:
         raise LocalinferError(f"cannot listen on {host}:{port} ({exc.strerror or exc}) — "
                               f"choose another --port") from None

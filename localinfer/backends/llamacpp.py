@@ -38,11 +38,10 @@ class LlamaCppBackend(Backend):
         split, main_gpu, n_local = options.tensor_split, options.main_gpu, 0
         if options.workers:  # their devices join llama.cpp's before it places the layers
             from localinfer.backends.ggml_backends import devices
+            from localinfer.model_store.hardware import gpu_count
             from localinfer.backends.rpc import join, llama_order
 
-            here = devices()
-            here = [d for d in here if not d.backend.startswith("RPC")]
-            n_local = sum(d.kind == "gpu" for d in here) or sum(d.kind == "igpu" for d in here)
+            n_local = gpu_count(devices())
             split, main_gpu = llama_order(split, main_gpu, n_local,
                                           join(options.workers, options.worker_key,
                                                options.worker_head))

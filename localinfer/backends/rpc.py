@@ -33,7 +33,7 @@ from filelock import FileLock
 
 from localinfer.errors import LocalinferError
 
-__all__ = ["RpcUnavailable", "attach", "built", "join", "library", "llama_order", "protocol",
+__all__ = ["RpcUnavailable", "attach", "built", "identity", "join", "library", "llama_order",
            "serve", "status"]
 
 _SOURCES = ("ggml/src/ggml-rpc/ggml-rpc.cpp", "ggml/src/ggml-rpc/transport.cpp")
@@ -197,9 +197,10 @@ def _compile(tree: Path, out: Path) -> None:
                              f"{(errors or done.stderr.splitlines() or ['?'])[0]}")
 
 
-def protocol() -> str:
-    """The RPC protocol this machine speaks (building the backend if need be)."""
-    return library().protocol
+def identity() -> tuple[str, str]:
+    """What a head and its workers must share: the llama-cpp-python release and the RPC
+    protocol this machine speaks (building the backend if need be)."""
+    return _version(), library().protocol
 
 
 @functools.cache
@@ -262,7 +263,7 @@ def join(endpoints: tuple[str, ...], key: str | None, head: str | None = None) -
     for endpoint in endpoints:
         if endpoint in _joined:
             continue
-        check_usable(probe(endpoint, key), _version(), protocol())
+        check_usable(probe(endpoint, key), *identity())
         tunnel = Tunnel(endpoint, key, head=head or HEAD)
         _joined[endpoint] = (tunnel, attach(tunnel.local))
     return sum(len(names) for _, names in _joined.values())

@@ -25,7 +25,7 @@ import psutil
 from localinfer.errors import InvalidRequest
 
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
-           "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
+           "gpu_count", "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -112,6 +112,13 @@ class Hardware:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def gpu_count(devices: Sequence[Device]) -> int:
+    """The GPUs llama.cpp puts layers on by default among these devices: the discrete ones,
+    else the integrated ones (RPC workers' devices are not counted)."""
+    here = [d for d in devices if not d.backend.startswith("RPC")]
+    return sum(d.kind == "gpu" for d in here) or sum(d.kind == "igpu" for d in here)
 
 
 def select_gpus(hw: Hardware, selection: str | None) -> Hardware:
