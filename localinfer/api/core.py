@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,6 +25,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
+from localinfer.backends.chat_format import HARMONY, ChatFormat, ReplyParser, detect, parser
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
@@ -59,6 +62,15 @@ class Job:
     _release: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
     stats: RequestStats | None = None
     prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
+    fmt: ChatFormat | None = None  # how the model writes calls and reasoning (a chat)
+    reasoning: bool = False  # the prompt opened a reasoning block the reply continues
+
+    def parser(self) -> ReplyParser | None:
+        """A parser of this chat's reply into content, reasoning and calls (None for a
+        plain completion, whose text is all content)."""
+        if self.fmt is None:
+            return None
+        return parser(self.fmt, self.tools.by_name if self.tools else None, self.reasoning)
 
     async def events(self) -> AsyncIterator[Event]:
         finished = False
@@ -102,6 +114,7 @@ async def start(
     plain_without_template: bool = False,
     n_ctx: int | None = None,
     context: Sequence[int] | None = None,
+    template_args: Mapping[str, Any] | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -121,26 +134,39 @@ async def start(
         if (messages is not None and plain_without_template
                 and not backend.info.has_chat_template):
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
+        fmt = chat_format(backend) if messages is not None else None
         # templating and tokenizing a long body takes seconds, and a runner answers over its
         # pipe: off the loop, which keeps serving every other stream meanwhile
-        prompt_ids, generation = await _queue(backend, params, messages, prompt, tools,
-                                              context)
+        prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
+                                                         tools, context, fmt, template_args)
     except BaseException:
         await stack.aclose()
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
-               prompt_ids=prompt_ids)
+               prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+def chat_format(backend: Backend) -> ChatFormat:
+    """How this model's template writes calls and reasoning."""
+    return _detect(backend.info.chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(source: str | None) -> ChatFormat:
+    return detect(source)
 
 
 async def _queue(backend: Backend, params: SamplingParams,
                  messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
-                 tools: ToolSpec | None, context: Sequence[int] | None = None
-                 ) -> tuple[list[int], Generation]:
-    """The prompt's tokens, and the request queued with it, in one trip off the
-    loop. A caller cancelled meanwhile (a client gone) cancels the request once queued."""
+                 tools: ToolSpec | None, context: Sequence[int] | None,
+                 fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
+                 ) -> tuple[list[int], Generation, bool]:
+    """The prompt's tokens, the request queued with it, and whether the prompt opened a
+    reasoning block, in one trip off the loop. A caller cancelled meanwhile (a client gone)
+    cancels the request once queued."""
     queued = asyncio.get_running_loop().run_in_executor(
-        _STARTS, _start, backend, params, messages, prompt, tools, context)
+        _STARTS, _start, backend, params, messages, prompt, tools, context, fmt, template_args)
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
@@ -154,28 +180,65 @@ async def _queue(backend: Backend, params: SamplingParams,
 _STARTS = ThreadPoolExecutor(64, thread_name_prefix="localinfer-start")
 
 
-def _cancel_queued(queued: asyncio.Future[tuple[list[int], Generation]]) -> None:
+def _cancel_queued(queued: asyncio.Future[tuple[list[int], Generation, bool]]) -> None:
     if not queued.cancelled() and queued.exception() is None:
         queued.result()[1].cancel()
 
 
 def _start(backend: Backend, params: SamplingParams,
            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
-           tools: ToolSpec | None, context: Sequence[int] | None = None
+           tools: ToolSpec | None, context: Sequence[int] | None = None,
+           fmt: ChatFormat | None = None, template_args: Mapping[str, Any] | None = None
+           ) -> tuple[list[int], Generation, bool]:
+    tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
+                                template_args)
+    try:
+        return tokens, generation, _opens_reasoning(backend, fmt, tokens)
+    except BaseException:
+        generation.cancel()
+        raise
+
+
+def _begin(backend: Backend, params: SamplingParams,
+           messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+           tools: ToolSpec | None, context: Sequence[int] | None,
+           fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
            ) -> tuple[list[int], Generation]:
     _refuse_by_size(backend, messages, prompt)
+    template_args = dict(template_args or {})
+    if fmt is not None and fmt.think:  # thinking on unless asked off, as llama.cpp renders
+        # (DeepSeek-R1's template closes the block at once where enable_thinking is unset)
+        template_args.setdefault("enable_thinking", True)
     if messages is not None and tools is not None:
-        messages, params = tools.prepare(messages, params)
+        messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend))
+        template_args.update(more)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token
         if len(context) >= backend.info.n_ctx:  # (before a long list crosses to the runner)
             raise PromptTooLong(len(context), backend.info.n_ctx)
-        text = backend.apply_chat_template(messages) if messages is not None else prompt
+        text = (backend.apply_chat_template(messages, True, template_args or None)
+                if messages is not None else prompt)
         more = (backend.tokenize(text, add_special=False) if isinstance(text, str)
                 else list(text or ()))
         tokens = [*context, *more]
         return tokens, backend.generate(tokens, params)
-    return backend.start(params, messages, prompt)
+    return backend.start(params, messages, prompt, template_args or None)
+
+
+_THINK_TAILS: weakref.WeakKeyDictionary[Backend, list[list[int]]] = weakref.WeakKeyDictionary()
+
+
+def _opens_reasoning(backend: Backend, fmt: ChatFormat | None, tokens: Sequence[int]) -> bool:
+    """Whether the prompt ends inside a reasoning block its template opened (DeepSeek-R1 and
+    QwQ write `<think>` themselves): then the reply starts as reasoning."""
+    if fmt is None or fmt.think is None or fmt is HARMONY:
+        return False
+    tails = _THINK_TAILS.get(backend)
+    if tails is None:
+        opener = fmt.think[0]
+        tails = [backend.tokenize(opener + end, add_special=False) for end in ("", "\n")]
+        _THINK_TAILS[backend] = tails
+    return any(tail and list(tokens[-len(tail):]) == tail for tail in tails)
 
 
 def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
@@ -27,6 +26,7 @@ from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
+from localinfer.backends.chat_format import Piece, arguments_object, detect
 from localinfer.backends.chat_template import fallback_template
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
@@ -83,6 +83,20 @@ class ChatMessage(core.Lenient):
     content: str = ""
     images: Optional[list[str]] = None
     tool_calls: Optional[list[dict[str, Any]]] = None
+    thinking: Optional[str] = None
+    tool_name: Optional[str] = None
+
+
+def _message(m: ChatMessage) -> dict[str, Any]:
+    """A message as templates read it: earlier thinking under both names templates use
+    (Qwen's reasoning_content, gpt-oss's thinking); each template decides whether it goes
+    back into the prompt."""
+    out = m.model_dump(include={"role", "content", "tool_calls", "thinking"}, exclude_none=True)
+    if m.thinking:
+        out["reasoning_content"] = m.thinking
+    if m.tool_name:
+        out["name"] = m.tool_name
+    return out
 
 
 class _Base(core.Lenient):
@@ -91,10 +105,15 @@ class _Base(core.Lenient):
     format: Union[str, dict[str, Any], None] = None
     options: Options = Field(default_factory=Options)
     keep_alive: Union[str, float, None] = None
+    think: Union[bool, Literal["low", "medium", "high"], None] = None
 
     def grammar(self) -> str | None:
         if self.format in (None, ""):
-            return None
+            # llama-server's GBNF `grammar`, taken among the options (bounded as any grammar)
+            grammar = self.options.model_extra.get("grammar") if self.options.model_extra else None
+            if grammar is not None and (not isinstance(grammar, str) or len(grammar) > 1 << 19):
+                raise ApiError(400, "options.grammar must be a GBNF grammar of at most 512 KB")
+            return grammar
         if self.format == "json":
             return ANY_JSON
         if isinstance(self.format, dict):
@@ -198,57 +217,105 @@ async def _load_only(request: Request, body: _Base, key: str) -> dict[str, Any]:
 
 
 async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, Any]]:
-    """The reply as Ollama streams it: a line per piece, then the line with the numbers."""
-    held: list[str] = []
+    """The reply as Ollama streams it: a line per piece — content, `thinking`, and each tool
+    call once its arguments are complete — then the line with the numbers."""
     reply_ids: list[int] = []
+    reader = job.parser()
+    calls: dict[int, dict[str, Any]] = {}
+
+    def lines(pieces: list[Piece]) -> Iterator[dict[str, Any]]:
+        for piece in pieces:
+            if piece.kind == "call":
+                calls[piece.index] = {"name": piece.name, "arguments": ""}
+                continue
+            if piece.kind == "arguments":
+                calls[piece.index]["arguments"] += piece.text
+                continue
+            if piece.kind == "reasoning" and body.think is False:
+                continue  # thinking asked off, and the model thought anyway: not shown
+            if piece.kind == "done":
+                call = calls[piece.index]
+                line: dict[str, Any] = {"tool_calls": [{"function": {
+                    "index": piece.index, "name": call["name"],
+                    "arguments": arguments_object(call["arguments"])}}]}
+            elif piece.kind == "reasoning":
+                line = {"thinking": piece.text}
+            else:
+                line = {"content": piece.text}
+            if key == "message":
+                yield {"model": job.model.name, "created_at": _now(),
+                       "message": {"role": "assistant", "content": "", **line}, "done": False}
+            elif "tool_calls" not in line:  # (/api/generate takes no tools)
+                yield {"model": job.model.name, "created_at": _now(),
+                       "response": line.get("content", ""),
+                       **({"thinking": line["thinking"]} if "thinking" in line else {}),
+                       "done": False}
+
     async for event in job.events():
         if isinstance(event, ErrorEvent):
             yield {"error": str(event.error)}
             return
         if isinstance(event, DoneEvent):
+            if reader is not None:
+                for line in lines(reader.close()):
+                    yield line
             observe(job, event.stats)
             final = {"model": job.model.name, "created_at": _now(), **_final(job, event.stats)}
             if key == "response":  # the conversation as tokens, to send back as `context`
                 final["context"] = [*job.prompt_ids, *reply_ids]
-            if key == "message":
-                message: dict[str, Any] = {"role": "assistant", "content": ""}
-                calls = job.tools.parse("".join(held)) if job.tools else []
-                if calls:
-                    message["tool_calls"] = [{"function": {"name": c.name, "arguments": c.arguments}}
-                                             for c in calls]
-                elif held:
-                    message["content"] = "".join(held)
-                final["message"] = message
-            else:
                 final["response"] = ""
+            else:
+                final["message"] = {"role": "assistant", "content": ""}
             yield final
             return
         if event.token >= 0:  # (-1: text held back and let go at the end, no token of its own)
             reply_ids.append(event.token)
-        if job.tools:  # may be a tool call: hold the text until the end
-            held.append(event.text)
+        if reader is None:
+            yield {"model": job.model.name, "created_at": _now(), key: event.text, "done": False}
             continue
-        piece: Any = {"role": "assistant", "content": event.text} if key == "message" else event.text
-        yield {"model": job.model.name, "created_at": _now(), key: piece, "done": False}
+        for line in lines(reader.feed(event.text)):
+            yield line
 
 
 async def _respond(job: core.Job, body: _Base, key: str):
     if body.stream:
         return StreamingResponse(_ndjson(_run(job, body, key)), media_type=NDJSON)
     text: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
     final: dict[str, Any] = {}
     async for line in _run(job, body, key):
         if "error" in line:
             raise ApiError(500, line["error"], "server_error")
         if line.get("done"):
             final = line
-        else:
-            text.append(line[key]["content"] if key == "message" else line[key])
+            continue
+        part = line[key] if key == "message" else line
+        text.append(part["content"] if key == "message" else part["response"])
+        if part.get("thinking"):
+            thinking.append(part["thinking"])
+        calls.extend(part.get("tool_calls") or ())
     if key == "message":
-        final["message"]["content"] = "".join(text) + final["message"]["content"]
+        final["message"]["content"] = "".join(text)
+        if thinking:
+            final["message"]["thinking"] = "".join(thinking)
+        if calls:
+            final["message"]["tool_calls"] = calls
     else:
         final["response"] = "".join(text)
+        if thinking:
+            final["thinking"] = "".join(thinking)
     return final
+
+
+def _template_args(body: _Base) -> dict[str, Any]:
+    """Ollama's `think`: true or false turns a template's thinking on or off; "low",
+    "medium" or "high" (gpt-oss) is its reasoning effort."""
+    if body.think is None:
+        return {}
+    if isinstance(body.think, str):
+        return {"enable_thinking": True, "reasoning_effort": body.think}
+    return {"enable_thinking": body.think}
 
 
 @router.post("/chat")
@@ -257,12 +324,11 @@ async def chat(body: ChatRequest, request: Request):
         return await _load_only(request, body, "message")
     for m in body.messages:
         _images_refused(m.images)
-    messages = [m.model_dump(include={"role", "content", "tool_calls"}, exclude_none=True)
-                for m in body.messages]
+    messages = [_message(m) for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
-                           n_ctx=body.options.num_ctx)
+                           n_ctx=body.options.num_ctx, template_args=_template_args(body))
     return await _respond(job, body, "message")
 
 
@@ -282,7 +348,8 @@ async def generate(body: GenerateRequest, request: Request):
             {"role": "user", "content": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
                                keep_alive=body.keep_alive, plain_without_template=True,
-                               n_ctx=body.options.num_ctx, context=body.context)
+                               n_ctx=body.options.num_ctx, context=body.context,
+                               template_args=_template_args(body))
     return await _respond(job, body, "response")
 
 
@@ -342,19 +409,19 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
     }
 
 
-_TOOLS_IN_TEMPLATE = re.compile(r"\btools\b")
-
-
 def capabilities(info: GGUFInfo) -> list[str]:
     """What a model can do here, in Ollama's words: an embedding model embeds; any other
-    completes, and takes tools where its own chat template writes them (a template that
-    knows no tools gets them only through a generic instruction). Not yet: thinking,
-    vision, insert (fill-in-the-middle)."""
+    completes, takes tools where its own chat template writes them (a template that knows
+    no tools gets them only through a generic instruction), and thinks where its template
+    marks reasoning. Not yet: vision, insert (fill-in-the-middle)."""
     if info.embedding:
         return ["embedding"]
     found = ["completion"]
-    if info.chat_template and _TOOLS_IN_TEMPLATE.search(info.chat_template):
+    fmt = detect(info.chat_template)
+    if fmt.template_tools:
         found.append("tools")
+    if fmt.think:
+        found.append("thinking")
     return found
 
 

@@ -20,6 +20,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
+from localinfer.backends.chat_format import Piece, Reply
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import ModelNotFound
@@ -64,6 +65,8 @@ class _Sampling(core.Lenient):
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: Optional[dict[str, float]] = None
+    # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
+    grammar: Optional[str] = Field(None, max_length=512 * 1024)
 
     def asks_logprobs(self) -> bool:
         return False
@@ -91,6 +94,9 @@ class ChatCompletionRequest(_Sampling):
     response_format: Optional[ResponseFormat] = None
     tools: Optional[list[dict[str, Any]]] = None
     tool_choice: Union[str, dict[str, Any], None] = None
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
+    # llama-server's: values the chat template reads (enable_thinking: false, …)
+    chat_template_kwargs: Optional[dict[str, Union[str, int, float, bool, None]]] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
@@ -126,6 +132,12 @@ def _text(message: Message) -> dict[str, Any]:
                            "content": content or ""}
     if message.tool_calls:
         out["tool_calls"] = message.tool_calls
+    for key in ("tool_call_id", "name"):
+        if getattr(message, key):
+            out[key] = getattr(message, key)
+    reasoning = (message.model_extra or {}).get("reasoning_content")
+    if isinstance(reasoning, str) and reasoning:  # templates decide whether it is rendered
+        out["reasoning_content"] = reasoning
     return out
 
 
@@ -174,8 +186,7 @@ async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
                 for chunk in shape.finish(event.stats):
                     yield _sse(chunk)
             elif event.text:
-                chunk = shape.delta(event.text)
-                if chunk is not None:  # held back (a reply that may be a tool call)
+                for chunk in shape.deltas(event.text):  # none while a marker may be starting
                     yield _sse(chunk)
     finally:
         yield _sse("[DONE]")
@@ -202,11 +213,17 @@ def _model(name: str, created: int) -> dict[str, Any]:
 
 
 class _ChatShape:
+    """A chat reply as SSE chunks: content and reasoning_content deltas as they come, and each
+    tool call as OpenAI streams them — its index, id and name first, then its arguments in
+    fragments — read in the model's own call syntax (backends/chat_format.py)."""
+
     def __init__(self, job: core.Job, body: ChatCompletionRequest):
         self.job, self.body = job, body
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.sent_role = False
+        self.parser = job.parser()
+        self.called = False
 
     def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -214,18 +231,38 @@ class _ChatShape:
                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
                              "finish_reason": finish}]}
 
-    def delta(self, text: str) -> dict[str, Any]:
-        delta = {"content": text}
-        if not self.sent_role:
-            delta["role"] = "assistant"
-            self.sent_role = True
-        return self._chunk(delta, None)
+    def deltas(self, text: str) -> list[dict[str, Any]]:
+        return self._pieces(self.parser.feed(text))
+
+    def _pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+        chunks = []
+        for piece in pieces:
+            if piece.kind == "content":
+                delta: dict[str, Any] = {"content": piece.text}
+            elif piece.kind == "reasoning":
+                delta = {"reasoning_content": piece.text}
+            elif piece.kind == "call":
+                self.called = True
+                delta = {"tool_calls": [{"index": piece.index, "id": piece.id,
+                                         "type": "function",
+                                         "function": {"name": piece.name, "arguments": ""}}]}
+            elif piece.kind == "arguments":
+                delta = {"tool_calls": [{"index": piece.index,
+                                         "function": {"arguments": piece.text}}]}
+            else:
+                continue
+            if not self.sent_role:
+                delta = {"role": "assistant", **delta}
+                self.sent_role = True
+            chunks.append(self._chunk(delta, None))
+        return chunks
 
     def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
+        chunks = self._pieces(self.parser.close())
         last = self._chunk({} if self.sent_role else {"role": "assistant", "content": ""},
-                           _finish(stats))
+                           "tool_calls" if self.called else _finish(stats))
         last["timings"] = timings(stats)
-        chunks = [last]
+        chunks.append(last)
         if self.body.stream_options and self.body.stream_options.include_usage:
             tail = self._chunk({}, None)
             tail["choices"] = []
@@ -234,56 +271,49 @@ class _ChatShape:
         return chunks
 
 
-class _ToolChatShape(_ChatShape):
-    """With tools the reply is held back until it is known to be a call or text."""
-
-    def __init__(self, job: core.Job, body: ChatCompletionRequest):
-        super().__init__(job, body)
-        self.pieces: list[str] = []
-
-    def delta(self, text: str) -> None:
-        self.pieces.append(text)
-        return None
-
-    def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
-        message, finish = _reply("".join(self.pieces), stats, self.job)
-        first = self._chunk({"role": "assistant", **{k: v for k, v in message.items()
-                                                      if k != "role"}}, None)
-        if "tool_calls" in message:
-            for i, call in enumerate(first["choices"][0]["delta"]["tool_calls"]):
-                call["index"] = i
-        self.sent_role = True
-        rest = super().finish(stats)
-        rest[0]["choices"][0]["finish_reason"] = finish
-        return [first, *rest]
+def _message(reply: Reply) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant",
+                               "content": reply.content if reply.content or not reply.calls
+                               else None}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    if reply.calls:
+        message["tool_calls"] = [{"id": c["id"], "type": "function",
+                                  "function": {"name": c["name"], "arguments": c["arguments"]}}
+                                 for c in reply.calls]
+    return message
 
 
-def _reply(text: str, stats: RequestStats, job: core.Job) -> tuple[dict[str, Any], str]:
-    calls = job.tools.parse(text) if job.tools else []
-    if calls:
-        return {"role": "assistant", "content": None, "tool_calls": [
-            {"id": c.id, "type": "function",
-             "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-            for c in calls]}, "tool_calls"
-    return {"role": "assistant", "content": text}, _finish(stats)
+def _template_args(body: ChatCompletionRequest) -> dict[str, Any]:
+    """What the template reads besides the messages: llama-server's chat_template_kwargs,
+    and OpenAI's reasoning_effort (gpt-oss's templates read it by that name)."""
+    args = dict(body.chat_template_kwargs or {})
+    if body.reasoning_effort:
+        args["reasoning_effort"] = body.reasoning_effort
+        args.setdefault("enable_thinking", body.reasoning_effort not in ("none", "minimal"))
+    return args
 
 
 @router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     tools = ToolSpec.from_request(body.tools, body.tool_choice)
-    params = body.params(body.max_completion_tokens or body.max_tokens, _grammar(body.response_format))
+    grammar = _grammar(body.response_format) or body.grammar
+    params = body.params(body.max_completion_tokens or body.max_tokens, grammar)
     job = await core.start(request.app.state.pool, body.model or None, params,
-                           messages=[_text(m) for m in body.messages], tools=tools)
+                           messages=[_text(m) for m in body.messages], tools=tools,
+                           template_args=_template_args(body))
     if body.stream:
-        shape = (_ToolChatShape if tools else _ChatShape)(job, body)
-        return StreamingResponse(_stream(job, shape), media_type="text/event-stream")
+        return StreamingResponse(_stream(job, _ChatShape(job, body)),
+                                 media_type="text/event-stream")
     text, stats = await job.collect()
     observe(job, stats)
-    message, finish = _reply(text, stats, job)
+    reader = job.parser()
+    reply = Reply.of([*reader.feed(text), *reader.close()])
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
         "created": int(time.time()), "model": job.model.name,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish}],
+        "choices": [{"index": 0, "message": _message(reply), "logprobs": None,
+                     "finish_reason": "tool_calls" if reply.calls else _finish(stats)}],
         "usage": usage(stats, job.prompt_tokens), "timings": timings(stats),
     }
 
@@ -299,8 +329,8 @@ class _CompletionShape:
                 "model": self.job.model.name,
                 "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
 
-    def delta(self, text: str) -> dict[str, Any]:
-        return self._chunk(text, None)
+    def deltas(self, text: str) -> list[dict[str, Any]]:
+        return [self._chunk(text, None)]
 
     def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
         last = self._chunk("", _finish(stats))
@@ -316,7 +346,7 @@ class _CompletionShape:
 @router.post("/completions")
 async def completions(body: CompletionRequest, request: Request):
     pool = request.app.state.pool
-    params = body.params(body.max_tokens)
+    params = body.params(body.max_tokens, body.grammar)
     prompts: list[Any]
     if isinstance(body.prompt, str) or (body.prompt and isinstance(body.prompt[0], int)):
         prompts = [body.prompt]

@@ -1,38 +1,29 @@
-"""Function calling for any model: tools described in the system prompt, calls parsed back.
+"""Function calling: the request's tools offered to the model in its family's own way.
 
-A model is told the tools and the one reply shape that calls them:
-`{"name": "<tool>", "arguments": {...}}`. With tool_choice "required" or a named tool the
-grammar sampler forces that shape (arguments matching the tool's JSON schema), so even a
-small model returns a well-formed call. With "auto" the reply is parsed afterwards: a call
-if it is one, text otherwise.
+A template that renders `tools` itself gets them as its authors meant (OpenAI's shape), and
+earlier calls in the conversation as objects; the reply is then read in the family's call
+syntax (backends/chat_format.py). A template that knows no tools gets them in the system
+prompt with one generic reply shape: `{"name": "<tool>", "arguments": {...}}`. With
+tool_choice "required" or a named tool a grammar forces a call in the family's syntax (the
+generic shape where it has none), its arguments matching the tool's JSON schema, so even a
+small model returns a well-formed call.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import re
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from localinfer.api.errors import ApiError
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.grammar import json_schema_grammar
+from localinfer.backends.chat_format import ChatFormat, call_grammar
 
-__all__ = ["ToolCall", "ToolSpec"]
+__all__ = ["ToolSpec"]
 
-_FENCE = re.compile(r"^```(?:json)?\s*|\s*```$")
-_TAGS = re.compile(r"</?tool_call>")
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: dict[str, Any]
-
+MAX_TOOLS = 256
 
 @dataclass(frozen=True)
 class ToolSpec:
@@ -44,6 +35,8 @@ class ToolSpec:
                      choice: str | Mapping[str, Any] | None) -> ToolSpec | None:
         if not tools or choice == "none":
             return None
+        if len(tools) > MAX_TOOLS:
+            raise ApiError(400, f"{len(tools)} tools is more than the {MAX_TOOLS} allowed")
         functions = tuple(t.get("function", t) for t in tools)
         names = [f.get("name") for f in functions]
         if not all(isinstance(n, str) and n for n in names):
@@ -60,18 +53,33 @@ class ToolSpec:
     def names(self) -> list[str]:
         return [f["name"] for f in self.functions]
 
-    def prepare(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams
-                ) -> tuple[list[dict[str, Any]], SamplingParams]:
-        """The messages with the tools explained, and params forcing a call when required."""
+    @property
+    def by_name(self) -> dict[str, Mapping[str, Any]]:
+        return {f["name"]: f for f in self.functions}
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
+                fmt: ChatFormat) -> tuple[list[dict[str, Any]], SamplingParams, dict[str, Any]]:
+        """The messages, params forcing a call when one is required, and what the template
+        gets besides (`tools`, where it renders them)."""
+        forced = self.choice != "auto"
+        if fmt.template_tools:
+            if forced:
+                names = self.names if self.choice == "required" else [self.choice]
+                params = dataclasses.replace(params, grammar=call_grammar(fmt, self.by_name,
+                                                                          names))
+            return ([with_call_objects(m) for m in messages], params,
+                    {"tools": [{"type": "function", "function": dict(f)}
+                               for f in self.functions]})
         messages = [_as_text(m) for m in messages]
         instructions = self._instructions()
         if messages and messages[0]["role"] == "system":
             messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + instructions}
         else:
             messages.insert(0, {"role": "system", "content": instructions})
-        if self.choice != "auto":
-            params = dataclasses.replace(params, grammar=json_schema_grammar(self._call_schema()))
-        return messages, params
+        if forced:
+            names = self.names if self.choice == "required" else [self.choice]
+            params = dataclasses.replace(params, grammar=call_grammar(fmt, self.by_name, names))
+        return messages, params, {}
 
     def _instructions(self) -> str:
         listing = "\n".join(json.dumps(f, ensure_ascii=False) for f in self.functions)
@@ -81,44 +89,29 @@ class ToolSpec:
         return (f"You can call these tools:\n{listing}\n{must} To call a tool, reply with only "
                 f'a JSON object: {{"name": <tool name>, "arguments": {{...}}}}')
 
-    def _call_schema(self) -> dict[str, Any]:
-        names = self.names if self.choice == "required" else [self.choice]
-        options = []
-        for f in self.functions:
-            if f["name"] in names:
-                options.append({
-                    "type": "object",
-                    "properties": {"name": {"const": f["name"]},
-                                   "arguments": f.get("parameters") or {"type": "object"}},
-                    "required": ["name", "arguments"],
-                })
-        return options[0] if len(options) == 1 else {"anyOf": options}
 
-    def parse(self, text: str) -> list[ToolCall]:
-        """The tool calls in a reply, or [] when it is plain text."""
-        cleaned = _TAGS.sub("", _FENCE.sub("", text.strip())).strip()
-        try:
-            data = json.loads(cleaned)
-        except ValueError:
-            return []
-        if isinstance(data, Mapping) and "tool_calls" in data:
-            data = data["tool_calls"]
-        items = data if isinstance(data, list) else [data]
-        calls = []
-        for item in items:
-            if not isinstance(item, Mapping):
-                return []
-            item = item.get("function", item)
-            name, arguments = item.get("name"), item.get("arguments", {})
-            if isinstance(arguments, str):
+def with_call_objects(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as templates read it: a call's arguments an object (OpenAI sends a JSON
+    string; templates write `arguments | tojson`), text content never None."""
+    message = dict(message)
+    calls = message.get("tool_calls")
+    if calls:
+        fixed = []
+        for call in calls:
+            call = dict(call)
+            function = dict(call.get("function") or {})
+            if isinstance(function.get("arguments"), str):
                 try:
-                    arguments = json.loads(arguments)
+                    function["arguments"] = json.loads(function["arguments"])
                 except ValueError:
-                    return []
-            if name not in self.names or not isinstance(arguments, Mapping):
-                return []
-            calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", name, dict(arguments)))
-        return calls
+                    pass
+            call["function"] = function
+            call.setdefault("type", "function")
+            fixed.append(call)
+        message["tool_calls"] = fixed
+    if message.get("content") is None:
+        message["content"] = ""
+    return message
 
 
 def _as_text(message: Mapping[str, Any]) -> dict[str, Any]:

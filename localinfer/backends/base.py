@@ -185,6 +185,9 @@ class ModelInfo:
     # model, whose plain completions must not be wrapped in turns it never learned)
     has_chat_template: bool = True
     reply_cap: int | None = None  # the longest reply of a request that sets no limit
+    # the chat template in use (the file's, or the family's stand-in): how its family writes
+    # tool calls and reasoning is read from it (chat_format.detect)
+    chat_template: str | None = None
 
 
 @dataclass(frozen=True)
@@ -337,8 +340,11 @@ class Backend(ABC):
 
     @abstractmethod
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
-    ) -> str: ...
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+        template_args: Mapping[str, Any] | None = None,
+    ) -> str:
+        """The messages in the model's chat template; template_args are the other values a
+        template reads (`tools`, `enable_thinking`, `reasoning_effort`)."""
 
     @abstractmethod
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
@@ -375,22 +381,25 @@ class Backend(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
+                      template_args: Mapping[str, Any] | None = None) -> list[int]:
         """The messages in the model's chat template, as tokens (one call to a runner)."""
-        return self.tokenize(self.apply_chat_template(messages))
+        return self.tokenize(self.apply_chat_template(messages, True, template_args))
 
     def start_tokens(self, messages: Sequence[Mapping[str, Any]] | None,
-                     prompt: str | Sequence[int] | None) -> list[int]:
+                     prompt: str | Sequence[int] | None,
+                     template_args: Mapping[str, Any] | None = None) -> list[int]:
         """A request's prompt as tokens: messages in the chat template, or the prompt."""
         if messages is not None:
-            return self.prompt_tokens(messages)
+            return self.prompt_tokens(messages, template_args)
         return self.tokenize(prompt) if isinstance(prompt, str) else list(prompt or ())
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
+              prompt: str | Sequence[int] | None = None,
+              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
         """Template, tokens and queue in one (one trip to a runner): the prompt's tokens and
         the running request."""
-        tokens = self.start_tokens(messages, prompt)
+        tokens = self.start_tokens(messages, prompt, template_args)
         return tokens, self.generate(tokens, params)
 
     def chat(self, messages: Sequence[Mapping[str, str]], params: SamplingParams) -> Generation:

@@ -19,6 +19,7 @@ the hard limit is a process of its own.)
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 import jinja2
+import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
 from localinfer.errors import InvalidRequest
@@ -73,8 +75,21 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+def _tojson(value: Any, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False, ensure_ascii: bool = False) -> str:
+    """JSON as the templates' authors rendered it (Hugging Face's filter): no HTML escapes,
+    which Jinja's own `tojson` writes (`<` as \\u003c) and no model was trained on."""
+    if isinstance(indent, int) and indent > 16:
+        indent = 16
+    if not isinstance(value, (dict, list, tuple, str, int, float, bool, type(None))):
+        value = list(value)  # a generator a template built with map() or select()
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=tuple(separators) if separators else None, sort_keys=sort_keys)
+
+
 MAX_SECONDS = 2.0  # a real template renders a long chat in milliseconds
 MAX_OUTPUT = 16 * 1024 * 1024  # characters, and the length of any value it builds
+MAX_APPENDED = 100_000  # items a template's list may grow to
 
 
 class _OverBudget(jinja2.exceptions.SecurityError):
@@ -128,6 +143,17 @@ class _Range:
         return item in self._range
 
 
+class _Generation(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}`: Hugging Face marks the assistant's text with
+    it (for training masks); rendering writes what it holds."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> list[Any]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class _Sandbox(ImmutableSandboxedEnvironment):
     # `+` is left alone (each use at most doubles what it reads, and reads are checked):
     # templates join strings with it everywhere, and intercepting it cost ~0.2 ms a render
@@ -144,6 +170,13 @@ class _Sandbox(ImmutableSandboxedEnvironment):
                 and len(right) * left > MAX_OUTPUT):
             raise _OverBudget(f"it repeated a value {left:,} times")
         return super().call_binop(context, operator, left, right)
+
+    def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        # a list may grow by `append` and shrink by `pop` (Kimi K2's templates build lists
+        # so), up to a bound
+        if attr in ("append", "pop") and isinstance(obj, list) and len(obj) < MAX_APPENDED:
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _check()
@@ -169,10 +202,11 @@ def _turns(iterable: Any) -> Iterator[Any]:
 def _compile(source: str) -> jinja2.Template:
     # loop controls ({% break %}, {% continue %}), as Hugging Face renders templates: several
     # families use them (Command R7B, Kimi, Reka)
-    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols", _Generation])
     env.globals["range"] = _Range
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    env.filters["tojson"] = _tojson
     env.globals["__turns"] = _turns  # (a name no template can write: Jinja's names are words)
     tree = env.parse(source)
     for loop in tree.find_all(jinja2.nodes.For):  # every loop's iterable goes through _turns
@@ -191,7 +225,11 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise InvalidRequest(f"the model's chat template does not parse: {exc}") from exc
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: Sequence[Message], add_generation_prompt: bool = True,
+               template_args: Mapping[str, Any] | None = None) -> str:
+        """template_args: the other values a template reads — `tools` (OpenAI's shape),
+        `enable_thinking`, `reasoning_effort` — as Hugging Face passes them."""
+        extra = {k: v for k, v in (template_args or {}).items() if k not in _OWN}
         for m in messages:
             if m.get("role") not in ("system", "user", "assistant", "tool"):
                 raise InvalidRequest(f"unknown message role {m.get('role')!r}")
@@ -203,6 +241,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                **extra,
             ):
                 written += len(piece)
                 if written > MAX_OUTPUT:
@@ -225,6 +264,9 @@ class ChatTemplate:
         finally:
             _deadline.at = float("inf")
         return "".join(pieces)
+
+
+_OWN = frozenset({"messages", "add_generation_prompt", "bos_token", "eos_token"})
 
 
 def _checked_lists(message: Mapping[str, Any]) -> dict[str, Any]:

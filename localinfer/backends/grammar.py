@@ -27,11 +27,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF, SchemaConverter, json_schema_to_gbnf
 
 from localinfer.errors import InvalidRequest
 
-__all__ = ["ANY_JSON", "MAX_REPEAT", "check_gbnf", "json_schema_grammar"]
+__all__ = ["ANY_JSON", "MAX_REPEAT", "check_gbnf", "framed_json_grammar", "json_schema_grammar",
+           "literal"]
 
 ANY_JSON = JSON_GBNF  # any JSON value whose top level is an object ("json_object" mode)
 
@@ -62,6 +63,37 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
                              "refers to itself before any value is written") from None
     except Exception as exc:  # the converter raises bare exceptions of several kinds
         raise InvalidRequest(f"the JSON schema cannot be turned into a grammar: {exc}") from None
+    check_gbnf(grammar)
+    return grammar
+
+
+def literal(text: str) -> str:
+    """A GBNF string literal."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def framed_json_grammar(frames: list[tuple[str, Mapping[str, Any], str]]) -> str:
+    """One of several JSON values, each between literal text (a family's tool-call syntax
+    around a call's JSON): `root ::= before value after | …`, each schema bounded as above."""
+    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
+                                raw_pattern=False)
+    alternatives = []
+    try:
+        for i, (before, schema, after) in enumerate(frames):
+            _Budget().visit(schema, 0)
+            resolved = converter.resolve_refs(_inline_root_ref(schema), "stdin")
+            rule = converter.visit(resolved, f"value{i}")
+            alternatives.append(" ".join(p for p in (literal(before) if before else "", rule,
+                                                     literal(after) if after else "") if p))
+    except (KeyError, RecursionError) as exc:
+        raise InvalidRequest(f"a tool's JSON schema $ref {str(exc)[:80]} cannot be resolved: "
+                             "it refers to itself before any value is written") from None
+    except InvalidRequest:
+        raise
+    except Exception as exc:
+        raise InvalidRequest(f"a tool's JSON schema cannot be turned into a grammar: "
+                             f"{exc}") from None
+    grammar = f"root ::= {' | '.join(alternatives)}\n{converter.format_grammar()}"
     check_gbnf(grammar)
     return grammar
 

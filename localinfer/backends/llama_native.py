@@ -122,6 +122,7 @@ class NativeModel:
         # id is asked once. Written by the engine thread only.
         self._eog: dict[int, bool] = {}
         self._pieces: dict[int, bytes] = {}
+        self._preserved: set[int] = set()  # control tokens rendered as their text
         self._longest: int | None = None
 
     # -- model facts
@@ -269,11 +270,20 @@ class NativeModel:
         buf = ctypes.create_string_buffer(256)
         return b"".join(self._piece(t, buf) for t in tokens).decode("utf-8", errors="replace")
 
+    def preserve(self, text: str) -> None:
+        """Render this control token as its text (a family's tool-call and reasoning
+        markers: `[TOOL_CALLS]`, `<|channel|>`), where it is one token. Before any request."""
+        ids = self.tokenize(text, add_special=False, parse_special=True)
+        if len(ids) == 1:
+            self._preserved.add(ids[0])
+            self._pieces.pop(ids[0], None)
+
     def _piece(self, token: int, buf: ctypes.Array) -> bytes:
-        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+        special = token in self._preserved
+        n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         if n < 0:  # longer than the buffer: -n is the size needed
             buf = ctypes.create_string_buffer(-n)
-            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
         return buf.raw[:n]
 
     def close(self) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 from pathlib import Path
 
 from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
+from localinfer.backends.chat_format import detect
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
 from localinfer.backends.draft import DraftModel
 from localinfer.backends.embeddings import Embedder
@@ -70,6 +71,8 @@ class LlamaCppBackend(Backend):
             bos_token=self.native.token_text(self.native.bos()),
             eos_token=self.native.token_text(self.native.eos()),
         )
+        for marker in detect(self.template.source).preserved:
+            self.native.preserve(marker)
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
         drafter = None
         if options.draft_model:
@@ -107,6 +110,7 @@ class LlamaCppBackend(Backend):
             size_bytes=self.native.size_bytes(),
             has_chat_template=self._template_source() is not None,
             reply_cap=self.engine.reply_cap,
+            chat_template=self.template.source,
         )
 
     def _quant(self) -> str:
@@ -126,16 +130,17 @@ class LlamaCppBackend(Backend):
             add_special = False
         return self.native.tokenize(text, add_special=add_special, parse_special=True)
 
-    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
+                      template_args: Mapping[str, Any] | None = None) -> list[int]:
         """The messages in the chat template, as tokens. What a message says stays text: a
         typed `<|im_end|>` is not the control token, so no one can forge a turn or a role.
         Only the template writes control tokens."""
         typed = [i for i, m in enumerate(messages) if self._holds_control(m.get("content"))]
         if not typed:
-            return self.tokenize(self.apply_chat_template(messages))
+            return self.tokenize(self.apply_chat_template(messages, True, template_args))
         marked = [{**m, "content": f"\ue000{i}\ue001"} if i in typed else m
                   for i, m in enumerate(messages)]
-        text = self.apply_chat_template(marked)
+        text = self.apply_chat_template(marked, True, template_args)
         tokens: list[int] = []
         at, seen = 0, set()
         for mark in _MARK.finditer(text):  # the template's text, then the message's, in turn
@@ -161,9 +166,10 @@ class LlamaCppBackend(Backend):
         return self.native.detokenize(tokens)
 
     def apply_chat_template(
-        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
+        template_args: Mapping[str, Any] | None = None,
     ) -> str:
-        return self.template.render(messages, add_generation_prompt)
+        return self.template.render(messages, add_generation_prompt, template_args)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)

@@ -50,9 +50,10 @@ class Replicas(Backend):
 
     # ---------------------------------------------------------------- requests: spread
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
+              prompt: str | Sequence[int] | None = None,
+              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
         with self._least_busy() as member:
-            return member.start(params, messages, prompt)
+            return member.start(params, messages, prompt, template_args)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         with self._least_busy() as member:
@@ -66,11 +67,14 @@ class Replicas(Backend):
         return self.members[0].detokenize(tokens)
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
-                            add_generation_prompt: bool = True) -> str:
-        return self.members[0].apply_chat_template(messages, add_generation_prompt)
+                            add_generation_prompt: bool = True,
+                            template_args: Mapping[str, Any] | None = None) -> str:
+        return self.members[0].apply_chat_template(messages, add_generation_prompt,
+                                                   template_args)
 
-    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return self.members[0].prompt_tokens(messages)
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
+                      template_args: Mapping[str, Any] | None = None) -> list[int]:
+        return self.members[0].prompt_tokens(messages, template_args)
 
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)

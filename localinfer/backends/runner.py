@@ -76,15 +76,22 @@ def _quick(method: str, args: tuple[Any, ...]) -> bool:
     if method in ("tokenize", "detokenize"):
         return len(args[0]) <= _QUICK_BYTES
     if method == "prompt_tokens":
-        return sum(len(str(m.get("content", ""))) for m in args[0]) <= _QUICK_BYTES
+        return _size(args[0], args[1] if len(args) > 1 else None) <= _QUICK_BYTES
     if method == "generate":
         return args[1].grammar is None and len(args[0]) <= _QUICK_BYTES
     if method == "start":
-        params, messages, prompt = args
-        size = (sum(len(str(m.get("content", ""))) for m in messages) if messages is not None
-                else len(prompt or ()))
+        params, messages, prompt, template_args = args
+        size = _size(messages, template_args) if messages is not None else len(prompt or ())
         return params.grammar is None and size <= _QUICK_BYTES
     return False
+
+
+def _size(messages: Sequence[Mapping[str, Any]], template_args: Mapping[str, Any] | None
+          ) -> int:
+    """About how much text a template gets (tools count: their schemas are rendered)."""
+    size = sum(len(str(m.get("content", ""))) + len(str(m.get("tool_calls") or ""))
+               for m in messages)
+    return size + (len(str(template_args)) if template_args else 0)
 
 
 def hang_seconds() -> float:
@@ -297,8 +304,8 @@ class _Runner:
             if method == "generate":
                 value = self._generate(rid, *args)
             elif method == "start":
-                params, messages, prompt = args
-                tokens = self.backend.start_tokens(messages, prompt)
+                params, messages, prompt, template_args = args
+                tokens = self.backend.start_tokens(messages, prompt, template_args)
                 self._generate(rid, tokens, params)
                 value = tokens
             else:
@@ -778,24 +785,30 @@ class RunnerBackend(Backend):
         return self._runner().call("detokenize", (list(tokens),))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True,
+                            template_args: Mapping[str, Any] | None = None) -> str:
         return self._runner().call("apply_chat_template", ([dict(m) for m in messages],
-                                                           add_generation_prompt))
+                                                           add_generation_prompt,
+                                                           _plain(template_args)))
 
-    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        return self._runner().call("prompt_tokens", ([dict(m) for m in messages],))
+    def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
+                      template_args: Mapping[str, Any] | None = None) -> list[int]:
+        return self._runner().call("prompt_tokens", ([dict(m) for m in messages],
+                                                     _plain(template_args)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return self._runner().generate("generate", (tokens, params))[1]
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
-              prompt: str | Sequence[int] | None = None) -> tuple[list[int], Generation]:
+              prompt: str | Sequence[int] | None = None,
+              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
         if messages is not None:
             messages = [dict(m) for m in messages]
         elif prompt is not None and not isinstance(prompt, str):
             prompt = list(prompt)
-        return self._runner().generate("start", (params, messages, prompt))
+        return self._runner().generate("start", (params, messages, prompt,
+                                                 _plain(template_args)))
 
     def embed(self, text: str) -> tuple[list[float], int]:
         return self._runner().call("embed", (text,))
@@ -828,6 +841,10 @@ class RunnerBackend(Backend):
         self._closed = True
         with self._restart:
             self._link.close()
+
+
+def _plain(template_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    return dict(template_args) if template_args else None
 
 
 if __name__ == "__main__":

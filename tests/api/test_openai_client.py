@@ -127,7 +127,10 @@ def test_forced_tool_call_comes_back_as_tool_calls(client, stream):
         calls = [c for ch in chunks for choice in ch.choices for c in choice.delta.tool_calls or []]
         finish = [choice.finish_reason for ch in chunks for choice in ch.choices
                   if choice.finish_reason]
-        name, arguments = calls[0].function.name, calls[0].function.arguments
+        # the call's id and name come first, its arguments after in fragments, as OpenAI's
+        assert calls[0].id and calls[0].function.name and {c.index for c in calls} == {0}
+        name = calls[0].function.name
+        arguments = "".join(c.function.arguments or "" for c in calls)
     else:
         reply = client.chat.completions.create(**args)
         calls = reply.choices[0].message.tool_calls

@@ -1,0 +1,176 @@
+"""Real model families through the unmodified clients: each family's own template writes the
+tools, and its own syntax is read back — tool calls streamed as OpenAI and Ollama stream
+them, reasoning apart from the answer. The models are random-weight GGUFs with the
+families' real tokenizers and templates (tests/families.py); a test that needs the model to
+say a given text forces it with a grammar (llama-server's `grammar` extension), so what is
+tested is how the text is taken apart and sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import httpx
+import ollama
+import openai
+import pytest
+
+from ..families import family_model
+from .conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"]}}}
+ASK = [{"role": "user", "content": "What's the weather in Paris?"}]
+MODELS = {"qwen3": ("Qwen-Qwen3-0.6B", "qwen2"),
+          "r1": ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", "qwen2"),
+          "llama31": ("meta-llama-Llama-3.1-8B-Instruct", "llama-bpe")}
+
+
+def _install(home: Path, path: Path, name: str) -> str:
+    """The GGUF as a pulled model of this home (a link to the cached file)."""
+    repo = f"testorg/{name}"
+    folder = home / "models" / "hub" / repo
+    folder.mkdir(parents=True)
+    target = folder / f"{name}-Q8_0.gguf"
+    try:
+        os.link(path, target)
+    except OSError:
+        shutil.copyfile(path, target)
+    manifests = home / "models" / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    installed = f"hf.co/{repo}:Q8_0"
+    (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
+        json.dumps({"name": installed, "repo": repo, "file": target.name, "quant": "Q8_0",
+                    "sha256": None, "size": target.stat().st_size,
+                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
+    return installed
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    home = tmp_path_factory.mktemp("families-home")
+    names = {key: _install(home, family_model(*source), f"{key}-tiny")
+             for key, source in MODELS.items()}
+    server = start_server(home, "--ctx", "1024", "--parallel", "2",
+                          ready_timeout=120)
+    yield server, names
+    stop_server(server)
+
+
+@pytest.fixture
+def oai(families):
+    server, _ = families
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def _text(grammar_text: str) -> str:
+    """A grammar whose one sentence is this text."""
+    return f"root ::= {json.dumps(grammar_text)}"
+
+
+def _stream(oai, **kwargs):
+    chunks = list(oai.chat.completions.create(stream=True, temperature=0, **kwargs))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and
+              c.choices[0].finish_reason]
+    return deltas, finish
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama31"])
+def test_a_required_call_streams_in_the_familys_own_syntax(families, oai, family):
+    _, names = families
+    deltas, finish = _stream(oai, model=names[family], messages=ASK, tools=[WEATHER],
+                             tool_choice="required", max_tokens=60)
+    calls = [c for d in deltas for c in d.tool_calls or []]
+    # id and name first, then the arguments in fragments, as OpenAI streams a call
+    assert calls[0].id and calls[0].function.name == "get_weather"
+    assert len(calls) > 2 and all(c.index == 0 for c in calls)
+    arguments = json.loads("".join(c.function.arguments or "" for c in calls))
+    assert isinstance(arguments["city"], str)
+    assert finish == ["tool_calls"]
+    assert not "".join(d.content or "" for d in deltas)
+
+
+def test_text_streams_before_a_call_and_the_call_follows(families, oai):
+    _, names = families
+    said = ('Let me look that up for you. <tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}\n</tool_call>')
+    deltas, finish = _stream(oai, model=names["qwen3"], messages=ASK, tools=[WEATHER],
+                             max_tokens=60, extra_body={"grammar": _text(said)})
+    first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
+    text = [d.content for d in deltas[:first_call] if d.content]
+    assert len(text) > 1 and "".join(text).strip() == "Let me look that up for you."
+    assert not any(d.content for d in deltas[first_call:])
+    arguments = "".join(c.function.arguments or "" for d in deltas for c in d.tool_calls or [])
+    assert json.loads(arguments) == {"city": "Paris"} and finish == ["tool_calls"]
+
+
+def test_a_malformed_call_comes_back_as_text(families, oai):
+    _, names = families
+    said = "<tool_call>\nnot a call\n</tool_call>"
+    reply = oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[WEATHER],
+                                        max_tokens=40, temperature=0,
+                                        extra_body={"grammar": _text(said)})
+    assert reply.choices[0].message.content == said
+    assert not reply.choices[0].message.tool_calls
+    assert reply.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("family, said", [
+    ("qwen3", "<think>\nFirst, the plan.\n</think>\n\nThe answer."),
+    # the template opens the block itself: the reply starts inside it
+    ("r1", "First, the plan.\n</think>\n\nThe answer."),
+])
+def test_reasoning_comes_apart_from_the_answer(families, oai, family, said):
+    _, names = families
+    request = dict(model=names[family], messages=[{"role": "user", "content": "Hi"}],
+                   max_tokens=40, extra_body={"grammar": _text(said)})
+    deltas, _ = _stream(oai, **request)
+    reasoning = [getattr(d, "reasoning_content", None) for d in deltas]
+    assert "".join(r for r in reasoning if r) == "First, the plan."
+    assert "".join(d.content or "" for d in deltas) == "The answer."
+    message = oai.chat.completions.create(temperature=0, **request).choices[0].message
+    assert message.content == "The answer."
+    assert message.model_extra["reasoning_content"] == "First, the plan."
+
+
+def test_ollama_client_gets_thinking_and_tool_calls(families):
+    server, names = families
+    client = ollama.Client(host=server.url)
+    said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}\n</tool_call>')
+    kwargs = dict(model=names["qwen3"], messages=ASK, tools=[WEATHER],
+                  options={"temperature": 0, "num_predict": 60, "grammar": _text(said)})
+    parts = list(client.chat(stream=True, think=True, **kwargs))
+    thinking = "".join(p.message.thinking or "" for p in parts)
+    calls = [c for p in parts for c in p.message.tool_calls or []]
+    assert thinking == "Check the weather."
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"})]
+    assert not "".join(p.message.content or "" for p in parts)
+    whole = client.chat(stream=False, think=True, **kwargs)
+    assert whole.message.thinking == "Check the weather."
+    assert whole.message.tool_calls[0].function.arguments == {"city": "Paris"}
+    # think off: the template is told, and thinking the model writes anyway is not shown
+    off = client.chat(stream=False, think=False, **kwargs)
+    assert not off.message.thinking and off.message.tool_calls
+
+
+def test_capabilities_follow_the_template(families):
+    server, names = families
+    client = ollama.Client(host=server.url)
+    assert client.show(names["qwen3"]).capabilities == ["completion", "tools", "thinking"]
+    assert client.show(names["llama31"]).capabilities == ["completion", "tools"]
+
+
+def test_a_bad_grammar_is_a_400(families):
+    server, names = families
+    response = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
+        "model": names["qwen3"], "messages": ASK, "grammar": "root ::= (", "max_tokens": 4})
+    assert response.status_code == 400 and "grammar" in response.json()["error"]["message"]

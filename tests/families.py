@@ -1,0 +1,100 @@
+"""Real model families without real weights: llama.cpp's own copies of the families' chat
+templates and tokenizers, from the llama-cpp-python source release of the installed version
+(pip's cache has it where pip built the wheel here; else the package index), and small
+random-weight GGUFs made with them (bench/random_gguf.py). What a model says is noise, so
+a test that needs a given text forces it with a grammar; how the reply is taken apart, and
+how the template renders tools and reasoning, is the family's own.
+
+Everything is kept in a cache of its own, per llama-cpp-python version: the first run
+downloads the source (~60 MB) once and writes each model once (a few seconds each).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+VERSION = importlib.metadata.version("llama-cpp-python")
+CACHE = Path(os.environ.get("LOCALINFER_TEST_CACHE", Path.home() / ".cache" / "localinfer-tests")
+             ) / f"llama.cpp-{VERSION}"
+
+# Qwen 2.5 / 3's added tokens, at their published ids (the vocabulary file in llama.cpp's
+# tests pads those ids): tool calls and thinking are words of their own there
+QWEN_ADDED = {151657: "<tool_call>", 151658: "</tool_call>", 151665: "<tool_response>",
+              151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
+_USER_DEFINED = 4
+
+
+def llama_cpp_file(relative: str) -> Path:
+    """A file of llama.cpp's source tree (`models/templates/X.jinja`, `models/ggml-vocab-
+    qwen2.gguf`), from the source release of the installed llama-cpp-python."""
+    path = CACHE / "src" / relative
+    if not path.exists():
+        _unpack()
+    if not path.exists():
+        raise FileNotFoundError(f"llama.cpp {VERSION}'s source has no {relative}")
+    return path
+
+
+def _unpack() -> None:
+    download = CACHE / "sdist"
+    download.mkdir(parents=True, exist_ok=True)
+    if not list(download.glob("llama_cpp_python-*.tar.gz")):
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
+                        "--no-binary", ":all:", f"llama-cpp-python=={VERSION}", "-d",
+                        str(download)], check=True, timeout=900)
+    archive = next(download.glob("llama_cpp_python-*.tar.gz"))
+    scratch = CACHE / "src.partial"
+    shutil.rmtree(scratch, ignore_errors=True)
+    with tarfile.open(archive) as tar:
+        members = []
+        for member in tar.getmembers():
+            parts = member.name.split("/vendor/llama.cpp/", 1)
+            if len(parts) == 2 and member.isfile() and (
+                    parts[1].startswith("models/templates/")
+                    or (parts[1].startswith("models/ggml-vocab-") and parts[1].endswith(".gguf"))):
+                member.name = parts[1]
+                members.append(member)
+        tar.extractall(scratch, members=members, filter="data")
+    shutil.rmtree(CACHE / "src", ignore_errors=True)
+    os.replace(scratch, CACHE / "src")
+
+
+def family_model(template: str, vocab: str = "qwen2",
+                 added: dict[int, str] | None = None) -> Path:
+    """A one-layer random-weight GGUF with a real family's tokenizer and chat template
+    (`models/templates/<template>.jinja`); `added`: tokens put at their ids."""
+    added = QWEN_ADDED if added is None and vocab.startswith("qwen") else (added or {})
+    out = CACHE / "models" / f"{template}--{vocab}.gguf"
+    if out.exists():
+        return out
+    sys.path.insert(0, str(BENCH))
+    try:
+        import random_gguf
+    finally:
+        sys.path.remove(str(BENCH))
+    tokenizer = random_gguf.read_tokenizer(llama_cpp_file(f"models/ggml-vocab-{vocab}.gguf"))
+    tokens, *token_kind = tokenizer["tokenizer.ggml.tokens"]
+    types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
+    tokens, types = list(tokens), list(types)
+    for token_id, text in added.items():
+        tokens[token_id], types[token_id] = text, _USER_DEFINED
+    tokenizer["tokenizer.ggml.tokens"] = (tokens, *token_kind)
+    tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
+    source = llama_cpp_file(f"models/templates/{template}.jinja").read_text()
+    import gguf
+
+    tokenizer["tokenizer.chat_template"] = (source, gguf.GGUFValueType.STRING, None)
+    shape = random_gguf.Shape(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128,
+                              n_vocab=len(tokens), n_ctx_train=4096, tied_output=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_model(shape, partial, tokenizer, f"random {template}")
+    os.replace(partial, out)
+    return out
