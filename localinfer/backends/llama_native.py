@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 import llama_cpp
 import numpy
@@ -326,16 +327,21 @@ class SamplerChain:
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
         if params.logit_bias:
             add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
+        self.grammar = None
         if params.grammar:
             try:
-                grammar = grammar_sampler(native, params.grammar)
+                self.grammar = grammar_sampler(native, params.grammar)
             except BaseException:  # refused by its size: the samplers added so far go
                 self.close()
                 raise
-            if grammar is None:
+            if self.grammar is None:
                 self.close()
                 raise InvalidRequest("the grammar does not parse — check its GBNF syntax")
-            add(grammar)
+            if not self.shortcuts:
+                add(self.grammar)  # llama.cpp's plain chain: the grammar sees every token
+                self.grammar = None
+            else:
+                self._candidates = _Candidates(native.n_vocab)
         if penalised:
             keep = 1 if params.greedy else params.top_k
             only_lower = (params.repeat_penalty >= 1 and params.frequency_penalty >= 0
@@ -366,12 +372,70 @@ class SamplerChain:
         if self.argmax:  # the first of the highest, as llama.cpp's greedy sampler picks
             logits = llama_cpp.llama_get_logits_ith(native.ctx, batch_index)
             return int(numpy.ctypeslib.as_array(logits, shape=(native.n_vocab,)).argmax())
+        if self.grammar is not None:
+            return self._sample_then_check(native, batch_index)
         return llama_cpp.llama_sampler_sample(self.chain, native.ctx, batch_index)
+
+    def _sample_then_check(self, native: NativeModel, batch_index: int) -> int:
+        """A grammar's reply, as llama.cpp's server samples it: the token is drawn without the
+        grammar, and only when the grammar rejects it is the draw made again with the grammar
+        over the whole vocabulary. Most tokens of a JSON reply are what the grammar allows
+        anyway, and asking the grammar of one token is far cheaper than of every token
+        (smollm2, JSON: 0.5x of unconstrained tok/s with the grammar first)."""
+        logits = numpy.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(native.ctx, batch_index),
+                                          shape=(native.n_vocab,))
+        candidates = self._candidates
+        llama_cpp.llama_sampler_apply(self.chain, candidates.fill(logits))
+        token = candidates.selected()
+        if not candidates.allows(self.grammar, token):
+            array = candidates.fill(logits)
+            llama_cpp.llama_sampler_apply(self.grammar, array)
+            llama_cpp.llama_sampler_apply(self.chain, array)
+            token = candidates.selected()
+        llama_cpp.llama_sampler_accept(self.grammar, token)
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return token
 
     def close(self) -> None:
         if self.chain:
             llama_cpp.llama_sampler_free(self.chain)
             self.chain = None
+        if getattr(self, "grammar", None) is not None:
+            llama_cpp.llama_sampler_free(self.grammar)
+            self.grammar = None
+
+
+class _Candidates:
+    """A llama_token_data_array over the whole vocabulary, refilled from the logits."""
+
+    _DTYPE = numpy.dtype([("id", numpy.int32), ("logit", numpy.float32), ("p", numpy.float32)])
+
+    def __init__(self, n_vocab: int):
+        self.ids = numpy.arange(n_vocab, dtype=numpy.int32)
+        self.data = numpy.zeros(n_vocab, dtype=self._DTYPE)
+        self.array = llama_cpp.llama_token_data_array(
+            data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n_vocab,
+            selected=-1, sorted=False)
+        self.one = numpy.zeros(1, dtype=self._DTYPE)
+        self.one_array = llama_cpp.llama_token_data_array(
+            data=self.one.ctypes.data_as(llama_cpp.llama_token_data_p), size=1, selected=-1,
+            sorted=False)
+
+    def fill(self, logits: numpy.ndarray) -> Any:
+        self.data["id"] = self.ids  # (samplers sort the entries in place)
+        self.data["logit"] = logits
+        self.data["p"] = 0.0
+        self.array.size, self.array.selected, self.array.sorted = len(self.ids), -1, False
+        return ctypes.byref(self.array)
+
+    def selected(self) -> int:
+        return int(self.data["id"][self.array.selected])
+
+    def allows(self, grammar: Any, token: int) -> bool:
+        self.one["id"], self.one["logit"], self.one["p"] = token, 1.0, 0.0
+        self.one_array.size, self.one_array.selected, self.one_array.sorted = 1, -1, False
+        llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.one_array))
+        return bool(numpy.isfinite(self.one["logit"][0]))
 
 
 def _logit_bias_sampler(n_vocab: int, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:

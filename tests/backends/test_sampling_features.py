@@ -56,6 +56,10 @@ SHORTCUT_CASES = {
                                              presence_penalty=0.5, seed=3, max_tokens=40),
     "negative presence (no cut)": SamplingParams(temperature=1.0, top_k=20, seed=5,
                                                  presence_penalty=-2.0, max_tokens=40),
+    # a grammar asked of the drawn token only, and of every token where it refuses that one
+    "greedy, JSON grammar": SamplingParams(temperature=0, grammar=ANY_JSON, max_tokens=40),
+    "greedy, JSON grammar and penalties": SamplingParams(temperature=0, grammar=ANY_JSON,
+                                                         repeat_penalty=1.3, max_tokens=40),
 }
 
 
@@ -102,6 +106,20 @@ def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, mode
     (twin,) = _Twin.made
     assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
     assert all(fast == plain for fast, plain in twin.picks), twin.picks
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_sampled_reply_under_a_grammar_keeps_to_it(smollm2, seed):
+    """The token is drawn first and the grammar asked of it alone; a refused one is drawn
+    again over what the grammar allows, so a hot sampler still writes the schema's JSON."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "maximum": 150}},
+              "required": ["name", "age"]}
+    params = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, seed=seed, max_tokens=60,
+                            grammar=json_schema_grammar(schema))
+    generation = smollm2.chat(QUESTION, params)
+    data = json.loads(generation.text())
+    assert set(data) == {"name", "age"} and isinstance(data["age"], int)
 
 
 def test_json_schema_grammar_with_penalties(smollm2):
