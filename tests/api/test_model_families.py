@@ -174,3 +174,39 @@ def test_a_bad_grammar_is_a_400(families):
     response = httpx.post(server.url + "/v1/chat/completions", timeout=60, json={
         "model": names["qwen3"], "messages": ASK, "grammar": "root ::= (", "max_tokens": 4})
     assert response.status_code == 400 and "grammar" in response.json()["error"]["message"]
+
+
+def test_responses_api_streams_reasoning_and_a_call_and_takes_its_output_back(families):
+    server, names = families
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    tool = {"type": "function", **WEATHER["function"]}  # (the Responses API's flat shape)
+    said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}\n</tool_call>')
+    with client.responses.stream(model=names["qwen3"], input="Weather in Paris?", tools=[tool],
+                                 max_output_tokens=60,
+                                 extra_body={"grammar": _text(said)}) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_response()
+    assert "response.reasoning_text.delta" in kinds
+    assert kinds.count("response.function_call_arguments.delta") > 1
+    assert [item.type for item in final.output] == ["reasoning", "function_call"]
+    assert final.output[0].content[0].text == "Check the weather."
+    call = final.output[1]
+    assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
+    # the call's output continues the stored conversation, the call in its place (tools
+    # are sent again: a response carries none over)
+    follow = client.responses.create(
+        model=names["qwen3"], previous_response_id=final.id, max_output_tokens=4, tools=[tool],
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    assert follow.usage.input_tokens > final.usage.input_tokens + 20
+
+
+def test_responses_api_forces_a_call_in_the_familys_syntax(families):
+    server, names = families
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    tool = {"type": "function", **WEATHER["function"]}
+    response = client.responses.create(model=names["llama31"], input="Weather in Paris?",
+                                       tools=[tool], tool_choice="required",
+                                       max_output_tokens=60, temperature=0)
+    (call,) = [item for item in response.output if item.type == "function_call"]
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)

@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import SamplingParams
@@ -201,3 +203,30 @@ def _xml_parameter(group: str) -> str:
     key = json.loads(key_group.strip("()").split(" | ")[0])
     head, *tail = [lit for lit in literals if lit != key]
     return head + key + tail[0] + "Paris" + "".join(tail[1:])
+
+
+_PIECES = ["<tool_call>", "</tool_call>", "<think>", "</think>", "{", "}", "[", "]", '"', "\\",
+           '{"name": "f", "arguments": ', '"x"', ": ", ", ", "\n", "[TOOL_CALLS]", "[ARGS]",
+           "<function=f>", "<parameter=a>", "</parameter>", "</function>", "<|channel|>",
+           "<|message|>", "<|end|>", "<|start|>", "to=functions.f", "<｜tool▁calls▁begin｜>",
+           "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<|tool_call>", "call:f", "<tool_call|>",
+           "<|python_tag|>", "```json", "hello"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(parts=st.lists(st.sampled_from(_PIECES), max_size=30),
+       cuts=st.lists(st.integers(1, 7), min_size=1, max_size=8),
+       template=st.sampled_from(sorted(FAMILIES)), thinking=st.booleans())
+def test_no_text_makes_the_parser_fail(parts, cuts, template, thinking):
+    """Whatever a model writes, the reply is taken apart without an error: a stream never
+    breaks on what it says."""
+    fmt = detect(_template(template))
+    reader = parser(fmt, {"f": {"name": "f"}}, thinking)
+    text, at, i = "".join(parts), 0, 0
+    pieces = []
+    while at < len(text):
+        step = cuts[i % len(cuts)]
+        pieces += reader.feed(text[at:at + step])
+        at, i = at + step, i + 1
+    reply = Reply.of([*pieces, *reader.close()])
+    assert all(c["name"] for c in reply.calls)

@@ -1,0 +1,395 @@
+"""OpenAI's Responses API (`POST /v1/responses`), a thin converter onto the one generate path.
+
+What it takes: `input` (a string, or items: messages with text parts, `function_call` and
+`function_call_output`, `reasoning`), `instructions`, function `tools` with `tool_choice`,
+`text.format` (json_object, json_schema), `reasoning.effort`, `max_output_tokens`,
+`temperature`, `top_p`, `stream`, and `previous_response_id`: a response the server stored
+(`store`, on by default) continues, its input and output before the new input — within the
+server's lifetime, the last `MAX_STORED` responses and at most `MAX_STORED_BYTES` of them.
+Output items are the reply's reasoning, its message and its function calls, in the order
+the model wrote them, each streamed as the API's events. Images and built-in tools
+(web search, file search, …) are refused with a 400 naming them.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Optional, Union
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import Field
+
+from localinfer.api import core
+from localinfer.api.errors import ApiError
+from localinfer.api.metrics import observe
+from localinfer.api.tools import ToolSpec
+from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
+from localinfer.backends.chat_format import Piece
+from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["responses"])
+
+MAX_STORED = 1000
+MAX_STORED_BYTES = 64 << 20
+
+
+class ResponsesRequest(core.Lenient):
+    model: str = Field("", max_length=200)
+    input: Union[str, list[dict[str, Any]]]
+    instructions: Optional[str] = None
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    text: Optional[dict[str, Any]] = None
+    reasoning: Optional[dict[str, Any]] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=2)
+    top_p: float = Field(1.0, gt=0, le=1)
+    stream: bool = False
+    store: bool = True
+    previous_response_id: Optional[str] = Field(None, max_length=200)
+    parallel_tool_calls: bool = True
+    metadata: Optional[dict[str, Any]] = None
+    # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
+    grammar: Optional[str] = Field(None, max_length=512 * 1024)
+
+    def effort(self) -> str | None:
+        effort = (self.reasoning or {}).get("effort")
+        if effort not in (None, "none", "minimal", "low", "medium", "high"):
+            raise ApiError(400, "reasoning.effort must be none, minimal, low, medium or high")
+        return effort
+
+
+# ---------------------------------------------------------------------------- stored responses
+class _Store:
+    """Responses kept for previous_response_id: their conversation, as messages."""
+
+    def __init__(self) -> None:
+        self._items: collections.OrderedDict[str, tuple[list[dict[str, Any]], int]] = (
+            collections.OrderedDict())
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
+        size = len(json.dumps(messages, ensure_ascii=False))
+        with self._lock:
+            self._items[response_id] = (messages, size)
+            self._bytes += size
+            while self._items and (len(self._items) > MAX_STORED
+                                   or self._bytes > MAX_STORED_BYTES):
+                _, (_, gone) = self._items.popitem(last=False)
+                self._bytes -= gone
+
+    def get(self, response_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            found = self._items.get(response_id)
+            if found is None:
+                raise ApiError(404, f"no stored response '{response_id[:80]}' — responses are "
+                                    f"kept while this server runs (the last {MAX_STORED}), and "
+                                    f"only those created with store on")
+            self._items.move_to_end(response_id)
+            return [dict(m) for m in found[0]]
+
+
+def _store(request: Request) -> _Store:
+    state = request.app.state
+    if not hasattr(state, "responses"):
+        state.responses = _Store()
+    return state.responses
+
+
+# ---------------------------------------------------------------------------- input
+def _text_of(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if not isinstance(content, list):
+        raise ApiError(400, f"{where}: content must be text or a list of text parts")
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
+            raise ApiError(400, f"{where}: only text parts are supported, not {kind!r} — this "
+                                f"model takes no images or files")
+        texts.append(str(part.get("text") or ""))
+    return "".join(texts)
+
+
+def _messages(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Input items as chat messages: calls join the assistant turn they belong to, their
+    outputs are tool messages, reasoning goes with the assistant turn after it."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict[str, Any]] = []
+    reasoning = ""
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, dict):
+            raise ApiError(400, f"{where} must be an object")
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise ApiError(400, f"{where}: role must be user, system, developer or "
+                                    f"assistant")
+            message: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                                       "content": _text_of(item.get("content"), where)}
+            if role == "assistant" and reasoning:
+                message["reasoning_content"], reasoning = reasoning, ""
+            out.append(message)
+        elif kind == "function_call":
+            call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
+                    "function": {"name": str(item.get("name") or ""),
+                                 "arguments": str(item.get("arguments") or "{}")}}
+            if not out or out[-1]["role"] != "assistant":
+                out.append({"role": "assistant", "content": ""})
+                if reasoning:
+                    out[-1]["reasoning_content"], reasoning = reasoning, ""
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            output = item.get("output")
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
+                        "content": output if isinstance(output, str)
+                        else _text_of(output, where)})
+        elif kind == "reasoning":
+            reasoning += _text_of(item.get("content") or item.get("summary"), where)
+        else:
+            raise ApiError(400, f"{where}: items of type {kind!r} are not supported — send "
+                                f"messages, function_call and function_call_output items")
+    return out
+
+
+def _tools(body: ResponsesRequest) -> ToolSpec | None:
+    functions = []
+    for i, tool in enumerate(body.tools or ()):
+        if tool.get("type") != "function":
+            raise ApiError(400, f"tools[{i}]: only function tools are supported, not "
+                                f"{tool.get('type')!r} (no built-in tools here)")
+        functions.append({k: v for k, v in tool.items() if k in ("name", "description",
+                                                                   "parameters")})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        choice = {"function": {"name": choice.get("name")}}
+    return ToolSpec.from_request(functions, choice)
+
+
+def _grammar(body: ResponsesRequest) -> str | None:
+    fmt = (body.text or {}).get("format") or {}
+    kind = fmt.get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return ANY_JSON
+    if kind == "json_schema":
+        if not isinstance(fmt.get("schema"), dict):
+            raise ApiError(400, "text.format json_schema needs a schema object")
+        return json_schema_grammar(fmt["schema"])
+    raise ApiError(400, f"text.format.type must be text, json_object or json_schema, not "
+                        f"{kind!r}")
+
+
+# ---------------------------------------------------------------------------- output
+class _Output:
+    """The response's output items as the reply's pieces arrive, and the events that say so."""
+
+    def __init__(self, response: dict[str, Any]):
+        self.response = response
+        self.items: list[dict[str, Any]] = response["output"]
+        self.open: dict[str, Any] | None = None
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.sequence = 0
+
+    def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        self.sequence += 1
+        return {"type": kind, "sequence_number": self.sequence - 1, **data}
+
+    def _start(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        events = self._close()
+        self.items.append(item)
+        self.open = item
+        events.append(self.event("response.output_item.added", output_index=len(self.items) - 1,
+                                 item=dict(item)))
+        if item["type"] == "message":
+            item["content"].append({"type": "output_text", "text": "", "annotations": []})
+            events.append(self.event("response.content_part.added", item_id=item["id"],
+                                     output_index=len(self.items) - 1, content_index=0,
+                                     part={"type": "output_text", "text": "",
+                                           "annotations": []}))
+        elif item["type"] == "reasoning":
+            item["content"].append({"type": "reasoning_text", "text": ""})
+        return events
+
+    def _close(self) -> list[dict[str, Any]]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = self.items.index(item)
+        events = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            events += [self.event("response.output_text.done", item_id=item["id"],
+                                  output_index=index, content_index=0, text=part["text"],
+                                  logprobs=[]),
+                       self.event("response.content_part.done", item_id=item["id"],
+                                  output_index=index, content_index=0, part=dict(part))]
+        elif item["type"] == "reasoning":
+            events.append(self.event("response.reasoning_text.done", item_id=item["id"],
+                                     output_index=index, content_index=0,
+                                     text=item["content"][0]["text"]))
+        else:
+            events.append(self.event("response.function_call_arguments.done",
+                                     item_id=item["id"], output_index=index,
+                                     arguments=item["arguments"]))
+        item["status"] = "completed"
+        events.append(self.event("response.output_item.done", output_index=index,
+                                 item=dict(item)))
+        return events
+
+    def add(self, piece: Piece) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if piece.kind == "reasoning":
+            if self.open is None or self.open["type"] != "reasoning":
+                events += self._start({"type": "reasoning", "id": f"rs_{uuid.uuid4().hex}",
+                                       "summary": [], "content": [],
+                                       "status": "in_progress"})
+            self.open["content"][0]["text"] += piece.text
+            events.append(self.event("response.reasoning_text.delta", item_id=self.open["id"],
+                                     output_index=len(self.items) - 1, content_index=0,
+                                     delta=piece.text))
+        elif piece.kind == "content":
+            if self.open is None or self.open["type"] != "message":
+                events += self._start({"type": "message", "id": f"msg_{uuid.uuid4().hex}",
+                                       "role": "assistant", "status": "in_progress",
+                                       "content": []})
+            self.open["content"][0]["text"] += piece.text
+            events.append(self.event("response.output_text.delta", item_id=self.open["id"],
+                                     output_index=len(self.items) - 1, content_index=0,
+                                     delta=piece.text, logprobs=[]))
+        elif piece.kind == "call":
+            item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}",
+                    "call_id": piece.id, "name": piece.name, "arguments": "",
+                    "status": "in_progress"}
+            self.calls[piece.index] = item
+            events += self._start(item)
+        elif piece.kind == "arguments":
+            item = self.calls[piece.index]
+            item["arguments"] += piece.text
+            events.append(self.event("response.function_call_arguments.delta",
+                                     item_id=item["id"], output_index=self.items.index(item),
+                                     delta=piece.text))
+        return events
+
+    def finish(self, stats: RequestStats, job: core.Job) -> list[dict[str, Any]]:
+        events = self._close()
+        incomplete = stats.finish_reason == "length"
+        self.response.update({
+            "status": "incomplete" if incomplete else "completed",
+            "completed_at": int(time.time()),
+            "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+            "usage": {"input_tokens": job.prompt_tokens,
+                      "input_tokens_details": {"cached_tokens": stats.cached_tokens},
+                      "output_tokens": stats.generated_tokens,
+                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": job.prompt_tokens + stats.generated_tokens},
+            "timings": stats.figures().to_timings(),
+        })
+        return events
+
+    def message(self) -> dict[str, Any]:
+        """The reply as an assistant message, for a response that continues this one."""
+        message: dict[str, Any] = {"role": "assistant", "content": ""}
+        for item in self.items:
+            if item["type"] == "message":
+                message["content"] += item["content"][0]["text"]
+            elif item["type"] == "reasoning":
+                message["reasoning_content"] = (message.get("reasoning_content", "")
+                                                + item["content"][0]["text"])
+            else:
+                message.setdefault("tool_calls", []).append({
+                    "id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}})
+        return message
+
+
+def _response(body: ResponsesRequest, model: str, response_id: str) -> dict[str, Any]:
+    return {"id": response_id, "object": "response", "created_at": int(time.time()),
+            "status": "in_progress", "model": model, "output": [], "error": None,
+            "incomplete_details": None, "instructions": body.instructions,
+            "max_output_tokens": body.max_output_tokens, "metadata": body.metadata or {},
+            "parallel_tool_calls": body.parallel_tool_calls,
+            "previous_response_id": body.previous_response_id,
+            "reasoning": body.reasoning or {"effort": None, "summary": None},
+            "store": body.store, "temperature": body.temperature,
+            "text": body.text or {"format": {"type": "text"}},
+            "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
+            "top_p": body.top_p, "usage": None}
+
+
+@router.post("/responses")
+async def responses(body: ResponsesRequest, request: Request):
+    store = _store(request)
+    history = store.get(body.previous_response_id) if body.previous_response_id else []
+    conversation = history + _messages(body.input)
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    tools = _tools(body)
+    params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
+                            max_tokens=body.max_output_tokens,
+                            grammar=_grammar(body) or body.grammar)
+    effort = body.effort()
+    job = await core.start(request.app.state.pool, body.model or None, params,
+                           messages=system + conversation, tools=tools,
+                           template_args={"reasoning_effort": effort} if effort else None)
+    response_id = f"resp_{uuid.uuid4().hex}"
+    output = _Output(_response(body, job.model.name, response_id))
+
+    def keep() -> None:
+        if body.store:
+            store.put(response_id, conversation + [output.message()])
+
+    if body.stream:
+        return StreamingResponse(_stream(job, output, keep), media_type="text/event-stream")
+    text, stats = await job.collect()
+    observe(job, stats)
+    reader = job.parser()
+    for piece in [*reader.feed(text), *reader.close()]:
+        output.add(piece)
+    output.finish(stats, job)
+    keep()
+    return output.response
+
+
+def _sse(event: dict[str, Any]) -> str:
+    return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
+
+
+async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
+    """The Responses API's events: created, in_progress, each item's added / deltas / done,
+    then completed (or failed, with the error)."""
+    yield _sse(output.event("response.created", response=dict(output.response)))
+    yield _sse(output.event("response.in_progress", response=dict(output.response)))
+    reader = job.parser()
+    async for event in job.events():
+        if isinstance(event, ErrorEvent):
+            output.response.update(status="failed", error={"code": "server_error",
+                                                           "message": str(event.error)})
+            yield _sse(output.event("response.failed", response=output.response))
+            return
+        if isinstance(event, DoneEvent):
+            observe(job, event.stats)
+            for piece in reader.close():
+                for item in output.add(piece):
+                    yield _sse(item)
+            for item in output.finish(event.stats, job):
+                yield _sse(item)
+            keep()
+            yield _sse(output.event("response.completed", response=output.response))
+            return
+        for piece in reader.feed(event.text):
+            for item in output.add(piece):
+                yield _sse(item)

@@ -1,0 +1,86 @@
+"""The Responses API through the unmodified `openai` client (`responses.create`, streamed
+and not, and its `responses.stream` helper): text, structured output, a stored response
+continued by previous_response_id, and refusals."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from .conftest import NO_END
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_text_in_text_out(client):
+    response = client.responses.create(model="smollm2:135m", input="Say hello.",
+                                       instructions="Answer in one word.", temperature=0,
+                                       max_output_tokens=8)
+    assert response.object == "response" and response.output_text
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.usage.input_tokens > 5 and 0 < response.usage.output_tokens <= 8
+    assert response.status in ("completed", "incomplete")
+
+
+def test_a_reply_cut_by_max_output_tokens_is_incomplete(client):
+    response = client.responses.create(model="smollm2:135m", input="Count to fifty.",
+                                       max_output_tokens=4, extra_body={"logit_bias": NO_END})
+    assert response.status == "incomplete"
+    assert response.incomplete_details.reason == "max_output_tokens"
+
+
+def test_streamed_events_add_up_to_the_response(client):
+    events = list(client.responses.create(model="smollm2:135m", input="Tell me a story.",
+                                          max_output_tokens=12, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed" and "response.output_item.added" in kinds
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas and deltas == events[-1].response.output_text
+    with client.responses.stream(model="smollm2:135m", input="Tell me a story.",
+                                 max_output_tokens=12) as stream:
+        final = stream.get_final_response()
+    assert final.output_text
+
+
+def test_previous_response_id_continues_a_stored_response(client):
+    first = client.responses.create(model="smollm2:135m", input="My name is Ada.",
+                                    temperature=0, max_output_tokens=8)
+    alone = client.responses.create(model="smollm2:135m", input="What is my name?",
+                                    temperature=0, max_output_tokens=8, store=False)
+    after = client.responses.create(model="smollm2:135m", input="What is my name?",
+                                    temperature=0, max_output_tokens=8,
+                                    previous_response_id=first.id)
+    # the stored conversation comes first: its input, then the reply, then the new input
+    assert after.usage.input_tokens > alone.usage.input_tokens + first.usage.output_tokens
+    with pytest.raises(openai.NotFoundError, match="no stored response"):
+        client.responses.create(model="smollm2:135m", input="Hi",
+                                previous_response_id=alone.id)
+
+
+def test_structured_output_follows_the_schema(client):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+              "required": ["city"], "additionalProperties": False}
+    response = client.responses.create(
+        model="smollm2:135m", input="Where is the Eiffel tower?", temperature=0,
+        max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "place", "schema": schema}})
+    assert list(json.loads(response.output_text)) == ["city"]
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"input": [{"role": "user", "content": [{"type": "input_image",
+                                              "image_url": "data:image/png;base64,AA"}]}]},
+     "only text parts"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
+    ({"input": [{"type": "computer_call"}]}, "not supported"),
+])
+def test_what_it_cannot_do_is_a_400_naming_it(client, bad, says):
+    with pytest.raises(openai.BadRequestError, match=says):
+        client.responses.create(model="smollm2:135m", **bad)
