@@ -1,10 +1,14 @@
 """The Anthropic Messages API (`POST /v1/messages`), as a thin converter onto the one generate
-path (`core.start`): text in, text out, streamed as Anthropic's events.
+path (`core.start`), streamed as Anthropic's events.
 
 What it takes: `system` (a string or text blocks), `messages` whose content is a string or
-text blocks, `max_tokens` (required, as Anthropic requires it), `temperature`, `top_p`,
-`top_k`, `stop_sequences`, `stream`. Images, documents and tool blocks are refused with a 400
-naming them (tools: not yet). Errors have Anthropic's shape (`errors.error_response`).
+blocks — text, `tool_use`, `tool_result`, `thinking` — `tools` (name, description,
+input_schema) with `tool_choice` (auto, any, tool, none), `thinking` (enabled or disabled:
+the template's thinking on or off), `max_tokens` (required, as Anthropic requires it),
+`temperature`, `top_p`, `top_k`, `stop_sequences`, `stream`. A reply is `thinking`, `text`
+and `tool_use` blocks in the order the model wrote them (stop_reason `tool_use` when it
+called). Images and documents are refused with a 400 naming them. Errors have Anthropic's
+shape (`errors.error_response`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pydantic import Field
 from localinfer.api import core
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
+from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
+from localinfer.backends.chat_format import Piece, Reply, arguments_object
 
 __all__ = ["router"]
 
@@ -49,14 +55,36 @@ class MessagesRequest(core.Lenient):
     stop_sequences: Optional[list[str]] = Field(None, max_length=64)
     stream: bool = False
     tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[dict[str, Any]] = None
+    thinking: Optional[dict[str, Any]] = None
+    # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
+    grammar: Optional[str] = Field(None, max_length=512 * 1024)
 
     def params(self) -> SamplingParams:
-        if self.tools:
-            raise ApiError(400, "tools are not supported on /v1/messages yet — use "
-                                "/v1/chat/completions or /api/chat for tool calls")
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                               min_p=0.0, max_tokens=self.max_tokens,
-                              stop=tuple(self.stop_sequences or ()))
+                              stop=tuple(self.stop_sequences or ()), grammar=self.grammar)
+
+    def tool_spec(self) -> ToolSpec | None:
+        functions = []
+        for i, tool in enumerate(self.tools or ()):
+            if tool.get("type") not in (None, "custom"):
+                raise ApiError(400, f"tools[{i}]: only client tools are supported, not "
+                                    f"{tool.get('type')!r}")
+            functions.append({"name": tool.get("name"), "description": tool.get("description", ""),
+                              "parameters": tool.get("input_schema") or {"type": "object"}})
+        kind = (self.tool_choice or {}).get("type", "auto")
+        choice: Any = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+        if kind == "tool":
+            choice = {"function": {"name": (self.tool_choice or {}).get("name")}}
+        elif choice is None:
+            raise ApiError(400, "tool_choice.type must be auto, any, tool or none")
+        return ToolSpec.from_request(functions, choice)
+
+    def template_args(self) -> dict[str, Any] | None:
+        kind = (self.thinking or {}).get("type")
+        return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") \
+            else None
 
 
 def _text(content: Union[str, list[Block], None], where: str) -> str:
@@ -64,20 +92,56 @@ def _text(content: Union[str, list[Block], None], where: str) -> str:
         return content or ""
     for block in content:
         if block.type != "text":
-            raise ApiError(400, f"{where}: only text blocks are supported, not "
-                                f"{block.type!r} — this model takes no images or documents, "
-                                f"and tools are not supported here yet")
+            raise ApiError(400, f"{where}: only text blocks are supported here, not "
+                                f"{block.type!r}")
     return "".join(block.text or "" for block in content)
 
 
-def _messages(body: MessagesRequest) -> list[dict[str, str]]:
+def _messages(body: MessagesRequest) -> list[dict[str, Any]]:
+    """Anthropic's turns as chat messages: tool_use blocks are the assistant's calls,
+    tool_result blocks tool messages, thinking blocks the assistant's reasoning."""
     out = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
-    return out + [{"role": m.role, "content": _text(m.content, f"messages[{i}]")}
-                  for i, m in enumerate(body.messages)]
+    for i, message in enumerate(body.messages):
+        where = f"messages[{i}]"
+        if isinstance(message.content, str):
+            out.append({"role": message.role, "content": message.content})
+            continue
+        turn: dict[str, Any] = {"role": message.role, "content": ""}
+        results = []
+        for block in message.content:
+            extra = block.model_extra or {}
+            if block.type == "text":
+                turn["content"] += block.text or ""
+            elif block.type == "tool_use" and message.role == "assistant":
+                turn.setdefault("tool_calls", []).append({
+                    "id": str(extra.get("id", "")), "type": "function",
+                    "function": {"name": str(extra.get("name", "")),
+                                 "arguments": extra.get("input") or {}}})
+            elif block.type == "thinking" and message.role == "assistant":
+                turn["reasoning_content"] = (turn.get("reasoning_content", "")
+                                             + str(extra.get("thinking") or ""))
+            elif block.type == "redacted_thinking":
+                continue
+            elif block.type == "tool_result" and message.role == "user":
+                content = extra.get("content")
+                results.append({"role": "tool", "tool_call_id": str(extra.get("tool_use_id", "")),
+                                "content": content if isinstance(content, str) else _text(
+                                    [Block.model_validate(b) for b in content or []],
+                                    f"{where}.tool_result")})
+            else:
+                raise ApiError(400, f"{where}: {block.type!r} blocks are not supported in a "
+                                    f"{message.role} turn — this model takes no images or "
+                                    f"documents")
+        out += results  # (a user turn's tool results answer the calls just before it)
+        if turn["content"] or turn.get("tool_calls") or not results:
+            out.append(turn)
+    return out
 
 
-def _stop(stats: RequestStats) -> tuple[str, str | None]:
+def _stop(stats: RequestStats, called: bool = False) -> tuple[str, str | None]:
     """Anthropic's stop_reason, and the stop sequence that ended the reply, if one did."""
+    if called:
+        return "tool_use", None
     if stats.finish_reason == "length":
         return "max_tokens", None
     if stats.stop_string is not None:
@@ -91,47 +155,111 @@ def _usage(stats: RequestStats, job: core.Job) -> dict[str, int]:
 
 @router.post("/messages")
 async def messages(body: MessagesRequest, request: Request):
-    params = body.params()
-    job = await core.start(request.app.state.pool, body.model, params,
-                           messages=_messages(body))
+    job = await core.start(request.app.state.pool, body.model, body.params(),
+                           messages=_messages(body), tools=body.tool_spec(),
+                           template_args=body.template_args())
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         return StreamingResponse(_stream(job, message_id), media_type="text/event-stream")
     text, stats = await job.collect()
     observe(job, stats)
-    reason, sequence = _stop(stats)
+    reader = job.parser()
+    reply = Reply.of([*reader.feed(text), *reader.close()])
+    content: list[dict[str, Any]] = []
+    if reply.reasoning:
+        content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})
+    if reply.content or not reply.calls:
+        content.append({"type": "text", "text": reply.content})
+    content += [{"type": "tool_use", "id": c["id"], "name": c["name"],
+                 "input": arguments_object(c["arguments"])} for c in reply.calls]
+    reason, sequence = _stop(stats, bool(reply.calls))
     return {"id": message_id, "type": "message", "role": "assistant", "model": job.model.name,
-            "content": [{"type": "text", "text": text}], "stop_reason": reason,
-            "stop_sequence": sequence, "usage": _usage(stats, job)}
+            "content": content, "stop_reason": reason, "stop_sequence": sequence,
+            "usage": _usage(stats, job)}
 
 
 def _event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 
 
+class _Blocks:
+    """The reply's content blocks as Anthropic streams them: each opened, its deltas, closed."""
+
+    def __init__(self) -> None:
+        self.index = -1
+        self.open: str | None = None
+        self.called = False
+
+    def add(self, piece: Piece) -> list[str]:
+        kind = {"content": "text", "reasoning": "thinking", "call": "tool_use",
+                "arguments": "tool_use"}.get(piece.kind)
+        if kind is None:
+            return []
+        events = []
+        if piece.kind == "call" or self.open != kind:
+            events += self.close()
+            self.index += 1
+            self.open = kind
+            block: dict[str, Any] = {"type": kind, kind: ""} if kind != "tool_use" else {
+                "type": "tool_use", "id": piece.id, "name": piece.name, "input": {}}
+            if kind == "thinking":
+                block["signature"] = ""
+            self.called |= kind == "tool_use"
+            events.append(_event("content_block_start", {"index": self.index,
+                                                         "content_block": block}))
+        if piece.kind == "content":
+            delta = {"type": "text_delta", "text": piece.text}
+        elif piece.kind == "reasoning":
+            delta = {"type": "thinking_delta", "thinking": piece.text}
+        elif piece.kind == "arguments":
+            delta = {"type": "input_json_delta", "partial_json": piece.text}
+        else:
+            return events
+        events.append(_event("content_block_delta", {"index": self.index, "delta": delta}))
+        return events
+
+    def close(self) -> list[str]:
+        if self.open is None:
+            return []
+        events = []
+        if self.open == "thinking":
+            events.append(_event("content_block_delta", {
+                "index": self.index, "delta": {"type": "signature_delta", "signature": ""}}))
+        self.open = None
+        return events + [_event("content_block_stop", {"index": self.index})]
+
+
 async def _stream(job: core.Job, message_id: str) -> AsyncIterator[str]:
-    """Anthropic's events: message_start, a text block's start, deltas and stop, then
+    """Anthropic's events: message_start, each block's start, deltas and stop, then
     message_delta (stop reason, usage) and message_stop; an error mid-stream is an `error`
     event."""
     yield _event("message_start", {"message": {
         "id": message_id, "type": "message", "role": "assistant", "model": job.model.name,
         "content": [], "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": job.prompt_tokens, "output_tokens": 0}}})
-    yield _event("content_block_start", {"index": 0,
-                                         "content_block": {"type": "text", "text": ""}})
+    reader = job.parser()
+    blocks = _Blocks()
     async for event in job.events():
         if isinstance(event, ErrorEvent):
             yield _event("error", {"error": {"type": "api_error", "message": str(event.error)}})
             return
         if isinstance(event, DoneEvent):
             observe(job, event.stats)
-            reason, sequence = _stop(event.stats)
-            yield _event("content_block_stop", {"index": 0})
+            for piece in reader.close():
+                for line in blocks.add(piece):
+                    yield line
+            if blocks.index < 0:  # an empty reply is one empty text block
+                yield _event("content_block_start", {"index": 0, "content_block": {
+                    "type": "text", "text": ""}})
+                yield _event("content_block_stop", {"index": 0})
+            for line in blocks.close():
+                yield line
+            reason, sequence = _stop(event.stats, blocks.called)
             yield _event("message_delta", {
                 "delta": {"stop_reason": reason, "stop_sequence": sequence},
                 "usage": {"output_tokens": event.stats.generated_tokens}})
             yield _event("message_stop", {})
             return
-        if event.text:
-            yield _event("content_block_delta", {"index": 0, "delta": {"type": "text_delta",
-                                                                       "text": event.text}})
+        for piece in reader.feed(event.text):
+            for line in blocks.add(piece):
+                yield line

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import anthropic
 import httpx
 import ollama
 import openai
@@ -210,3 +211,32 @@ def test_responses_api_forces_a_call_in_the_familys_syntax(families):
                                        max_output_tokens=60, temperature=0)
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
+
+
+def test_anthropic_client_gets_thinking_and_tool_use_and_sends_results_back(families):
+    server, names = families
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    tool = {"name": "get_weather", "description": "Current weather in a city",
+            "input_schema": WEATHER["function"]["parameters"]}
+    said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
+            '"arguments": {"city": "Paris"}}\n</tool_call>')
+    request = dict(model=names["qwen3"], max_tokens=60, tools=[tool], messages=ASK,
+                   extra_body={"grammar": _text(said)})
+    with client.messages.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "tool_use"]
+    assert final.content[0].thinking == "Check the weather."
+    assert final.content[1].name == "get_weather" and final.content[1].input == {"city": "Paris"}
+    assert final.stop_reason == "tool_use" and "content_block_delta" in kinds
+    whole = client.messages.create(**request)
+    assert [b.type for b in whole.content] == ["thinking", "tool_use"]
+    # the result goes back as a tool_result block; tool_choice "any" forces a call
+    again = client.messages.create(
+        model=names["qwen3"], max_tokens=60, tools=[tool], tool_choice={"type": "any"},
+        messages=[*ASK, {"role": "assistant", "content": whole.content},
+                  {"role": "user", "content": [{"type": "tool_result",
+                                                "tool_use_id": whole.content[1].id,
+                                                "content": "sunny, 21 C"}]}])
+    assert again.stop_reason == "tool_use" and again.content[-1].name == "get_weather"
+    assert again.usage.input_tokens > whole.usage.input_tokens
