@@ -27,7 +27,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
-from localinfer.backends.chat_format import Piece, Reply, arguments_object
+from localinfer.backends.chat_format import Piece, arguments_object
 
 __all__ = ["router"]
 
@@ -161,10 +161,8 @@ async def messages(body: MessagesRequest, request: Request):
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         return StreamingResponse(_stream(job, message_id), media_type="text/event-stream")
-    text, stats = await job.collect()
+    reply, stats, _ = await job.read()
     observe(job, stats)
-    reader = job.parser()
-    reply = Reply.of([*reader.feed(text), *reader.close()])
     content: list[dict[str, Any]] = []
     if reply.reasoning:
         content.append({"type": "thinking", "thinking": reply.reasoning, "signature": ""})

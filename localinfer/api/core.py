@@ -13,7 +13,6 @@ import contextlib
 import functools
 import re
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +24,8 @@ from localinfer.api.errors import ApiError
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
-from localinfer.backends.chat_format import HARMONY, ChatFormat, ReplyParser, detect, parser
+from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
+                                             opens_reasoning, parser)
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
@@ -91,6 +91,19 @@ class Job:
         """Give up on a job whose events nobody will read."""
         self.generation.cancel()
         await self._release.aclose()
+
+    async def read(self) -> tuple[Reply, RequestStats, int]:
+        """A whole chat reply, taken apart as it streamed: content, reasoning and calls, the
+        numbers, and how many of its tokens were reasoning."""
+        reader = self.parser()
+        pieces: list[Piece] = []
+        async for event in self.events():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if not isinstance(event, DoneEvent):
+                pieces += reader.feed(event.text)
+        pieces += reader.close()
+        return Reply.of(pieces), self.stats, reader.reasoning_tokens
 
     async def collect(self) -> tuple[str, RequestStats]:
         pieces = []
@@ -193,7 +206,7 @@ def _start(backend: Backend, params: SamplingParams,
     tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
                                 template_args)
     try:
-        return tokens, generation, _opens_reasoning(backend, fmt, tokens)
+        return tokens, generation, opens_reasoning(backend, fmt, tokens)
     except BaseException:
         generation.cancel()
         raise
@@ -223,22 +236,6 @@ def _begin(backend: Backend, params: SamplingParams,
         tokens = [*context, *more]
         return tokens, backend.generate(tokens, params)
     return backend.start(params, messages, prompt, template_args or None)
-
-
-_THINK_TAILS: weakref.WeakKeyDictionary[Backend, list[list[int]]] = weakref.WeakKeyDictionary()
-
-
-def _opens_reasoning(backend: Backend, fmt: ChatFormat | None, tokens: Sequence[int]) -> bool:
-    """Whether the prompt ends inside a reasoning block its template opened (DeepSeek-R1 and
-    QwQ write `<think>` themselves): then the reply starts as reasoning."""
-    if fmt is None or fmt.think is None or fmt is HARMONY:
-        return False
-    tails = _THINK_TAILS.get(backend)
-    if tails is None:
-        opener = fmt.think[0]
-        tails = [backend.tokenize(opener + end, add_special=False) for end in ("", "\n")]
-        _THINK_TAILS[backend] = tails
-    return any(tail and list(tokens[-len(tail):]) == tail for tail in tails)
 
 
 def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,

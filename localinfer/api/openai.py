@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import struct
 import time
@@ -152,18 +153,19 @@ def _grammar(fmt: ResponseFormat | None) -> str | None:
     return json_schema_grammar(schema)
 
 
-def usage(stats: RequestStats, prompt_tokens: int) -> dict[str, Any]:
+def usage(stats: RequestStats, prompt_tokens: int, reasoning: int = 0) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": stats.generated_tokens,
         "total_tokens": prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": reasoning},
     }
 
 
-def timings(stats: RequestStats) -> dict[str, Any]:
+def timings(stats: RequestStats, reasoning: int = 0) -> dict[str, Any]:
     """Our measurements, in an extra field that OpenAI clients ignore (Figures.to_timings)."""
-    return stats.figures().to_timings()
+    return dataclasses.replace(stats.figures(), reasoning_tokens=reasoning).to_timings()
 
 
 def _finish(stats: RequestStats) -> str:
@@ -261,12 +263,13 @@ class _ChatShape:
         chunks = self._pieces(self.parser.close())
         last = self._chunk({} if self.sent_role else {"role": "assistant", "content": ""},
                            "tool_calls" if self.called else _finish(stats))
-        last["timings"] = timings(stats)
+        reasoning = self.parser.reasoning_tokens
+        last["timings"] = timings(stats, reasoning)
         chunks.append(last)
         if self.body.stream_options and self.body.stream_options.include_usage:
             tail = self._chunk({}, None)
             tail["choices"] = []
-            tail["usage"] = usage(stats, self.job.prompt_tokens)
+            tail["usage"] = usage(stats, self.job.prompt_tokens, reasoning)
             chunks.append(tail)
         return chunks
 
@@ -305,16 +308,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     if body.stream:
         return StreamingResponse(_stream(job, _ChatShape(job, body)),
                                  media_type="text/event-stream")
-    text, stats = await job.collect()
+    reply, stats, reasoning = await job.read()
     observe(job, stats)
-    reader = job.parser()
-    reply = Reply.of([*reader.feed(text), *reader.close()])
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
         "created": int(time.time()), "model": job.model.name,
         "choices": [{"index": 0, "message": _message(reply), "logprobs": None,
                      "finish_reason": "tool_calls" if reply.calls else _finish(stats)}],
-        "usage": usage(stats, job.prompt_tokens), "timings": timings(stats),
+        "usage": usage(stats, job.prompt_tokens, reasoning),
+        "timings": timings(stats, reasoning),
     }
 
 

@@ -14,6 +14,7 @@ the model wrote them, each streamed as the API's events. Images and built-in too
 from __future__ import annotations
 
 import collections
+import dataclasses
 import json
 import threading
 import time
@@ -285,7 +286,7 @@ class _Output:
                                      delta=piece.text))
         return events
 
-    def finish(self, stats: RequestStats, job: core.Job) -> list[dict[str, Any]]:
+    def finish(self, stats: RequestStats, job: core.Job, reasoning: int) -> list[dict[str, Any]]:
         events = self._close()
         incomplete = stats.finish_reason == "length"
         self.response.update({
@@ -295,9 +296,10 @@ class _Output:
             "usage": {"input_tokens": job.prompt_tokens,
                       "input_tokens_details": {"cached_tokens": stats.cached_tokens},
                       "output_tokens": stats.generated_tokens,
-                      "output_tokens_details": {"reasoning_tokens": 0},
+                      "output_tokens_details": {"reasoning_tokens": reasoning},
                       "total_tokens": job.prompt_tokens + stats.generated_tokens},
-            "timings": stats.figures().to_timings(),
+            "timings": dataclasses.replace(stats.figures(),
+                                           reasoning_tokens=reasoning).to_timings(),
         })
         return events
 
@@ -354,12 +356,11 @@ async def responses(body: ResponsesRequest, request: Request):
 
     if body.stream:
         return StreamingResponse(_stream(job, output, keep), media_type="text/event-stream")
-    text, stats = await job.collect()
+    reply, stats, reasoning = await job.read()
     observe(job, stats)
-    reader = job.parser()
-    for piece in [*reader.feed(text), *reader.close()]:
+    for piece in reply.pieces:
         output.add(piece)
-    output.finish(stats, job)
+    output.finish(stats, job, reasoning)
     keep()
     return output.response
 
@@ -385,7 +386,7 @@ async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
             for piece in reader.close():
                 for item in output.add(piece):
                     yield _sse(item)
-            for item in output.finish(event.stats, job):
+            for item in output.finish(event.stats, job, reader.reasoning_tokens):
                 yield _sse(item)
             keep()
             yield _sse(output.event("response.completed", response=output.response))

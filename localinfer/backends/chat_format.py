@@ -24,6 +24,7 @@ import re
 import secrets
 import string
 import threading
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +32,7 @@ from typing import Any
 from localinfer.backends.grammar import framed_json_grammar, literal
 
 __all__ = ["ChatFormat", "Piece", "Reply", "ReplyParser", "arguments_object", "call_grammar",
-           "detect", "parser"]
+           "detect", "opens_reasoning", "parser"]
 
 
 @dataclass(frozen=True)
@@ -54,8 +55,10 @@ class Reply:
     content: str = ""
     reasoning: str = ""
     calls: list[dict[str, str]] = field(default_factory=list)  # id, name, arguments (JSON)
+    pieces: list[Piece] = field(default_factory=list)  # all of them, in the reply's order
 
     def add(self, piece: Piece) -> None:
+        self.pieces.append(piece)
         if piece.kind == "content":
             self.content += piece.text
         elif piece.kind == "reasoning":
@@ -749,6 +752,23 @@ def _xml_grammar(fmt: ChatFormat, tools: Sequence[tuple[str, Mapping[str, Any]]]
     return f"root ::= {' | '.join(alternatives)}\ntext ::= [^<]*\n"
 
 
+# ---------------------------------------------------------------------------- the prompt's end
+_THINK_TAILS: weakref.WeakKeyDictionary[Any, list[list[int]]] = weakref.WeakKeyDictionary()
+
+
+def opens_reasoning(backend: Any, fmt: ChatFormat | None, tokens: Sequence[int]) -> bool:
+    """Whether a prompt (its tokens) ends inside a reasoning block its template opened
+    (DeepSeek-R1 and QwQ write `<think>` themselves): then the reply starts as reasoning.
+    `backend` tokenizes the block's opening mark, once per model."""
+    if fmt is None or fmt.think is None or fmt is HARMONY:
+        return False
+    tails = _THINK_TAILS.get(backend)
+    if tails is None:
+        tails = [backend.tokenize(fmt.think[0] + end, add_special=False) for end in ("", "\n")]
+        _THINK_TAILS[backend] = tails
+    return any(tail and list(tokens[-len(tail):]) == tail for tail in tails)
+
+
 # ---------------------------------------------------------------------------- the parser
 def _held(text: str, markers: Sequence[str]) -> int:
     """How many characters at the end of `text` may be the start of a marker."""
@@ -787,9 +807,16 @@ class ReplyParser:
         self.degraded = False
         self.scans: dict[int, tuple[int, int, bool]] = {}  # the section's JSON scans so far
 
+    reasoning_tokens = 0  # pieces fed (tokens, as the engine streams them) while reasoning
+
     def feed(self, text: str) -> list[Piece]:
+        """The next piece of the reply (a token's text): what can be said of it now."""
+        thinking = self.state == "reasoning"
         self.buffer += text
-        return self._advance(final=False)
+        pieces = self._advance(final=False)
+        if thinking or any(p.kind == "reasoning" for p in pieces):
+            self.reasoning_tokens += 1
+        return pieces
 
     def close(self) -> list[Piece]:
         return self._advance(final=True)

@@ -147,6 +147,7 @@ class Figures:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     preemptions: int = 0
+    reasoning_tokens: int = 0  # of the generated tokens, those a reasoning block took
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -170,6 +171,7 @@ class Figures:
             "prefill_tps": self.prefill_tps, "decode_tps": self.decode_tps,
             "draft_n": self.draft_tokens, "draft_n_accepted": self.accepted_tokens,
             "context_shifts": self.context_shifts, "preemptions": self.preemptions,
+            "reasoning_n": self.reasoning_tokens,
         }
 
     @classmethod
@@ -188,7 +190,8 @@ class Figures:
             finish_reason=finish, context_shifts=timings.get("context_shifts") or 0,
             draft_tokens=timings.get("draft_n") or 0,
             accepted_tokens=timings.get("draft_n_accepted") or 0,
-            preemptions=timings.get("preemptions") or 0)
+            preemptions=timings.get("preemptions") or 0,
+            reasoning_tokens=timings.get("reasoning_n") or 0)
 
     def ollama_durations(self) -> dict[str, int]:
         """Ollama's prompt and reply durations, in nanoseconds."""
@@ -208,6 +211,8 @@ class Figures:
             prompt += f" @ {self.prefill_tps:.1f} tok/s"
         parts.append(prompt)
         gen = f"generated {self.generated_tokens} tok"
+        if self.reasoning_tokens:
+            gen += f" ({self.reasoning_tokens} reasoning)"
         if self.decode_tps is not None:
             gen += f" @ {self.decode_tps:.1f} tok/s"
         parts.append(gen)
@@ -228,7 +233,8 @@ class Figures:
             if self.cached_tokens:
                 prompt += f" ({self.cached_tokens} cached)"
             parts.append(prompt)
-        parts.append(f"{self.generated_tokens} generated")
+        parts.append(f"{self.generated_tokens} generated" + (
+            f" ({self.reasoning_tokens} reasoning)" if self.reasoning_tokens else ""))
         parts += self._extras()
         if self.finish_reason not in (None, "stop"):
             parts.append(str(self.finish_reason))

@@ -136,9 +136,14 @@ def test_reasoning_comes_apart_from_the_answer(families, oai, family, said):
     reasoning = [getattr(d, "reasoning_content", None) for d in deltas]
     assert "".join(r for r in reasoning if r) == "First, the plan."
     assert "".join(d.content or "" for d in deltas) == "The answer."
-    message = oai.chat.completions.create(temperature=0, **request).choices[0].message
+    reply = oai.chat.completions.create(temperature=0, **request)
+    message = reply.choices[0].message
     assert message.content == "The answer."
     assert message.model_extra["reasoning_content"] == "First, the plan."
+    # the reasoning's tokens, counted apart, are some of the reply's
+    reasoning = reply.usage.completion_tokens_details.reasoning_tokens
+    assert 3 <= reasoning < reply.usage.completion_tokens
+    assert reply.model_extra["timings"]["reasoning_n"] == reasoning
 
 
 def test_ollama_client_gets_thinking_and_tool_calls(families):
