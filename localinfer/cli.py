@@ -123,6 +123,9 @@ def run(
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
     workers: Annotated[Optional[str], _flag("workers")] = None,
     split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
+    think: Annotated[Optional[bool], typer.Option(
+        "--think/--no-think", help="A thinking model thinks first, or answers at once [its "
+        "template's default]; its reasoning is shown dimmed in a terminal.")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
@@ -154,9 +157,9 @@ def run(
             backend = load_model(model, options, settings)
         with backend:
             if one_shot is not None:
-                answer_once(backend, one_shot, system, params)
+                answer_once(backend, one_shot, system, params, think=think)
             else:
-                interactive(backend, system, params)
+                interactive(backend, system, params, think=think)
 
 
 def _warm_runner() -> None:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
+from localinfer.backends.chat_format import Piece, detect, opens_reasoning, parser
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import LocalinferError
 
@@ -26,30 +28,97 @@ class Reply:
     text: str
     stats: RequestStats | None
     interrupted: bool = False
+    reasoning: str = ""  # what a thinking model thought before its answer
+    reasoning_tokens: int = 0
+
+    def message(self) -> dict[str, Any]:
+        """The reply as the next turn's history holds it (its template decides whether the
+        reasoning is written back)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text}
+        if self.reasoning:
+            message["reasoning_content"] = self.reasoning
+        return message
+
+    def summary(self) -> str | None:
+        if self.stats is None:
+            return None
+        return dataclasses.replace(self.stats.figures(),
+                                   reasoning_tokens=self.reasoning_tokens).summary()
+
+
+_DIM, _UNDIM = "\x1b[2m", "\x1b[22m"
+
+
+class _Writer:
+    """A reply's pieces to the terminal: the answer as it is; reasoning dimmed on a terminal
+    (left out where `think` is False, and where the output is not a terminal unless `think`
+    asked for it), a blank line between the two."""
+
+    def __init__(self, out: TextIO, think: bool | None):
+        self.out = out
+        self.tty = out.isatty()
+        self.show = think is True or (think is None and self.tty)
+        self.thinking = False
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+
+    def write(self, pieces: list[Piece]) -> None:
+        for piece in pieces:
+            if piece.kind == "reasoning":
+                self.reasoning.append(piece.text)
+                if self.show:
+                    self.out.write((_DIM if self.tty and not self.thinking else "") + piece.text)
+                    self.thinking = True
+            elif piece.kind == "content":
+                self._end_thinking()
+                self.content.append(piece.text)
+                self.out.write(piece.text)
+        self.out.flush()
+
+    def _end_thinking(self) -> None:
+        if self.thinking:
+            self.out.write((_UNDIM if self.tty else "") + "\n\n")
+            self.thinking = False
+
+    def reply(self, stats: RequestStats | None, reasoning_tokens: int,
+              interrupted: bool = False) -> Reply:
+        if self.thinking and self.tty:
+            self.out.write(_UNDIM)
+            self.thinking = False
+        return Reply("".join(self.content), stats, interrupted, "".join(self.reasoning),
+                     reasoning_tokens)
 
 
 def stream_reply(backend: Backend, messages: list[dict[str, str]], params: SamplingParams,
-                 out: TextIO) -> Reply:
-    """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written."""
-    generation = None
-    pieces: list[str] = []
+                 out: TextIO, think: bool | None = None) -> Reply:
+    """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written. A thinking
+    model's reasoning is shown apart (_Writer); `think` turns its template's thinking on or
+    off (None: the template's default)."""
+    fmt = detect(backend.info.chat_template)
+    template_args = ({"enable_thinking": True if think is None else think} if fmt.think
+                     else None)
+    writer = _Writer(out, think)
+    generation = reader = None
     try:
-        generation = backend.chat(messages, params)
+        tokens, generation = backend.start(params, messages, None, template_args)
+        reader = parser(fmt, None, opens_reasoning(backend, fmt, tokens))
         for event in generation:
             if isinstance(event, TokenEvent):
-                pieces.append(event.text)
-                out.write(event.text)
-                out.flush()
+                writer.write(reader.feed(event.text))
             elif isinstance(event, ErrorEvent):
                 raise event.error
+        writer.write(reader.close())
     except KeyboardInterrupt:
         if generation is None:  # interrupted before the request was queued
             return Reply("", None, interrupted=True)
         generation.cancel()
         for _ in generation:  # the engine answers the cancel within one step
             pass
-        return Reply("".join(pieces), generation.stats, interrupted=True)
-    return Reply("".join(pieces), generation.stats)
+        if reader is not None:
+            writer.write(reader.close())
+        return writer.reply(generation.stats, reader.reasoning_tokens if reader else 0,
+                            interrupted=True)
+    return writer.reply(generation.stats, reader.reasoning_tokens)
 
 
 def fit_to_context(backend: Backend, messages: list[dict[str, str]], reserve: int
@@ -78,16 +147,18 @@ def reply_room(backend: Backend, params: SamplingParams) -> int:
 
 
 def _print_stats(reply: Reply, err: Console) -> None:
-    if reply.stats is not None:
-        err.print(reply.stats.summary(), style="dim", highlight=False, soft_wrap=True, markup=False)
+    summary = reply.summary()
+    if summary is not None:
+        err.print(summary, style="dim", highlight=False, soft_wrap=True, markup=False)
 
 
 def answer_once(backend: Backend, prompt: str, system: str | None, params: SamplingParams,
-                out: TextIO = sys.stdout, err: Console | None = None) -> Reply:
+                out: TextIO = sys.stdout, err: Console | None = None,
+                think: bool | None = None) -> Reply:
     err = err or Console(stderr=True)
     messages = ([{"role": "system", "content": system}] if system else [])
     messages.append({"role": "user", "content": prompt})
-    reply = stream_reply(backend, messages, params, out)
+    reply = stream_reply(backend, messages, params, out, think)
     out.write("\n")
     out.flush()
     _print_stats(reply, err)
@@ -107,7 +178,8 @@ def _read_line() -> str | None:
 
 
 def interactive(backend: Backend, system: str | None, params: SamplingParams,
-                out: TextIO = sys.stdout, err: Console | None = None) -> None:
+                out: TextIO = sys.stdout, err: Console | None = None,
+                think: bool | None = None) -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -139,7 +211,7 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
                       f"/clear starts afresh, --ctx gives more room)", style="dim",
                       highlight=False, soft_wrap=True, markup=False)
         try:
-            reply = stream_reply(backend, history, params, out)
+            reply = stream_reply(backend, history, params, out, think)
         except LocalinferError as exc:
             history.pop()  # the turn never happened: keep the history clean
             err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
@@ -147,5 +219,5 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
         out.write("\n")
         if reply.interrupted:
             err.print("[stopped]", style="dim", highlight=False, markup=False)
-        history.append({"role": "assistant", "content": reply.text})
+        history.append(reply.message())
         _print_stats(reply, err)
