@@ -22,7 +22,7 @@ from localinfer.backends.base import SamplingParams
 from localinfer.backends.metrics import Figures, RequestStats
 from localinfer.errors import LocalinferError, user_message
 from localinfer.files import write_atomically
-from localinfer.tui.client import ChatClient
+from localinfer.tui.client import ChatClient, Thought
 from localinfer.tui.screens import (ConversationDeleted, ConversationList, ModelPicker,
                                     SettingsScreen)
 from localinfer.tui.conversations import (Conversation, ConversationStore, SaveFailed, StoredMessage,
@@ -151,11 +151,14 @@ class ChatApp(App):
 
     def _messages_for_model(self) -> list[dict[str, str]]:
         system = self._system()
-        turns = [{"role": m.role, "content": m.content} for m in self.history]
+        turns = [{"role": m.role, "content": m.content,
+                  **({"reasoning_content": m.reasoning} if m.reasoning else {})}
+                 for m in self.history]
         return ([{"role": "system", "content": system}] if system else []) + turns
 
     async def _show(self, message: StoredMessage) -> MessageBox:
-        box = MessageBox(message.role, message.content, message.figures, message.id)
+        box = MessageBox(message.role, message.content, message.figures, message.id,
+                         message.reasoning)
         welcome = self.query("#welcome")
         if welcome:
             await welcome.remove()
@@ -210,13 +213,23 @@ class ChatApp(App):
         stream = Markdown.get_stream(box.markdown)
         live = RequestStats(submitted_at=time.monotonic())  # our clock, until the engine's arrives
         pieces: list[str] = []
+        thoughts: list[str] = []
         figures: Figures | None = None
         stopped = False
         shown_at, unshown = 0.0, 0
         agen = self.client.stream(self._messages_for_model(), self._sampling())
         try:
             async for piece in agen:
-                if isinstance(piece, str):
+                if isinstance(piece, Thought):
+                    now = time.monotonic()
+                    live.token_times.append(now)
+                    thoughts.append(piece)
+                    if now - shown_at > DRAW_INTERVAL:
+                        box.show_reasoning("".join(thoughts), thinking=True)
+                        shown_at = now
+                elif isinstance(piece, str):
+                    if thoughts and box.thinking.collapsed is False:
+                        box.show_reasoning("".join(thoughts), thinking=False)
                     now = time.monotonic()
                     live.token_times.append(now)
                     pieces.append(piece)
@@ -249,7 +262,9 @@ class ChatApp(App):
                 if stopped and unshown:  # what was written before Esc, not yet drawn
                     await stream.write("".join(pieces[len(pieces) - unshown:]))
                 await stream.stop()
-                self._keep_reply(box, "".join(pieces), figures)
+                if thoughts:
+                    box.show_reasoning("".join(thoughts), thinking=False)
+                self._keep_reply(box, "".join(pieces), figures, "".join(thoughts))
 
     async def _draw(self, box: MessageBox, stream, pieces: list[str], unshown: int,
                     live: RequestStats) -> None:
@@ -258,9 +273,11 @@ class ChatApp(App):
         self.status_bar.figures = live.figures()
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 
-    def _keep_reply(self, box: MessageBox, text: str, figures: Figures | None) -> None:
+    def _keep_reply(self, box: MessageBox, text: str, figures: Figures | None,
+                    reasoning: str = "") -> None:
         assert self.conversation is not None
-        saved = StoredMessage("assistant", text, figures, model=self.model_name)
+        saved = StoredMessage("assistant", text, figures, model=self.model_name,
+                              reasoning=reasoning)
         # not saved: shown and kept for this session, only not on disk (its id stays None)
         self.save(self.store.add, self.conversation.id, saved,
                   after="The reply stays on screen but is not saved.")

@@ -4,7 +4,8 @@ know which one they talk to.
 
 A reply streams as text pieces followed by its `Figures` — the engine's own in-process, the
 server's `timings` read back into them remotely — so the status bar and the saved
-conversation read one type, measured by the engine that produced the tokens.
+conversation read one type, measured by the engine that produced the tokens. A thinking
+model's reasoning comes as `Thought` pieces, apart from its answer.
 """
 
 from __future__ import annotations
@@ -21,16 +22,23 @@ import httpx
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
+from localinfer.backends.chat_format import ChatFormat, detect, opens_reasoning, parser
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
 from localinfer.model_store.hardware import Hardware
 from localinfer.settings import DEFAULT_MODEL, Settings
 
-__all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient"]
+__all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient", "Thought"]
 
 Messages = Sequence[Mapping[str, str]]
-Piece = str | Figures  # text, then the figures of the finished reply
+
+
+class Thought(str):
+    """A piece of a reply's reasoning (the answer's pieces are plain `str`)."""
+
+
+Piece = str | Figures  # text (a Thought: reasoning), then the figures of the finished reply
 
 
 @dataclass(frozen=True)
@@ -180,17 +188,23 @@ class LocalClient(ChatClient):
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:
             raise LocalinferError("no model is loaded yet")
-        generation = await asyncio.to_thread(_chat_within_context, self.backend, messages,
-                                             params)
+        backend = self.backend
+        fmt = detect(backend.info.chat_template)
+        tokens, generation = await asyncio.to_thread(_chat_within_context, backend, messages,
+                                                     params, fmt)
         self._generation = generation
+        reader = parser(fmt, None, await asyncio.to_thread(opens_reasoning, backend, fmt, tokens))
         finished = False
         try:
             async for event in generation.events():
                 if isinstance(event, TokenEvent):
-                    yield event.text
+                    for piece in reader.feed(event.text):
+                        yield Thought(piece.text) if piece.kind == "reasoning" else piece.text
                 elif isinstance(event, DoneEvent):
                     finished = True
-                    yield event.stats.figures()
+                    for piece in reader.close():
+                        yield Thought(piece.text) if piece.kind == "reasoning" else piece.text
+                    yield replace(event.stats.figures(), reasoning_tokens=reader.reasoning_tokens)
                 elif isinstance(event, ErrorEvent):
                     finished = True
                     raise event.error
@@ -221,13 +235,14 @@ class LocalClient(ChatClient):
         await self.pool.close()
 
 
-def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):
+def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams,
+                         fmt: ChatFormat):
     """A conversation longer than the context leaves its oldest turns out (the system
-    prompt stays), as `localinfer run` does."""
+    prompt stays), as `localinfer run` does. The prompt's tokens and the generation."""
     from localinfer.repl import fit_to_context, reply_room
 
     fitted, _ = fit_to_context(backend, list(messages), reply_room(backend, params))
-    return backend.chat(fitted, params)
+    return backend.start(params, fitted, None, {"enable_thinking": True} if fmt.think else None)
 
 
 # ---------------------------------------------------------------------------- remote
@@ -316,8 +331,11 @@ class RemoteClient(ChatClient):
                         continue
                     chunk = json.loads(line[6:])
                     for choice in chunk.get("choices", []):
-                        if choice.get("delta", {}).get("content"):
-                            yield choice["delta"]["content"]
+                        delta = choice.get("delta", {})
+                        if delta.get("reasoning_content"):
+                            yield Thought(delta["reasoning_content"])
+                        if delta.get("content"):
+                            yield delta["content"]
                     if "timings" in chunk:
                         finish = (chunk.get("choices") or [{}])[0].get("finish_reason")
                         yield Figures.from_timings(chunk["timings"], finish)

@@ -49,6 +49,8 @@ _MIGRATIONS = [
     """,
     # 2: each reply names the model that wrote it
     "ALTER TABLE messages ADD COLUMN model TEXT;",
+    # 3: a thinking model's reasoning, kept apart from its answer
+    "ALTER TABLE messages ADD COLUMN reasoning TEXT;",
 ]
 VERSION = len(_MIGRATIONS)
 
@@ -103,6 +105,7 @@ class StoredMessage:
     figures: Figures | None = None  # the reply's measured numbers
     id: int | None = None
     model: str | None = None  # the model that wrote a reply
+    reasoning: str = ""  # what a thinking model thought before its answer
 
 
 @dataclass
@@ -211,7 +214,7 @@ class ConversationStore:
                                (conversation_id,))
         return [StoredMessage(r["role"], r["content"],
                               Figures.from_dict(json.loads(r["figures"])) if r["figures"] else None, r["id"],
-                              r["model"])
+                              r["model"], r["reasoning"] or "")
                 for r in rows]
 
     def add(self, conversation_id: int, message: StoredMessage) -> StoredMessage:
@@ -219,10 +222,10 @@ class ConversationStore:
         with _saving(f"the {'reply' if message.role == 'assistant' else 'message'}"), self.db:
             cur = self.db.execute(
                 "INSERT INTO messages (conversation_id, role, content, figures, created_at,"
-                " model) VALUES (?, ?, ?, ?, ?, ?)",
+                " model, reasoning) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (conversation_id, message.role, message.content,
                  json.dumps(message.figures.to_dict()) if message.figures else None, now,
-                 message.model))
+                 message.model, message.reasoning or None))
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?",
                             (now, conversation_id))
         message.id = cur.lastrowid

@@ -7,7 +7,7 @@ from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.reactive import reactive
-from textual.widgets import Markdown, Static, TextArea
+from textual.widgets import Collapsible, Markdown, Static, TextArea
 
 from localinfer.backends.metrics import Figures
 from localinfer.tui.client import ModelStatus
@@ -35,10 +35,12 @@ class MessageBox(Vertical, can_focus=True):
     MessageBox Markdown { margin: 0; padding: 0; }
     MessageBox Markdown > MarkdownBlock:last-child { margin-bottom: 0; }
     MessageBox .figures { color: $text-muted; height: auto; }
+    MessageBox Collapsible { border: none; padding: 0; margin: 0 0 1 0; }
+    MessageBox .reasoning { color: $text-muted; text-style: italic; height: auto; }
     """
 
     def __init__(self, role: str, content: str = "", figures: Figures | None = None,
-                 message_id: int | None = None):
+                 message_id: int | None = None, reasoning: str = ""):
         super().__init__(classes=role)
         self.role = role
         self.content = content
@@ -47,10 +49,24 @@ class MessageBox(Vertical, can_focus=True):
         self.markdown = Markdown(content)
         self.figures_label = Static(_line(figures), classes="figures", markup=False)
         self.figures_label.display = bool(figures)
+        # a thinking model's reasoning: a block of its own, folded once the answer comes
+        self.reasoning = reasoning
+        self.reasoning_text = Static(reasoning, classes="reasoning", markup=False)
+        self.thinking = Collapsible(self.reasoning_text, title="Reasoning", collapsed=True)
+        self.thinking.display = bool(reasoning)
 
     def compose(self):
+        yield self.thinking
         yield self.markdown
         yield self.figures_label
+
+    def show_reasoning(self, text: str, thinking: bool) -> None:
+        """The reasoning so far: open while the model thinks, folded when it answers."""
+        self.reasoning = text
+        self.reasoning_text.update(text)
+        self.thinking.display = bool(text)
+        self.thinking.collapsed = not thinking
+        self.thinking.title = "Thinking…" if thinking else "Reasoning"
 
     def set_figures(self, figures: Figures | None) -> None:
         self.figures = figures

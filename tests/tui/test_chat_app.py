@@ -509,3 +509,29 @@ async def test_a_runner_that_dies_mid_reply_is_one_notice_and_the_next_send_rest
         await ask(app, pilot, "Hello!")
         assert app.history[-1].role == "assistant" and app.history[-1].content
         assert app.client.backend.pid != runner
+
+
+async def test_a_thinking_models_reasoning_is_a_block_of_its_own_kept_with_the_reply(
+        _private_home, monkeypatch):
+    """A random-weight Qwen 3 (tests/families.py) made to think and answer by a grammar:
+    the reasoning shows in a block of its own, folded once the answer comes, and is saved
+    with the reply, apart from it."""
+    import json
+
+    from localinfer.backends.base import SamplingParams
+
+    from ..families import family_model
+
+    app = make_app(_private_home, model=str(family_model("Qwen-Qwen3-0.6B")))
+    said = "<think>\nFirst, the plan.\n</think>\n\nThe answer."
+    monkeypatch.setattr(app, "_sampling", lambda: SamplingParams(
+        temperature=0, max_tokens=40, grammar=f"root ::= {json.dumps(said)}"))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ask(app, pilot, "Hi")
+        box = app.query(MessageBox).last()
+        assert (box.reasoning, box.content) == ("First, the plan.", "The answer.")
+        assert box.thinking.display and box.thinking.collapsed
+        assert box.figures.reasoning_tokens >= 3 and "reasoning" in box.figures.line()
+        conversation = app.conversation.id
+    (_, reply) = ConversationStore(_private_home / "chats.db").messages(conversation)
+    assert (reply.content, reply.reasoning) == ("The answer.", "First, the plan.")

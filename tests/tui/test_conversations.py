@@ -157,7 +157,7 @@ def test_a_new_file_has_the_latest_schema_and_reopens_without_a_step(tmp_path: P
     store = ConversationStore(path)
     chat = store.create("smollm2:135m", "kept")
     store.add(chat.id, StoredMessage("assistant", "Paris.", model="smollm2:135m"))
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION == 2
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION == 3
     store.db.close()
     again = ConversationStore(path)
     assert [m.model for m in again.messages(chat.id)] == ["smollm2:135m"]
