@@ -12,6 +12,7 @@ downloads the source (~60 MB) once and writes each model once (a few seconds eac
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import os
 import shutil
 import subprocess
@@ -98,3 +99,24 @@ def family_model(template: str, vocab: str = "qwen2",
     random_gguf.write_model(shape, partial, tokenizer, f"random {template}")
     os.replace(partial, out)
     return out
+
+
+def install(home: Path, path: Path, name: str) -> str:
+    """The GGUF as a pulled model of this localinfer home (a link to the cached file, or a
+    copy): its name, as `list` and the APIs give it."""
+    repo = f"testorg/{name}"
+    folder = home / "models" / "hub" / repo
+    folder.mkdir(parents=True)
+    target = folder / f"{name}-Q8_0.gguf"
+    try:
+        os.link(path, target)
+    except OSError:
+        shutil.copyfile(path, target)
+    manifests = home / "models" / "manifests"
+    manifests.mkdir(parents=True, exist_ok=True)
+    installed = f"hf.co/{repo}:Q8_0"
+    (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
+        json.dumps({"name": installed, "repo": repo, "file": target.name, "quant": "Q8_0",
+                    "sha256": None, "size": target.stat().st_size,
+                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
+    return installed

@@ -8,9 +8,6 @@ tested is how the text is taken apart and sent."""
 from __future__ import annotations
 
 import json
-import os
-import shutil
-from pathlib import Path
 
 import anthropic
 import httpx
@@ -18,7 +15,7 @@ import ollama
 import openai
 import pytest
 
-from ..families import family_model
+from ..families import family_model, install
 from .conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -33,30 +30,10 @@ MODELS = {"qwen3": ("Qwen-Qwen3-0.6B", "qwen2"),
           "llama31": ("meta-llama-Llama-3.1-8B-Instruct", "llama-bpe")}
 
 
-def _install(home: Path, path: Path, name: str) -> str:
-    """The GGUF as a pulled model of this home (a link to the cached file)."""
-    repo = f"testorg/{name}"
-    folder = home / "models" / "hub" / repo
-    folder.mkdir(parents=True)
-    target = folder / f"{name}-Q8_0.gguf"
-    try:
-        os.link(path, target)
-    except OSError:
-        shutil.copyfile(path, target)
-    manifests = home / "models" / "manifests"
-    manifests.mkdir(parents=True, exist_ok=True)
-    installed = f"hf.co/{repo}:Q8_0"
-    (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
-        json.dumps({"name": installed, "repo": repo, "file": target.name, "quant": "Q8_0",
-                    "sha256": None, "size": target.stat().st_size,
-                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
-    return installed
-
-
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
     home = tmp_path_factory.mktemp("families-home")
-    names = {key: _install(home, family_model(*source), f"{key}-tiny")
+    names = {key: install(home, family_model(*source), f"{key}-tiny")
              for key, source in MODELS.items()}
     server = start_server(home, "--ctx", "1024", "--parallel", "2",
                           ready_timeout=120)

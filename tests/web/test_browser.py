@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from ..fake_hub import FakeHub
+from ..families import family_model, install
 
 HUB_REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
 SHOTS = Path(__file__).resolve().parents[2] / "build" / "screenshots"
@@ -59,6 +60,9 @@ def desktop_app(tmp_path_factory, hub):
     """`localinfer app --no-browser`: the page's address with this launch's key, from the
     launch file the app names (the key itself is never printed)."""
     home = tmp_path_factory.mktemp("app-home")
+    # a thinking model: DeepSeek-R1's template opens the reasoning block itself, so what a
+    # random-weight model writes streams as reasoning
+    install(home, family_model("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"), "r1-tiny")
     env = {**os.environ, "LOCALINFER_HOME": str(home), "LOCALINFER_MAX_TOKENS": "24",
            "HF_ENDPOINT": hub.url, "HF_HOME": str(home / "hf"),
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -266,4 +270,32 @@ def test_remove_a_pulled_model_but_not_an_embedded_one(browser, desktop_app):
     assert page.input_value("#model") == "smollm2:135m"
     tags = httpx.get(f"{base}/api/tags", headers={"Authorization": f"Bearer {key}"}).json()
     assert pulled not in [m["name"] for m in tags["models"]]
+    context.close()
+
+
+def test_a_thinking_models_reasoning_streams_into_a_folded_block(browser, desktop_app):
+    context = browser.new_context(viewport={"width": 1200, "height": 800}, **WAITS)
+    page = context.new_page()
+    page.goto(desktop_app)
+    page.wait_for_function("document.querySelector('#model').value !== ''")
+    page.select_option("#model", "hf.co/testorg/r1-tiny:Q8_0")
+    page.wait_for_function("document.querySelector('#status').textContent"
+                           ".includes('r1-tiny:Q8_0 ready')", timeout=60_000)
+    page.evaluate("""() => { window.opened = false; new MutationObserver(() => {
+        if (document.querySelector('.message.assistant .reasoning[open]')) window.opened = true;
+      }).observe(document.querySelector('#messages'), {subtree: true, attributes: true,
+                                                       childList: true}); }""")
+    replies = page.locator(".message.assistant").count()
+    _ask(page, "Hi", replies=replies + 1)
+    reply = page.locator(".message.assistant").last
+    block = reply.locator(".reasoning")
+    assert block.is_visible() and block.locator(".thought").text_content().strip()
+    assert page.evaluate("window.opened"), "open while the model thinks"
+    assert block.get_attribute("open") is None, "folded once the reply is done"
+    assert "reasoning)" in reply.locator(".figures").inner_text()
+    _shot(page, "web-reasoning")
+    page.reload()
+    page.wait_for_selector(".message.assistant .reasoning")
+    kept = page.locator(".message.assistant").last.locator(".reasoning .thought")
+    assert kept.text_content().strip(), "the reasoning is kept with the conversation"
     context.close()

@@ -78,7 +78,9 @@ export function figuresText(f) {
     parts.push(`prompt ${f.prompt_n} tok` + (f.cached_n ? ` (${f.cached_n} cached)` : "") +
                (f.prefill_tps ? ` @ ${f.prefill_tps.toFixed(1)} tok/s` : ""));
   }
-  if (f.predicted_n != null) parts.push(`${f.predicted_n} tok`);
+  if (f.predicted_n != null) {
+    parts.push(`${f.predicted_n} tok` + (f.reasoning_n ? ` (${f.reasoning_n} reasoning)` : ""));
+  }
   if (f.finish_reason && f.finish_reason !== "stop") parts.push(f.finish_reason);
   return parts.join(" · ");
 }
@@ -106,8 +108,26 @@ function messageElement(message) {
   const figures = document.createElement("div");
   figures.className = "figures";
   figures.textContent = figuresText(message.figures);
-  box.append(who, content, figures);
+  // a thinking model's reasoning: a folded block of its own, shown as plain text
+  const reasoning = document.createElement("details");
+  reasoning.className = "reasoning";
+  const summary = document.createElement("summary");
+  summary.textContent = "Reasoning";
+  const thought = document.createElement("div");
+  thought.className = "thought";
+  thought.textContent = message.reasoning || "";
+  reasoning.append(summary, thought);
+  reasoning.hidden = !message.reasoning;
+  box.append(who, reasoning, content, figures);
   return box;
+}
+
+function showReasoning(box, text, thinking) {
+  const block = box.querySelector(".reasoning");
+  block.hidden = !text;
+  block.open = thinking;
+  block.querySelector("summary").textContent = thinking ? "Thinking…" : "Reasoning";
+  block.querySelector(".thought").textContent = text;
 }
 
 function showConversation() {
@@ -331,7 +351,9 @@ async function* lines(response, separator) {
 
 // ------------------------------------------------------------------ chatting
 function messagesForModel(chat) {
-  const turns = chat.messages.map(({ role, content }) => ({ role, content }));
+  // earlier reasoning goes back too: each model's template decides whether it is written
+  const turns = chat.messages.map(({ role, content, reasoning }) =>
+    (reasoning ? { role, content, reasoning_content: reasoning } : { role, content }));
   return chat.system ? [{ role: "system", content: chat.system }, ...turns] : turns;
 }
 
@@ -357,7 +379,8 @@ async function send(text) {
 }
 
 async function reply(chat) {
-  const answer = { role: "assistant", content: "", model: state.model, figures: null };
+  const answer = { role: "assistant", content: "", reasoning: "", model: state.model,
+                   figures: null };
   const box = messageElement(answer);
   $("#messages").append(box);
   const content = box.querySelector(".content");
@@ -375,6 +398,7 @@ async function reply(chat) {
     drawing = false;
     if (finished) return;
     content.innerHTML = renderMarkdown(answer.content);
+    if (answer.reasoning) showReasoning(box, answer.reasoning, !answer.content);
     const live = liveFigures(sent, first, last, pieces);
     figures.textContent = figuresText(live);
     status(`${answer.model} · ${figuresText(live)}`);
@@ -394,11 +418,12 @@ async function reply(chat) {
       if (!data || data === "[DONE]") continue;
       const chunk = JSON.parse(data);
       const choice = chunk.choices?.[0];
-      if (choice?.delta?.content) {
+      if (choice?.delta?.content || choice?.delta?.reasoning_content) {
         last = performance.now();
         first ??= last;
         pieces += 1;
-        answer.content += choice.delta.content;
+        answer.content += choice.delta.content || "";
+        answer.reasoning += choice.delta.reasoning_content || "";
         if (!drawing) {
           drawing = true;
           requestAnimationFrame(draw);
@@ -424,8 +449,10 @@ async function reply(chat) {
     $("#stop").hidden = true;
   }
   content.innerHTML = renderMarkdown(answer.content);
+  showReasoning(box, answer.reasoning, false);
   figures.textContent = figuresText(answer.figures);
   status(`${answer.model} · ${figuresText(answer.figures)}`);
+  if (!answer.reasoning) delete answer.reasoning;
   chat.messages.push(answer);
   chat.updated = Date.now();
   saveChats();
