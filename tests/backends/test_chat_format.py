@@ -85,6 +85,7 @@ FAMILIES = {  # template → the call syntax read from it
     "Qwen-QwQ-32B": "hermes", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
     "ibm-granite-granite-4.0": "hermes", "Qwen3-Coder": "qwen3-coder",
     "Qwen3.5-4B": "qwen3-coder", "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3-coder",
+    "StepFun3.5-Flash": "qwen3-coder", "GLM-4.7-Flash": "glm",
     "meta-llama-Llama-3.1-8B-Instruct": "llama3", "meta-llama-Llama-3.2-3B-Instruct": "llama3",
     "meta-llama-Llama-3.3-70B-Instruct": "llama3",
     "mistralai-Mistral-Nemo-Instruct-2407": "mistral-nemo",
