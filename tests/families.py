@@ -3,7 +3,9 @@ templates and tokenizers, from the llama-cpp-python source release of the instal
 (pip's cache has it where pip built the wheel here; else the package index), and small
 random-weight GGUFs made with them (bench/random_gguf.py). What a model says is noise, so
 a test that needs a given text forces it with a grammar; how the reply is taken apart, and
-how the template renders tools and reasoning, is the family's own.
+how the template renders tools and reasoning, is the family's own. A grammar allows a text in
+many tokenizations, and which one a random model picks depends on the floats of its batch:
+leave room for a token a character.
 
 Everything is kept in a cache of its own, per llama-cpp-python version: the first run
 downloads the source (~60 MB) once and writes each model once (a few seconds each).

@@ -33,7 +33,7 @@ def qwen3():
 
 
 def _saying(text: str) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=40, grammar=f"root ::= {json.dumps(text)}")
+    return SamplingParams(temperature=0, max_tokens=200, grammar=f"root ::= {json.dumps(text)}")
 
 
 SAID = "<think>\nFirst, the plan.\n</think>\n\nThe answer."

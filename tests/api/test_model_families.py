@@ -64,7 +64,7 @@ def _stream(oai, **kwargs):
 def test_a_required_call_streams_in_the_familys_own_syntax(families, oai, family):
     _, names = families
     deltas, finish = _stream(oai, model=names[family], messages=ASK, tools=[WEATHER],
-                             tool_choice="required", max_tokens=60)
+                             tool_choice="required", max_tokens=200)
     calls = [c for d in deltas for c in d.tool_calls or []]
     # id and name first, then the arguments in fragments, as OpenAI streams a call
     assert calls[0].id and calls[0].function.name == "get_weather"
@@ -80,7 +80,7 @@ def test_text_streams_before_a_call_and_the_call_follows(families, oai):
     said = ('Let me look that up for you. <tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     deltas, finish = _stream(oai, model=names["qwen3"], messages=ASK, tools=[WEATHER],
-                             max_tokens=60, extra_body={"grammar": _text(said)})
+                             max_tokens=200, extra_body={"grammar": _text(said)})
     first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
     text = [d.content for d in deltas[:first_call] if d.content]
     assert len(text) > 1 and "".join(text).strip() == "Let me look that up for you."
@@ -93,7 +93,7 @@ def test_a_malformed_call_comes_back_as_text(families, oai):
     _, names = families
     said = "<tool_call>\nnot a call\n</tool_call>"
     reply = oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[WEATHER],
-                                        max_tokens=40, temperature=0,
+                                        max_tokens=200, temperature=0,
                                         extra_body={"grammar": _text(said)})
     assert reply.choices[0].message.content == said
     assert not reply.choices[0].message.tool_calls
@@ -108,7 +108,7 @@ def test_a_malformed_call_comes_back_as_text(families, oai):
 def test_reasoning_comes_apart_from_the_answer(families, oai, family, said):
     _, names = families
     request = dict(model=names[family], messages=[{"role": "user", "content": "Hi"}],
-                   max_tokens=40, extra_body={"grammar": _text(said)})
+                   max_tokens=200, extra_body={"grammar": _text(said)})
     deltas, _ = _stream(oai, **request)
     reasoning = [getattr(d, "reasoning_content", None) for d in deltas]
     assert "".join(r for r in reasoning if r) == "First, the plan."
@@ -129,7 +129,7 @@ def test_ollama_client_gets_thinking_and_tool_calls(families):
     said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     kwargs = dict(model=names["qwen3"], messages=ASK, tools=[WEATHER],
-                  options={"temperature": 0, "num_predict": 60, "grammar": _text(said)})
+                  options={"temperature": 0, "num_predict": 200, "grammar": _text(said)})
     parts = list(client.chat(stream=True, think=True, **kwargs))
     thinking = "".join(p.message.thinking or "" for p in parts)
     calls = [c for p in parts for c in p.message.tool_calls or []]
@@ -166,7 +166,7 @@ def test_responses_api_streams_reasoning_and_a_call_and_takes_its_output_back(fa
     said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     with client.responses.stream(model=names["qwen3"], input="Weather in Paris?", tools=[tool],
-                                 max_output_tokens=60,
+                                 max_output_tokens=200,
                                  extra_body={"grammar": _text(said)}) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
@@ -190,7 +190,7 @@ def test_responses_api_forces_a_call_in_the_familys_syntax(families):
     tool = {"type": "function", **WEATHER["function"]}
     response = client.responses.create(model=names["llama31"], input="Weather in Paris?",
                                        tools=[tool], tool_choice="required",
-                                       max_output_tokens=60, temperature=0)
+                                       max_output_tokens=200, temperature=0)
     (call,) = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and isinstance(json.loads(call.arguments)["city"], str)
 
@@ -202,7 +202,7 @@ def test_anthropic_client_gets_thinking_and_tool_use_and_sends_results_back(fami
             "input_schema": WEATHER["function"]["parameters"]}
     said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
-    request = dict(model=names["qwen3"], max_tokens=60, tools=[tool], messages=ASK,
+    request = dict(model=names["qwen3"], max_tokens=200, tools=[tool], messages=ASK,
                    extra_body={"grammar": _text(said)})
     with client.messages.stream(**request) as stream:
         kinds = [event.type for event in stream]
@@ -215,7 +215,7 @@ def test_anthropic_client_gets_thinking_and_tool_use_and_sends_results_back(fami
     assert [b.type for b in whole.content] == ["thinking", "tool_use"]
     # the result goes back as a tool_result block; tool_choice "any" forces a call
     again = client.messages.create(
-        model=names["qwen3"], max_tokens=60, tools=[tool], tool_choice={"type": "any"},
+        model=names["qwen3"], max_tokens=200, tools=[tool], tool_choice={"type": "any"},
         messages=[*ASK, {"role": "assistant", "content": whole.content},
                   {"role": "user", "content": [{"type": "tool_result",
                                                 "tool_use_id": whole.content[1].id,

@@ -525,7 +525,7 @@ async def test_a_thinking_models_reasoning_is_a_block_of_its_own_kept_with_the_r
     app = make_app(_private_home, model=str(family_model("Qwen-Qwen3-0.6B")))
     said = "<think>\nFirst, the plan.\n</think>\n\nThe answer."
     monkeypatch.setattr(app, "_sampling", lambda: SamplingParams(
-        temperature=0, max_tokens=40, grammar=f"root ::= {json.dumps(said)}"))
+        temperature=0, max_tokens=200, grammar=f"root ::= {json.dumps(said)}"))
     async with app.run_test(size=(80, 24)) as pilot:
         await ask(app, pilot, "Hi")
         box = app.query(MessageBox).last()
