@@ -223,7 +223,8 @@ def _begin(backend: Backend, params: SamplingParams,
         # (DeepSeek-R1's template closes the block at once where enable_thinking is unset)
         template_args.setdefault("enable_thinking", True)
     if messages is not None and tools is not None:
-        messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend))
+        messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend),
+                                               bool(template_args.get("enable_thinking")))
         template_args.update(more)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token

@@ -19,7 +19,7 @@ from typing import Any
 
 from localinfer.api.errors import ApiError
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.chat_format import ChatFormat, call_grammar
+from localinfer.backends.chat_format import ChatFormat, call_grammar, lazy_call_grammar
 
 __all__ = ["ToolSpec"]
 
@@ -58,15 +58,22 @@ class ToolSpec:
         return {f["name"]: f for f in self.functions}
 
     def prepare(self, messages: Sequence[Mapping[str, Any]], params: SamplingParams,
-                fmt: ChatFormat) -> tuple[list[dict[str, Any]], SamplingParams, dict[str, Any]]:
-        """The messages, params forcing a call when one is required, and what the template
-        gets besides (`tools`, where it renders them)."""
+                fmt: ChatFormat, thinking: bool = False
+                ) -> tuple[list[dict[str, Any]], SamplingParams, dict[str, Any]]:
+        """The messages, params forcing a call when one is required (or, with "auto",
+        holding a call the model opens to its tool's schema), and what the template gets
+        besides (`tools`, where it renders them)."""
         forced = self.choice != "auto"
         if fmt.template_tools:
             if forced:
                 names = self.names if self.choice == "required" else [self.choice]
                 params = dataclasses.replace(params, grammar=call_grammar(fmt, self.by_name,
                                                                           names))
+            elif params.grammar is None:  # (a client's own grammar or format wins)
+                lazy = lazy_call_grammar(fmt, self.by_name, thinking)
+                if lazy is not None:
+                    params = dataclasses.replace(params, grammar=lazy[0],
+                                                 grammar_triggers=lazy[1])
             return ([with_call_objects(m) for m in messages], params,
                     {"tools": [{"type": "function", "function": dict(f)}
                                for f in self.functions]})

@@ -46,6 +46,9 @@ class SamplingParams:
     # token id → added to its logit; -100 or less bans it, as in OpenAI's logit_bias
     logit_bias: tuple[tuple[int, float], ...] = ()
     grammar: str | None = None  # GBNF; the reply must match it (see backends/grammar.py)
+    # with these, the grammar is lazy: it holds the reply from the first text that matches
+    # one of these patterns (its first group on; regular expressions), free before that
+    grammar_triggers: tuple[str, ...] = ()
     # when the context fills up: drop the older half (after the first n_keep prompt tokens)
     # and go on, as Ollama does, instead of ending with "length" — only for a request with
     # max_tokens, so no reply can run for ever

@@ -32,7 +32,7 @@ from typing import Any
 from localinfer.backends.grammar import framed_json_grammar, literal
 
 __all__ = ["ChatFormat", "Piece", "Reply", "ReplyParser", "arguments_object", "call_grammar",
-           "detect", "opens_reasoning", "parser"]
+           "detect", "lazy_call_grammar", "opens_reasoning", "parser"]
 
 
 @dataclass(frozen=True)
@@ -699,6 +699,28 @@ def call_grammar(fmt: ChatFormat, tools: Mapping[str, Mapping[str, Any]],
     if fmt.name in ("qwen3-coder", "glm"):
         return _xml_grammar(fmt, [(n, tools[n]) for n in names])
     return framed_json_grammar(frames)
+
+
+def lazy_call_grammar(fmt: ChatFormat, tools: Mapping[str, Mapping[str, Any]],
+                      thinking: bool) -> tuple[str, tuple[str, ...]] | None:
+    """For tool_choice "auto": a grammar that holds each call the model opens to the family's
+    syntax and the tool's schema, and the patterns that wake it (its opening mark; after the
+    reasoning, where the model thinks first, so a mark it only mentions while thinking stays
+    free); None for a family whose calls have no opening mark (Llama 3, gpt-oss, generic).
+    The text before the first call, and any text without one, is the model's own."""
+    if not fmt.openers or fmt.name in ("llama3", "harmony") or not fmt.template_tools:
+        return None
+    grammar = call_grammar(fmt, tools, list(tools))
+    head, _, rest = grammar.partition("\n")
+    grammar = (f"root ::= tool-call ([ \\t\\n]* tool-call)*\n"
+               f"tool-call ::= {head.removeprefix('root ::= ')}\n{rest}")
+    opener = re.escape(fmt.openers[0])
+    if fmt.think and thinking and not fmt.calls_end_thinking:
+        close = re.escape(fmt.think[1])
+        triggers = (rf"[\s\S]*?{close}[\s\S]*?({opener}[\s\S]*)", rf"\s*({opener}[\s\S]*)")
+    else:
+        triggers = (rf"[\s\S]*?({opener}[\s\S]*)",)
+    return grammar, triggers
 
 
 def _frame(fmt: ChatFormat, name: str, params: Mapping[str, Any]

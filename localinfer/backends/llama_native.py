@@ -330,7 +330,7 @@ class SamplerChain:
         self.grammar = None
         if params.grammar:
             try:
-                self.grammar = grammar_sampler(native, params.grammar)
+                self.grammar = grammar_sampler(native, params.grammar, params.grammar_triggers)
             except BaseException:  # refused by its size: the samplers added so far go
                 self.close()
                 raise
@@ -451,8 +451,10 @@ _GRAMMAR_STACK = 64 * 1024 * 1024
 _stack_size_lock = threading.Lock()
 
 
-def grammar_sampler(native: NativeModel, grammar: str) -> llama_cpp.llama_sampler_p | None:
+def grammar_sampler(native: NativeModel, grammar: str, triggers: Sequence[str] = ()
+                    ) -> llama_cpp.llama_sampler_p | None:
     """A grammar sampler, or None when the GBNF does not parse. Reads only the vocabulary.
+    With `triggers` it is lazy: free until the reply's text matches one of them.
 
     llama.cpp parses the grammar by recursion, so it runs on a thread of its own with a
     64 MiB stack (reserved, not committed): what `check_gbnf` lets through then parses in
@@ -462,7 +464,14 @@ def grammar_sampler(native: NativeModel, grammar: str) -> llama_cpp.llama_sample
     built: list[llama_cpp.llama_sampler_p] = []
 
     def build() -> None:
-        built.append(llama_cpp.llama_sampler_init_grammar(native.vocab, grammar.encode(), b"root"))
+        if not triggers:
+            built.append(llama_cpp.llama_sampler_init_grammar(native.vocab, grammar.encode(),
+                                                              b"root"))
+            return
+        patterns = (ctypes.c_char_p * len(triggers))(*(t.encode() for t in triggers))
+        built.append(llama_cpp.llama_sampler_init_grammar_lazy_patterns(
+            native.vocab, grammar.encode(), b"root", patterns, len(triggers),
+            (llama_cpp.llama_token * 1)(), 0))
 
     with _stack_size_lock:  # the size applies to threads started while it is set
         previous = threading.stack_size(_GRAMMAR_STACK)

@@ -222,3 +222,19 @@ def test_anthropic_client_gets_thinking_and_tool_use_and_sends_results_back(fami
                                                 "content": "sunny, 21 C"}]}])
     assert again.stop_reason == "tool_use" and again.content[-1].name == "get_weather"
     assert again.usage.input_tokens > whole.usage.input_tokens
+
+
+def test_an_auto_call_the_model_opens_is_held_to_the_tools_schema(families, oai):
+    """With tool_choice auto the reply is the model's own until it opens a call; from there
+    a lazy grammar holds it to the family's syntax and the tool's schema. Here the opening
+    mark is made the model's every first choice (a logit bias on Qwen's `<tool_call>`
+    token): without the grammar a random model writes noise after it, which comes back as
+    text; with it, a call."""
+    _, names = families
+    reply = oai.chat.completions.create(
+        model=names["qwen3"], messages=ASK, tools=[WEATHER], temperature=0, max_tokens=200,
+        logit_bias={"151657": 100})
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    first = message.tool_calls[0].function
+    assert first.name == "get_weather" and isinstance(json.loads(first.arguments)["city"], str)

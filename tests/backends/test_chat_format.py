@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.chat_format import Reply, call_grammar, detect, parser
+from localinfer.backends.chat_format import (Reply, call_grammar, detect, lazy_call_grammar,
+                                             parser)
 from localinfer.backends.chat_template import ChatTemplate
 from localinfer.backends.llama_native import grammar_sampler
 
@@ -142,6 +143,17 @@ def test_a_forced_call_is_a_grammar_llama_cpp_takes_and_its_text_parses_back(tem
     reply = _parse(fmt, tools, False, written, 1)
     assert [(c["name"], json.loads(c["arguments"])) for c in reply.calls] == [
         ("get_weather", {"city": "Paris"})], written
+
+
+@pytest.mark.parametrize("template", sorted(FAMILIES))
+def test_an_auto_calls_lazy_grammar_is_one_llama_cpp_takes(template, smollm2):
+    fmt = detect(_template(template))
+    lazy = lazy_call_grammar(fmt, {"get_weather": WEATHER["function"]}, thinking=True)
+    if fmt.name in ("llama3", "harmony"):  # no opening mark to wake it: the reply is free
+        assert lazy is None
+        return
+    grammar, triggers = lazy
+    assert grammar_sampler(smollm2.native, grammar, triggers) is not None
 
 
 def _write_call(fmt, grammar: str) -> str:
