@@ -123,6 +123,11 @@ def run(
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
     workers: Annotated[Optional[str], _flag("workers")] = None,
     split_mode: Annotated[Optional[SplitMode], _flag("split_mode")] = None,
+    prefix: Annotated[Optional[Path], typer.Option(
+        "--prefix", help="Code completion: the text before the cursor, from this file (- for "
+        "stdin); the model fills in the middle up to --suffix's text.")] = None,
+    suffix: Annotated[Optional[Path], typer.Option(
+        "--suffix", help="Code completion: the text after the cursor, from this file.")] = None,
     think: Annotated[Optional[bool], typer.Option(
         "--think/--no-think", help="A thinking model thinks first, or answers at once [its "
         "template's default]; its reasoning is shown dimmed in a terminal.")] = None,
@@ -131,11 +136,14 @@ def run(
 ) -> None:
     """Chat with a model in the terminal, or answer one prompt."""
     _warm_runner()
-    from localinfer.repl import answer_once, interactive
+    from localinfer.repl import answer_once, fill_middle, interactive
     from localinfer.service import load_model
 
     _setup_logging(verbose)
     with _user_errors():
+        completing = prefix is not None or suffix is not None
+        before = _read_text_file(prefix) if prefix is not None else ""
+        after = _read_text_file(suffix) if suffix is not None else ""
         settings = Settings.read({"max_tokens": max_tokens, "ctx": ctx, "threads": threads,
                                   "kv_type": kv_type, "flash_attn": flash_attn, "draft": draft,
                                   "draft_model": draft_model, "gpus": gpus, "workers": workers,
@@ -144,7 +152,7 @@ def run(
         params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                                 stop=tuple(stop or ()))
         one_shot = prompt
-        if not sys.stdin.isatty():
+        if not sys.stdin.isatty() and not completing:
             piped = _read_piped_text()
             one_shot = "\n\n".join(p for p in (prompt, piped) if p) or None
             if one_shot is None:
@@ -156,10 +164,24 @@ def run(
             _pull(missing.name, settings)
             backend = load_model(model, options, settings)
         with backend:
-            if one_shot is not None:
+            if completing:
+                fill_middle(backend, before, after, params)
+            elif one_shot is not None:
                 answer_once(backend, one_shot, system, params, think=think)
             else:
                 interactive(backend, system, params, think=think)
+
+
+def _read_text_file(path: Path) -> str:
+    """A file's text for --prefix / --suffix (`-`: stdin), or one line saying why not."""
+    try:
+        if str(path) == "-":
+            return sys.stdin.read()
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise LocalinferError(f"{path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise LocalinferError(f"cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _warm_runner() -> None:

@@ -11,10 +11,12 @@ from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
 from localinfer.backends.chat_format import Piece, detect, opens_reasoning, parser
+from localinfer.backends.fim import Infill
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import LocalinferError
 
-__all__ = ["Reply", "answer_once", "fit_to_context", "interactive", "reply_room", "stream_reply"]
+__all__ = ["Reply", "answer_once", "fill_middle", "fit_to_context", "interactive", "reply_room",
+           "stream_reply"]
 
 HELP = """Commands:
   /clear   forget the conversation so far
@@ -161,6 +163,36 @@ def answer_once(backend: Backend, prompt: str, system: str | None, params: Sampl
     reply = stream_reply(backend, messages, params, out, think)
     out.write("\n")
     out.flush()
+    _print_stats(reply, err)
+    return reply
+
+
+def fill_middle(backend: Backend, prefix: str, suffix: str, params: SamplingParams,
+                out: TextIO = sys.stdout, err: Console | None = None) -> Reply:
+    """Code completion from the terminal: what a code model writes between `prefix` and
+    `suffix` (its fill-in-the-middle tokens), streamed to `out`, the stats line to `err`."""
+    err = err or Console(stderr=True)
+    n_ctx = backend.info.n_ctx
+    room = n_ctx - reply_room(backend, params)
+    text = Infill(prefix, suffix).clipped(room)
+    generation = backend.generate(backend.infill_tokens(text.prefix, text.suffix, room=room),
+                                  params)
+    pieces = []
+    try:
+        for event in generation:
+            if isinstance(event, TokenEvent):
+                pieces.append(event.text)
+                out.write(event.text)
+                out.flush()
+            elif isinstance(event, ErrorEvent):
+                raise event.error
+    except KeyboardInterrupt:
+        generation.cancel()
+        for _ in generation:
+            pass
+    out.write("\n")
+    out.flush()
+    reply = Reply("".join(pieces), generation.stats)
     _print_stats(reply, err)
     return reply
 

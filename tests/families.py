@@ -31,7 +31,11 @@ CACHE = Path(os.environ.get("LOCALINFER_TEST_CACHE", Path.home() / ".cache" / "l
 # tests pads those ids): tool calls and thinking are words of their own there
 QWEN_ADDED = {151657: "<tool_call>", 151658: "</tool_call>", 151665: "<tool_response>",
               151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
-_USER_DEFINED = 4
+# Qwen2.5-Coder's fill-in-the-middle and repository tokens (control tokens there)
+QWEN_CODER_ADDED = {**QWEN_ADDED, 151659: "<|fim_prefix|>", 151660: "<|fim_middle|>",
+                    151661: "<|fim_suffix|>", 151662: "<|fim_pad|>", 151663: "<|repo_name|>",
+                    151664: "<|file_sep|>"}
+_CONTROL, _USER_DEFINED = 3, 4
 
 
 def llama_cpp_file(relative: str) -> Path:
@@ -69,12 +73,14 @@ def _unpack() -> None:
     os.replace(scratch, CACHE / "src")
 
 
-def family_model(template: str, vocab: str = "qwen2",
-                 added: dict[int, str] | None = None) -> Path:
+def family_model(template: str | None, vocab: str = "qwen2",
+                 added: dict[int, str] | None = None, tag: str = "") -> Path:
     """A one-layer random-weight GGUF with a real family's tokenizer and chat template
-    (`models/templates/<template>.jinja`); `added`: tokens put at their ids."""
+    (`models/templates/<template>.jinja`; None: none, as a base model's file); `added`:
+    tokens put at their ids (`<|…|>` ones as control tokens); `tag` tells apart two models
+    of one template and vocabulary."""
     added = QWEN_ADDED if added is None and vocab.startswith("qwen") else (added or {})
-    out = CACHE / "models" / f"{template}--{vocab}.gguf"
+    out = CACHE / "models" / f"{template or 'base'}--{vocab}{tag}.gguf"
     if out.exists():
         return out
     sys.path.insert(0, str(BENCH))
@@ -87,13 +93,16 @@ def family_model(template: str, vocab: str = "qwen2",
     types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
     tokens, types = list(tokens), list(types)
     for token_id, text in added.items():
-        tokens[token_id], types[token_id] = text, _USER_DEFINED
+        tokens[token_id] = text
+        types[token_id] = _CONTROL if text.startswith("<|") else _USER_DEFINED
     tokenizer["tokenizer.ggml.tokens"] = (tokens, *token_kind)
     tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
-    source = llama_cpp_file(f"models/templates/{template}.jinja").read_text()
     import gguf
 
-    tokenizer["tokenizer.chat_template"] = (source, gguf.GGUFValueType.STRING, None)
+    tokenizer.pop("tokenizer.chat_template", None)
+    if template is not None:
+        source = llama_cpp_file(f"models/templates/{template}.jinja").read_text()
+        tokenizer["tokenizer.chat_template"] = (source, gguf.GGUFValueType.STRING, None)
     shape = random_gguf.Shape(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128,
                               n_vocab=len(tokens), n_ctx_train=4096, tied_output=True)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -181,3 +182,24 @@ def test_a_home_that_cannot_be_written_is_one_clear_line(tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert "LOCALINFER_HOME" in result.stderr and str(blocked) in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_code_completion_from_the_terminal(tmp_path):
+    """`run MODEL --prefix FILE --suffix FILE`: a code model (a random-weight Qwen2.5-Coder,
+    tests/families.py) writes what goes between; a model without FIM tokens says so."""
+    from .families import QWEN_CODER_ADDED, family_model
+
+    coder = family_model("Qwen-Qwen2.5-7B-Instruct", "qwen2", QWEN_CODER_ADDED, "-coder")
+    (tmp_path / "before.py").write_text("def add(a, b):\n    return ")
+    (tmp_path / "after.py").write_text("\n\nprint(add(1, 2))\n")
+    result = _run(str(coder), "--prefix", str(tmp_path / "before.py"), "--suffix",
+                  str(tmp_path / "after.py"), "--max-tokens", "6", "--temperature", "0")
+    assert result.returncode == 0, result.stderr
+    # (what a random model writes may be control tokens, which show as nothing)
+    shown = re.search(r"prompt (\d+) tok .* generated [1-6] tok", result.stderr)
+    assert shown and int(shown.group(1)) > 20, result.stderr  # the file around the cursor
+    refused = _run("smollm2:135m", "--prefix", str(tmp_path / "before.py"))
+    assert refused.returncode == 1 and "fill-in-the-middle" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1
+    missing = _run("smollm2:135m", "--prefix", str(tmp_path / "nope.py"))
+    assert missing.returncode == 1 and "cannot read" in missing.stderr

@@ -26,6 +26,7 @@ from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Gen
                                      SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
                                              opens_reasoning, parser)
+from localinfer.backends.fim import Infill
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
@@ -128,6 +129,7 @@ async def start(
     n_ctx: int | None = None,
     context: Sequence[int] | None = None,
     template_args: Mapping[str, Any] | None = None,
+    infill: Infill | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -148,6 +150,13 @@ async def start(
                 and not backend.info.has_chat_template):
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
         fmt = chat_format(backend) if messages is not None else None
+        if infill is not None:
+            if not backend.info.fim:
+                raise ApiError(400, f"{loaded.name} has no fill-in-the-middle tokens, so it "
+                                    f"cannot complete between a prefix and a suffix — use a "
+                                    f"code model such as qwen2.5-coder")
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                _STARTS, _infill_prompt, backend, params, infill)
         # templating and tokenizing a long body takes seconds, and a runner answers over its
         # pipe: off the loop, which keeps serving every other stream meanwhile
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
@@ -158,6 +167,38 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+async def unless_gone(request: Any, awaitable: Any) -> Any:
+    """The awaitable's result, or None when the client hangs up first: then it is cancelled
+    (a job's request leaves the engine within one step). Editors give up on most completions
+    they ask for, one keystroke later."""
+    task = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnected(request: Any) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _infill_prompt(backend: Backend, params: SamplingParams, infill: Infill) -> list[int]:
+    """A fill-in-the-middle prompt that leaves the reply its room in the context."""
+    n_ctx = backend.info.n_ctx
+    reply = params.max_tokens or min(backend.info.reply_cap or n_ctx // 4, n_ctx // 2)
+    room = max(n_ctx - reply, 0)
+    text = infill.clipped(room)
+    return backend.infill_tokens(text.prefix, text.suffix, text.extra, text.prompt, room)
 
 
 def chat_format(backend: Backend) -> ChatFormat:

@@ -28,10 +28,11 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
 from localinfer.backends.chat_format import Piece, arguments_object, detect
 from localinfer.backends.chat_template import fallback_template
+from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
-from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
+from localinfer.model_store.gguf_info import GGUFInfo, has_fim_tokens, read_gguf_info
 from localinfer.model_store import pulled
 from localinfer.model_store.sources import delete_model, digest, installed_models, is_embedded
 from localinfer.model_store.pulled import Manifest
@@ -133,6 +134,8 @@ class GenerateRequest(_Base):
     images: Optional[list[str]] = None
     # the conversation so far, as the `context` of a previous reply returned it: tokens
     context: Optional[list[Annotated[int, Field(ge=0)]]] = Field(None, max_length=1 << 20)
+    # the text after the cursor: the reply fills the middle (a code model's FIM tokens)
+    suffix: Optional[str] = None
 
 
 class NameRequest(core.Lenient):
@@ -334,12 +337,19 @@ async def chat(body: ChatRequest, request: Request):
 
 @router.post("/generate")
 async def generate(body: GenerateRequest, request: Request):
-    if not body.prompt:
+    if not body.prompt and not body.suffix:
         return await _load_only(request, body, "response")
     _images_refused(body.images)
     params = body.options.params(body.grammar())
     pool = request.app.state.pool
-    if body.raw:
+    if body.suffix:  # fill in the middle, as Ollama's `suffix` asks (editors' completion)
+        job = await core.start(pool, body.model, params, keep_alive=body.keep_alive,
+                               n_ctx=body.options.num_ctx,
+                               infill=Infill(body.prompt, body.suffix))
+        if not body.stream:
+            answered = await core.unless_gone(request, _respond(job, body, "response"))
+            return answered if answered is not None else Response(status_code=499)
+    elif body.raw:
         job = await core.start(pool, body.model, params, prompt=body.prompt,
                                keep_alive=body.keep_alive, n_ctx=body.options.num_ctx,
                                context=body.context)
@@ -422,6 +432,8 @@ def capabilities(info: GGUFInfo) -> list[str]:
         found.append("tools")
     if fmt.think:
         found.append("thinking")
+    if has_fim_tokens(info.path):
+        found.append("insert")
     return found
 
 

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
 from localinfer.api import core
@@ -22,6 +22,7 @@ from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
 from localinfer.backends.chat_format import Piece, Reply
+from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import ModelNotFound
@@ -108,6 +109,8 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[str], list[int]]
     max_tokens: Optional[int] = Field(16, ge=1)  # the completions API's own default
+    # the text after the cursor: each prompt's reply fills the middle (a code model's FIM)
+    suffix: Optional[str] = None
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=5)  # 0: the chosen tokens' alone
 
@@ -356,21 +359,33 @@ async def completions(body: CompletionRequest, request: Request):
         prompts = list(body.prompt)
     if not prompts:
         raise ApiError(400, "prompt is empty")
+    if body.suffix is not None and not all(isinstance(p, str) for p in prompts):
+        raise ApiError(400, "with a suffix, each prompt is the text before it — send text, "
+                            "not tokens")
+
+    def begin(prompt: Any):
+        if body.suffix is not None:
+            return core.start(pool, body.model or None, params,
+                              infill=Infill(prompt, body.suffix))
+        return core.start(pool, body.model or None, params, prompt=prompt)
+
     if body.stream:
         if len(prompts) != 1:
             raise ApiError(400, "streaming takes one prompt at a time")
-        job = await core.start(pool, body.model or None, params, prompt=prompts[0])
+        job = await begin(prompts[0])
         return StreamingResponse(_stream(job, _CompletionShape(job, body)),
                                  media_type="text/event-stream")
     jobs: list[core.Job] = []
     try:
         for prompt in prompts:
-            jobs.append(await core.start(pool, body.model or None, params, prompt=prompt))
+            jobs.append(await begin(prompt))
     except BaseException:  # one bad prompt: the ones already queued must not run on
         for job in jobs:
             await job.cancel()
         raise
-    results = await asyncio.gather(*(j.collect() for j in jobs))
+    results = await core.unless_gone(request, asyncio.gather(*(j.collect() for j in jobs)))
+    if results is None:  # the client has gone: its requests were cancelled
+        return Response(status_code=499)
     choices, prompt_n, completion_n, cached_n = [], 0, 0, 0
     for i, (job, (text, stats), prompt) in enumerate(zip(jobs, results, prompts)):
         observe(job, stats)

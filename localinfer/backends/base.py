@@ -191,6 +191,7 @@ class ModelInfo:
     # the chat template in use (the file's, or the family's stand-in): how its family writes
     # tool calls and reasoning is read from it (chat_format.detect)
     chat_template: str | None = None
+    fim: bool = False  # the vocabulary has fill-in-the-middle tokens (backends/fim.py)
 
 
 @dataclass(frozen=True)
@@ -360,6 +361,12 @@ class Backend(ABC):
     @abstractmethod
     def stats(self) -> EngineStats:
         """A snapshot of the engine: slots in use, queue, KV cells, counters."""
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
+                      prompt: str = "", room: int | None = None) -> list[int]:
+        """A fill-in-the-middle prompt in the model's own FIM tokens (backends/fim.py), at
+        most `room` tokens (the context by default); InvalidRequest for a model without."""
+        raise InvalidRequest("this model has no fill-in-the-middle tokens")
 
     def fewest_tokens(self, text_bytes: int) -> int:
         """The fewest tokens a text of this many UTF-8 bytes can become: a prompt can be

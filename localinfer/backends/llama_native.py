@@ -16,6 +16,7 @@ import numpy
 
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.ggml_backends import cpu_buffer_type, ensure_loaded, route_llama_log
+from localinfer.backends.fim import FimTokens
 from localinfer.backends.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 from localinfer.settings import KvType
@@ -236,6 +237,20 @@ class NativeModel:
             n = llama_cpp.llama_tokenize(self.vocab, data, len(data), buf, capacity,
                                          add_special, parse_special)
         return list(buf[:n])
+
+    def fim(self) -> FimTokens:
+        """The vocabulary's fill-in-the-middle tokens (llama.cpp finds them by their text
+        where the file names none)."""
+        def token(read: Any) -> int | None:
+            value = read(self.vocab)
+            return value if value >= 0 else None
+
+        return FimTokens(token(llama_cpp.llama_vocab_fim_pre), token(llama_cpp.llama_vocab_fim_suf),
+                         token(llama_cpp.llama_vocab_fim_mid), token(llama_cpp.llama_vocab_fim_rep),
+                         token(llama_cpp.llama_vocab_fim_sep))
+
+    def adds_bos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
 
     def control_heads(self) -> frozenset[str]:
         """The first characters of the texts that tokenizing with parse_special turns into

@@ -12,6 +12,7 @@ from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo
 from localinfer.backends.chat_format import detect
 from localinfer.backends.chat_template import ChatTemplate, fallback_template
 from localinfer.backends.draft import DraftModel
+from localinfer.backends.fim import infill_tokens
 from localinfer.backends.embeddings import Embedder
 from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
@@ -111,6 +112,7 @@ class LlamaCppBackend(Backend):
             has_chat_template=self._template_source() is not None,
             reply_cap=self.engine.reply_cap,
             chat_template=self.template.source,
+            fim=self.native.fim().complete,
         )
 
     def _quant(self) -> str:
@@ -164,6 +166,11 @@ class LlamaCppBackend(Backend):
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         return self.native.detokenize(tokens)
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
+                      prompt: str = "", room: int | None = None) -> list[int]:
+        return infill_tokens(self.native, self.native.fim(), prefix, suffix, extra, prompt,
+                             room or self.engine.n_ctx_slot, self.native.adds_bos())
 
     def apply_chat_template(
         self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,

@@ -82,6 +82,10 @@ class Replicas(Backend):
     def fewest_tokens(self, text_bytes: int) -> int:
         return self.members[0].fewest_tokens(text_bytes)
 
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
+                      prompt: str = "", room: int | None = None) -> list[int]:
+        return self.members[0].infill_tokens(prefix, suffix, extra, prompt, room)
+
     # ---------------------------------------------------------------- all of them
     def stats(self) -> EngineStats:
         """The copies' figures added up (threads: the first copy's)."""

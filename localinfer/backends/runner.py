@@ -61,7 +61,7 @@ log = logging.getLogger("localinfer.runner")
 BEAT_SECONDS = 0.5
 # what a parent may ask of the runner's backend
 _CALLS = frozenset({"generate", "start", "tokenize", "detokenize", "apply_chat_template",
-                    "prompt_tokens", "embed", "stats", "fewest_tokens"})
+                    "prompt_tokens", "embed", "stats", "fewest_tokens", "infill_tokens"})
 _QUICK_BYTES = 16 << 10  # a text this short tokenizes in well under a millisecond
 _TOKEN, _DONE, _ERROR = 0, 1, 2
 
@@ -826,6 +826,11 @@ class RunnerBackend(Backend):
 
     def fewest_tokens(self, text_bytes: int) -> int:
         return self._runner().call("fewest_tokens", (text_bytes,))
+
+    def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
+                      prompt: str = "", room: int | None = None) -> list[int]:
+        return self._runner().call("infill_tokens", (prefix, suffix, [tuple(e) for e in extra],
+                                                     prompt, room))
 
     def memory_bytes(self) -> int:
         """The runner's resident memory (0 while none runs)."""

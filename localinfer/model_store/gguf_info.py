@@ -22,7 +22,7 @@ import gguf  # noqa: E402
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.planner import ModelShape
 
-__all__ = ["GGUFInfo", "part_paths", "quant_name", "read_gguf_header", "read_gguf_info",
+__all__ = ["GGUFInfo", "has_fim_tokens", "part_paths", "quant_name", "read_gguf_header", "read_gguf_info",
            "read_gguf_part"]
 
 _MAGIC = b"GGUF"
@@ -263,6 +263,34 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         separate |= other.separate_output
     return dataclasses.replace(info, file_size=size, n_params=n_params,
                                separate_output=separate)
+
+
+# the texts llama.cpp knows fill-in-the-middle tokens by, where the file names none by key
+_FIM = (("fim_pre", ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>",
+                     "<PRE>", "▁<PRE>", "<|code_prefix|>")),
+        ("fim_suf", ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>",
+                     "<SUF>", "▁<SUF>", "<|code_suffix|>")),
+        ("fim_mid", ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>",
+                     "<MID>", "▁<MID>", "<|code_middle|>")))
+_FIM_SCAN = 64 << 20  # the header's first bytes: where the vocabulary is
+
+
+def has_fim_tokens(path: str | os.PathLike[str]) -> bool:
+    """Whether a model's vocabulary has the three fill-in-the-middle tokens (prefix, suffix,
+    middle): named by their keys, or among the tokens by the texts llama.cpp knows them by.
+    Read from the header's bytes (a string there is its length, 8 bytes, then the text)."""
+    def stored(text: str) -> bytes:
+        data = text.encode()
+        return struct.pack("<Q", len(data)) + data
+
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            end = min(len(buf), _FIM_SCAN)
+            return all(buf.find(stored(f"tokenizer.ggml.{key}_token_id"), 0, end) >= 0
+                       or any(buf.find(stored(text), 0, end) >= 0 for text in texts)
+                       for key, texts in _FIM)
+    except (OSError, ValueError):
+        return False
 
 
 def read_gguf_part(path: str | os.PathLike[str]) -> GGUFInfo:
