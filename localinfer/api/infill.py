@@ -64,14 +64,16 @@ class InfillRequest(core.Lenient):
 
     def _bias(self) -> dict[int, float]:
         """llama-server's two shapes; a bias of false bans the token."""
-        pairs = (self.logit_bias.items() if isinstance(self.logit_bias, dict)
+        pairs = (list(self.logit_bias.items()) if isinstance(self.logit_bias, dict)
                  else self.logit_bias or [])
         bias = {}
         for pair in pairs:
-            token, value = pair if isinstance(pair, tuple) else (pair + [None])[:2]
+            if len(pair) != 2:
+                raise ApiError(400, "logit_bias takes [token id, bias] pairs")
+            token, value = pair
             if isinstance(token, bool) or not str(token).lstrip("-").isdigit():
                 raise ApiError(400, "logit_bias takes token ids")
-            bias[int(token)] = -100.0 if value is False else float(value or 0)
+            bias[int(token)] = -100.0 if value is False else float(value)
         return bias
 
     def infill(self) -> Infill:
