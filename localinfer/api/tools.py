@@ -12,6 +12,7 @@ small model returns a well-formed call.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import Any
 from localinfer.api.errors import ApiError
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.chat_format import ChatFormat, call_grammar, lazy_call_grammar
+from localinfer.errors import InvalidRequest
 
 __all__ = ["ToolSpec"]
 
@@ -70,7 +72,7 @@ class ToolSpec:
                 params = dataclasses.replace(params, grammar=call_grammar(fmt, self.by_name,
                                                                           names))
             elif params.grammar is None:  # (a client's own grammar or format wins)
-                lazy = lazy_call_grammar(fmt, self.by_name, thinking)
+                lazy = _lazy(fmt, json.dumps(self.functions, sort_keys=True), thinking)
                 if lazy is not None:
                     params = dataclasses.replace(params, grammar=lazy[0],
                                                  grammar_triggers=lazy[1])
@@ -95,6 +97,18 @@ class ToolSpec:
                 "Call one only when it helps; otherwise answer normally.")
         return (f"You can call these tools:\n{listing}\n{must} To call a tool, reply with only "
                 f'a JSON object: {{"name": <tool name>, "arguments": {{...}}}}')
+
+
+@functools.lru_cache(maxsize=64)
+def _lazy(fmt: ChatFormat, functions: str, thinking: bool) -> tuple[str, tuple[str, ...]] | None:
+    """The lazy grammar of an `auto` request's tools, built once for the same tools (an
+    agent sends them on every request). Tools too costly to hold to their schemas are left
+    free rather than refused: with `auto`, a grammar is a help, not the request."""
+    tools = {f["name"]: f for f in json.loads(functions)}
+    try:
+        return lazy_call_grammar(fmt, tools, thinking)
+    except InvalidRequest:
+        return None
 
 
 def with_call_objects(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -238,3 +238,18 @@ def test_an_auto_call_the_model_opens_is_held_to_the_tools_schema(families, oai)
     assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls
     first = message.tool_calls[0].function
     assert first.name == "get_weather" and isinstance(json.loads(first.arguments)["city"], str)
+
+
+def test_tools_too_costly_to_hold_to_their_schema_are_left_free_with_auto(families, oai):
+    """With `auto` a grammar is a help: tools whose schemas would cost too much are offered
+    unheld; a call the request requires of them is refused, naming the limit."""
+    _, names = families
+    huge = {"type": "function", "function": {
+        "name": "write", "parameters": {"type": "object", "properties": {
+            "text": {"type": "string", "maxLength": 50_000}}}}}
+    reply = oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[huge],
+                                        max_tokens=4)
+    assert reply.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    with pytest.raises(openai.BadRequestError, match="1,000|1000"):
+        oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[huge],
+                                    tool_choice="required", max_tokens=4)
