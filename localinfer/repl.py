@@ -10,8 +10,8 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
-from localinfer.backends.chat_format import Piece, detect, opens_reasoning, parser
-from localinfer.backends.fim import Infill
+from localinfer.backends.chat_format import Piece, start_chat
+from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import LocalinferError
 
@@ -96,14 +96,10 @@ def stream_reply(backend: Backend, messages: list[dict[str, str]], params: Sampl
     """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written. A thinking
     model's reasoning is shown apart (_Writer); `think` turns its template's thinking on or
     off (None: the template's default)."""
-    fmt = detect(backend.info.chat_template)
-    template_args = ({"enable_thinking": True if think is None else think} if fmt.think
-                     else None)
     writer = _Writer(out, think)
     generation = reader = None
     try:
-        tokens, generation = backend.start(params, messages, None, template_args)
-        reader = parser(fmt, None, opens_reasoning(backend, fmt, tokens))
+        generation, reader = start_chat(backend, params, messages, think)
         for event in generation:
             if isinstance(event, TokenEvent):
                 writer.write(reader.feed(event.text))
@@ -172,11 +168,7 @@ def fill_middle(backend: Backend, prefix: str, suffix: str, params: SamplingPara
     """Code completion from the terminal: what a code model writes between `prefix` and
     `suffix` (its fill-in-the-middle tokens), streamed to `out`, the stats line to `err`."""
     err = err or Console(stderr=True)
-    n_ctx = backend.info.n_ctx
-    room = n_ctx - reply_room(backend, params)
-    text = Infill(prefix, suffix).clipped(room)
-    generation = backend.generate(backend.infill_tokens(text.prefix, text.suffix, room=room),
-                                  params)
+    generation = backend.generate(infill_prompt(backend, params, Infill(prefix, suffix)), params)
     pieces = []
     try:
         for event in generation:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,8 +26,8 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
-                                             opens_reasoning, parser)
-from localinfer.backends.fim import Infill
+                                             opens_reasoning, parser, with_thinking)
+from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
@@ -156,7 +157,7 @@ async def start(
                                     f"cannot complete between a prefix and a suffix — use a "
                                     f"code model such as qwen2.5-coder")
             prompt = await asyncio.get_running_loop().run_in_executor(
-                _STARTS, _infill_prompt, backend, params, infill)
+                _STARTS, infill_prompt, backend, params, infill)
         # templating and tokenizing a long body takes seconds, and a runner answers over its
         # pipe: off the loop, which keeps serving every other stream meanwhile
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
@@ -167,6 +168,11 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+def sse(data: Mapping[str, Any] | str) -> str:
+    """One server-sent event of JSON data (or a bare word such as OpenAI's [DONE])."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
 
 
 async def unless_gone(request: Any, awaitable: Any) -> Any:
@@ -190,15 +196,6 @@ async def unless_gone(request: Any, awaitable: Any) -> Any:
 async def _disconnected(request: Any) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-def _infill_prompt(backend: Backend, params: SamplingParams, infill: Infill) -> list[int]:
-    """A fill-in-the-middle prompt that leaves the reply its room in the context."""
-    n_ctx = backend.info.n_ctx
-    reply = params.max_tokens or min(backend.info.reply_cap or n_ctx // 4, n_ctx // 2)
-    room = max(n_ctx - reply, 0)
-    text = infill.clipped(room)
-    return backend.infill_tokens(text.prefix, text.suffix, text.extra, text.prompt, room)
 
 
 def chat_format(backend: Backend) -> ChatFormat:
@@ -259,10 +256,7 @@ def _begin(backend: Backend, params: SamplingParams,
            fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
            ) -> tuple[list[int], Generation]:
     _refuse_by_size(backend, messages, prompt)
-    template_args = dict(template_args or {})
-    if fmt is not None and fmt.think:  # thinking on unless asked off, as llama.cpp renders
-        # (DeepSeek-R1's template closes the block at once where enable_thinking is unset)
-        template_args.setdefault("enable_thinking", True)
+    template_args = with_thinking(fmt, template_args) or {}
     if messages is not None and tools is not None:
         messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend),
                                                bool(template_args.get("enable_thinking")))

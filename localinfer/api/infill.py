@@ -13,7 +13,6 @@ A request whose client hangs up is cancelled at once, streamed or not.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from typing import Any, Optional, Union
 
@@ -119,18 +118,14 @@ async def infill(body: InfillRequest, request: Request):
     return _final(job, stats, text)
 
 
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 async def _stream(job: core.Job) -> AsyncIterator[str]:
     async for event in job.events():
         if isinstance(event, ErrorEvent):
-            yield _sse({"error": {"message": str(event.error), "type": "server_error"}})
+            yield core.sse({"error": {"message": str(event.error), "type": "server_error"}})
             return
         if isinstance(event, DoneEvent):
             observe(job, event.stats)
-            yield _sse(_final(job, event.stats, ""))
+            yield core.sse(_final(job, event.stats, ""))
             return
         if event.text:
-            yield _sse({"content": event.text, "stop": False})
+            yield core.sse({"content": event.text, "stop": False})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import json
 import struct
 import time
 import uuid
@@ -175,26 +174,22 @@ def _finish(stats: RequestStats) -> str:
     return "length" if stats.finish_reason == "length" else "stop"
 
 
-def _sse(data: dict[str, Any] | str) -> str:
-    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
-
-
 async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
     """SSE: one chunk per token event, a closing chunk, then [DONE]."""
     try:
         async for event in job.events():
             if isinstance(event, ErrorEvent):
-                yield _sse({"error": {"message": str(event.error), "type": "server_error"}})
+                yield core.sse({"error": {"message": str(event.error), "type": "server_error"}})
                 break
             if isinstance(event, DoneEvent):
                 observe(job, event.stats)
                 for chunk in shape.finish(event.stats):
-                    yield _sse(chunk)
+                    yield core.sse(chunk)
             elif event.text:
                 for chunk in shape.deltas(event.text):  # none while a marker may be starting
-                    yield _sse(chunk)
+                    yield core.sse(chunk)
     finally:
-        yield _sse("[DONE]")
+        yield core.sse("[DONE]")
 
 
 # ---------------------------------------------------------------------------- routes

@@ -32,7 +32,8 @@ from typing import Any
 from localinfer.backends.grammar import framed_json_grammar, literal
 
 __all__ = ["ChatFormat", "Piece", "Reply", "ReplyParser", "arguments_object", "call_grammar",
-           "detect", "lazy_call_grammar", "opens_reasoning", "parser"]
+           "detect", "lazy_call_grammar", "opens_reasoning", "parser", "start_chat",
+           "with_thinking"]
 
 
 @dataclass(frozen=True)
@@ -772,6 +773,28 @@ def _xml_grammar(fmt: ChatFormat, tools: Sequence[tuple[str, Mapping[str, Any]]]
                                 f'("<parameter=" ({key}) ">\\n" text "\\n</parameter>\\n")* '
                                 f'"</function>\\n</tool_call>"')
     return f"root ::= {' | '.join(alternatives)}\ntext ::= [^<]*\n"
+
+
+# ---------------------------------------------------------------------------- a chat's start
+def with_thinking(fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
+                  ) -> dict[str, Any] | None:
+    """What a template gets besides the messages, with thinking on unless asked off where
+    the family reasons, as llama.cpp renders it (DeepSeek-R1's template closes the block at
+    once where `enable_thinking` is unset)."""
+    args = dict(template_args or {})
+    if fmt is not None and fmt.think:
+        args.setdefault("enable_thinking", True)
+    return args or None
+
+
+def start_chat(backend: Any, params: Any, messages: Sequence[Mapping[str, Any]],
+               think: bool | None = None) -> tuple[Any, ReplyParser]:
+    """A chat without tools queued (one trip to a runner), and the parser of its reply:
+    `think` turns the template's thinking on or off (None: on, where the family reasons)."""
+    fmt = detect(backend.info.chat_template)
+    args = with_thinking(fmt, None if think is None else {"enable_thinking": think})
+    tokens, generation = backend.start(params, messages, None, args)
+    return generation, parser(fmt, None, opens_reasoning(backend, fmt, tokens))
 
 
 # ---------------------------------------------------------------------------- the prompt's end

@@ -22,7 +22,7 @@ from typing import Any
 
 from localinfer.errors import InvalidRequest
 
-__all__ = ["FimTokens", "Infill", "infill_tokens"]
+__all__ = ["FimTokens", "Infill", "infill_prompt", "infill_tokens"]
 
 _CHARS_PER_TOKEN = 16  # text kept around the cursor before tokenizing: ample for `room`
 
@@ -63,6 +63,17 @@ class FimTokens:
     @property
     def complete(self) -> bool:
         return None not in (self.pre, self.suf, self.mid)
+
+
+def infill_prompt(backend: Any, params: Any, infill: Infill) -> list[int]:
+    """A backend's fill-in-the-middle prompt for this text, leaving the reply its room in the
+    context: its max_tokens, else the model's reply cap or a quarter of the context, at most
+    half of it."""
+    n_ctx = backend.info.n_ctx
+    reply = params.max_tokens or min(backend.info.reply_cap or n_ctx // 4, n_ctx // 2)
+    room = max(n_ctx - reply, 0)
+    text = infill.clipped(room)
+    return backend.infill_tokens(text.prefix, text.suffix, text.extra, text.prompt, room)
 
 
 def infill_tokens(native: Any, fim: FimTokens, prefix: str, suffix: str,

@@ -22,7 +22,7 @@ import httpx
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
-from localinfer.backends.chat_format import ChatFormat, detect, opens_reasoning, parser
+from localinfer.backends.chat_format import start_chat
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
@@ -188,12 +188,9 @@ class LocalClient(ChatClient):
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:
             raise LocalinferError("no model is loaded yet")
-        backend = self.backend
-        fmt = detect(backend.info.chat_template)
-        tokens, generation = await asyncio.to_thread(_chat_within_context, backend, messages,
-                                                     params, fmt)
+        generation, reader = await asyncio.to_thread(_chat_within_context, self.backend,
+                                                     messages, params)
         self._generation = generation
-        reader = parser(fmt, None, await asyncio.to_thread(opens_reasoning, backend, fmt, tokens))
         finished = False
         try:
             async for event in generation.events():
@@ -235,14 +232,13 @@ class LocalClient(ChatClient):
         await self.pool.close()
 
 
-def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams,
-                         fmt: ChatFormat):
+def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):
     """A conversation longer than the context leaves its oldest turns out (the system
-    prompt stays), as `localinfer run` does. The prompt's tokens and the generation."""
+    prompt stays), as `localinfer run` does. The generation and its reply's parser."""
     from localinfer.repl import fit_to_context, reply_room
 
     fitted, _ = fit_to_context(backend, list(messages), reply_room(backend, params))
-    return backend.start(params, fitted, None, {"enable_thinking": True} if fmt.think else None)
+    return start_chat(backend, params, fitted)
 
 
 # ---------------------------------------------------------------------------- remote

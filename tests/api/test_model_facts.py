@@ -3,7 +3,6 @@ capabilities as they are, and the context a request asks for (num_ctx) honoured.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import gguf
@@ -11,6 +10,7 @@ import numpy as np
 import ollama
 import pytest
 
+from ..families import install
 from .conftest import start_server, stop_server
 
 TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>{% endif %}"
@@ -22,10 +22,8 @@ def _install(home: Path, name: str, arch: str, template: str | None,
              extra: dict | None = None) -> str:
     """A pulled model of one small tensor with this header (describing a model reads only
     its header: it is never loaded here)."""
-    repo = f"testorg/{name}"
-    folder = home / "models" / "hub" / repo
-    folder.mkdir(parents=True)
-    path = folder / f"{name}-Q8_0.gguf"
+    path = home / "made" / f"{name}.gguf"
+    path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_context_length(512)
@@ -41,14 +39,7 @@ def _install(home: Path, name: str, arch: str, template: str | None,
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    manifests = home / "models" / "manifests"
-    manifests.mkdir(parents=True, exist_ok=True)
-    installed = f"hf.co/{repo}:Q8_0"
-    (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
-        json.dumps({"name": installed, "repo": repo, "file": path.name, "quant": "Q8_0",
-                    "sha256": None, "size": path.stat().st_size,
-                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
-    return installed
+    return install(home, path, name)
 
 
 @pytest.mark.slow
