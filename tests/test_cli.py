@@ -203,3 +203,6 @@ def test_code_completion_from_the_terminal(tmp_path):
     assert len(refused.stderr.strip().splitlines()) == 1
     missing = _run("smollm2:135m", "--prefix", str(tmp_path / "nope.py"))
     assert missing.returncode == 1 and "cannot read" in missing.stderr
+    (tmp_path / "latin1.py").write_bytes(b"caf\xe9 = 1\n")
+    binary = _run("smollm2:135m", "--prefix", str(tmp_path / "latin1.py"))
+    assert binary.returncode == 1 and "is not UTF-8 text" in binary.stderr

@@ -84,3 +84,23 @@ def test_structured_output_follows_the_schema(client):
 def test_what_it_cannot_do_is_a_400_naming_it(client, bad, says):
     with pytest.raises(openai.BadRequestError, match=says):
         client.responses.create(model="smollm2:135m", **bad)
+
+
+def test_stored_responses_are_bounded_oldest_first(monkeypatch):
+    """The store keeps the last MAX_STORED responses and at most MAX_STORED_BYTES of them;
+    one let go is a 404 naming it."""
+    from localinfer.api import responses
+    from localinfer.api.errors import ApiError
+
+    monkeypatch.setattr(responses, "MAX_STORED", 3)
+    monkeypatch.setattr(responses, "MAX_STORED_BYTES", 400)
+    store = responses._Store()
+    for i in range(4):
+        store.put(f"resp_{i}", [{"role": "user", "content": f"question {i}"}])
+    with pytest.raises(ApiError, match="no stored response 'resp_0'"):
+        store.get("resp_0")
+    assert store.get("resp_3") == [{"role": "user", "content": "question 3"}]
+    store.put("resp_big", [{"role": "user", "content": "x" * 300}])  # past the bytes
+    with pytest.raises(ApiError):
+        store.get("resp_1")
+    assert store.get("resp_big")[0]["content"] == "x" * 300

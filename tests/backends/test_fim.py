@@ -82,3 +82,17 @@ def test_a_model_without_fim_tokens_says_so(smollm2):
     assert not smollm2.info.fim
     with pytest.raises(InvalidRequest, match="fill-in-the-middle"):
         smollm2.infill_tokens(PREFIX, SUFFIX)
+
+
+def test_a_huge_request_is_cut_to_the_text_nearest_the_cursor_before_it_is_read():
+    """Megabytes from an editor are cut by characters before they cross to the runner: the
+    prefix's end, the suffix's start, the last other files."""
+    from localinfer.backends.fim import Infill
+
+    big = Infill("a" * 1_000_000 + "END", "START" + "b" * 1_000_000,
+                 (("old.py", "o" * 1_000_000), ("new.py", "n" * 10)), "p" * 1_000_000)
+    cut = big.clipped(100)
+    assert cut.prefix.endswith("END") and len(cut.prefix) == 1600
+    assert cut.suffix.startswith("START") and len(cut.suffix) == 1600
+    assert cut.extra[-1] == ("new.py", "n" * 10) and len(cut.extra[0][1]) == 1590
+    assert len(cut.prompt) == 1600
