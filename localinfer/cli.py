@@ -494,6 +494,7 @@ def serve(
     kv_type: Annotated[Optional[KvType], _flag("kv_type")] = None,
     kv_unified: Annotated[Optional[bool], _flag("kv_unified", "--kv-unified/--no-kv-unified")
                           ] = None,
+    cache_reuse: Annotated[Optional[int], _flag("cache_reuse")] = None,
     flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
                           ] = None,
     max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
@@ -520,7 +521,8 @@ def serve(
             "model": model, "host": host, "port": port, "parallel": parallel, "ctx": ctx,
             "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
             "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
-            "kv_unified": kv_unified, "flash_attn": flash_attn, "max_tokens": max_tokens,
+            "kv_unified": kv_unified, "cache_reuse": cache_reuse, "flash_attn": flash_attn,
+            "max_tokens": max_tokens,
             "gpus": gpus, "workers": workers, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,
             "allowed_origins": allow_origin, "allowed_hosts": allow_host,
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})

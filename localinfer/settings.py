@@ -110,6 +110,12 @@ class Settings(BaseSettings):
     kv_unified: bool = Field(False, description=(
         "One KV pool for all requests: a long chat may use what idle slots leave; requests "
         "wait for free cells (off: a fixed share each)."))
+    # on by default: an editor's completions resend a window over the file that moves as
+    # the cursor does (bench/results/code_completion.md); a moved run's KV was computed
+    # after text that is gone, so 0 reads every prompt exactly
+    cache_reuse: int = Field(256, ge=0, description=(
+        "Past a prompt's cached prefix, move cached runs of at least this many tokens into "
+        "place instead of reading them again (an editor's file after an edit above); 0: off."))
     flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
                                     **_unset("auto"))
     gpus: str | None = Field(None, description=(

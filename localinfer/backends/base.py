@@ -112,6 +112,10 @@ class LoadOptions:
     # yields its cells and is rebuilt later. Decode is slower with many long contexts (each
     # stream attends over the whole pool), so off by default (measured in the issue notes)
     kv_unified: bool = False
+    # past a request's cached prefix, cached runs of at least this many tokens that the
+    # prompt repeats after text it dropped are moved into place instead of read again
+    # (llama-server's --cache-reuse; an editor's window over a file moving down); 0: off
+    cache_reuse: int = 256
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
@@ -141,6 +145,7 @@ class LoadOptions:
                    prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
                    draft_tokens=settings.draft, draft_model=settings.draft_model,
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
+                   cache_reuse=settings.cache_reuse,
                    split_mode=str(settings.split_mode))
 
     @property
@@ -165,6 +170,8 @@ class LoadOptions:
         if self.step_budget is not None and self.step_budget != 0 and self.step_budget <= 1:
             raise InvalidRequest("the step budget is a multiple of a decode step: more than 1 "
                                  "(or 0 to turn it off)")
+        if self.cache_reuse < 0:
+            raise InvalidRequest("cache reuse is a count of tokens: 0 (off) or more")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")
         if self.split_mode not in ("none", "layer", "row"):

@@ -17,10 +17,12 @@ so a decode never finds the cache full.
 
 from __future__ import annotations
 
+import array
 import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from localinfer.backends.draft import common_prefix
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.slots import Slot, SlotState
 
@@ -30,10 +32,14 @@ log = logging.getLogger("localinfer.engine")
 
 
 class SplitCells:
-    def __init__(self, native: NativeModel, n_slots: int):
+    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0):
         self.native = native
         self.n_cells = native.n_cells()
         self.per_slot = self.n_cells // n_slots  # the longest request: prompt and reply
+        # past the cached prefix, runs of at least this many cached tokens that the prompt
+        # repeats further on are moved into place rather than read again (reuse_chunks);
+        # 0: off
+        self.reuse_min = reuse_min
 
     def free(self, slots: Sequence[Slot]) -> int:
         """Cells a step may still fill (beyond a slot's own share, which bounds it)."""
@@ -61,7 +67,7 @@ class SplitCells:
         what lies past the shared prefix is dropped again. In one pool the copy shares the
         donor's cells instead.
         """
-        own = slot.common_prefix(prompt)
+        own = self.reusable(slot, prompt, len(prompt) - 1, slots)
         donor = max((s for s in slots if s is not slot),
                     key=lambda s: s.common_prefix(prompt), default=None)
         if donor is None:
@@ -82,6 +88,71 @@ class SplitCells:
             n_keep = 0
         del slot.cache[n_keep:]
         return n_keep
+
+    def reusable(self, slot: Slot, tokens: Sequence[int], limit: int,
+                 slots: Sequence[Slot]) -> int:
+        """How many of `tokens` the slot would start with cached (its prefix, and the runs
+        reuse_chunks would move), changing nothing: which idle slot a request takes."""
+        n_past = min(slot.common_prefix(tokens), limit)
+        runs = self._runs(slot, tokens, n_past, limit, slots)
+        return n_past + sum(n for _, n in runs)
+
+    def reuse_chunks(self, slot: Slot, tokens: Sequence[int], n_past: int, limit: int,
+                     slots: Sequence[Slot]) -> int:
+        """Past the `n_past` tokens of the cached prefix, keep runs of cached tokens that
+        `tokens` goes on with, after cached text it no longer has (a file's first lines gone
+        as an editor's window moves down, a chunk of context dropped): each run of at least
+        `reuse_min` tokens is moved back to its new position (its KV re-positioned, as
+        llama-server's --cache-reuse does), and what lay between is dropped. The cached
+        length, at most `limit`; the slot holds exactly that much after.
+
+        The moved runs' KV was computed after the text that is gone: close, not equal, to
+        reading them again, which is why a run must be long to be worth it."""
+        head = n_past
+        cache = slot.cache
+        for found, n in self._runs(slot, tokens, n_past, limit, slots):
+            if found > head:
+                self.native.forget(slot.id, head, found)
+                self.native.shift(slot.id, found, found + n, head - found)
+            cache[head:head + n] = cache[found:found + n]
+            head += n
+        if head > n_past:
+            self.native.forget(slot.id, head, -1)
+            del cache[head:]
+            log.debug("slot %d: %d cached tokens moved into place after a prefix of %d",
+                      slot.id, head - n_past, n_past)
+        return head
+
+    def _runs(self, slot: Slot, tokens: Sequence[int], n_past: int, limit: int,
+              slots: Sequence[Slot]) -> list[tuple[int, int]]:
+        """The cached runs `tokens` goes on with after its first `n_past`, as (where the run
+        is in the cache, its length): runs of at least `reuse_min` tokens, taken in order
+        while they follow each other in `tokens` (the first token no run holds ends them),
+        none within cells another sequence shares."""
+        cache = slot.cache
+        if (self.reuse_min <= 0 or n_past >= limit or len(cache) - n_past < self.reuse_min
+                or not self.native.can_shift()):
+            return []
+        held = array.array("i", cache).tobytes()
+        head_p = n_past  # where the prompt goes on, and where in the cache to look
+        head_c = max(n_past, self._shared(slot, slots))
+        runs = []
+        while head_p + self.reuse_min <= limit:
+            found = _find(held, tokens[head_p:head_p + self.reuse_min], head_c)
+            if found < 0:
+                break
+            n = self.reuse_min
+            while (found + n < len(cache) and head_p + n < limit
+                   and cache[found + n] == tokens[head_p + n]):
+                n += 1
+            runs.append((found, n))
+            head_c, head_p = found + n, head_p + n
+        return runs
+
+    def _shared(self, slot: Slot, slots: Sequence[Slot]) -> int:
+        """How far the slot's cells may be shared with another sequence's: none here (a
+        borrowed prefix is a copy of the donor's stream)."""
+        return 0
 
     def shift(self, slot: Slot, n_keep: int) -> bool:
         """A full slot goes on: drop the older half of what follows its first `n_keep`
@@ -105,12 +176,19 @@ class SplitCells:
 class SharedCells(SplitCells):
     ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
 
-    def __init__(self, native: NativeModel, n_slots: int):
-        super().__init__(native, n_slots)
+    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0):
+        super().__init__(native, n_slots, reuse_min)
         self.per_slot = max(self.per_slot, min(self.n_cells, native.n_ctx_train()))
 
     def free(self, slots: Sequence[Slot]) -> int:
         return self.n_cells - sum(len(s.cache) for s in slots)
+
+    def _shared(self, slot: Slot, slots: Sequence[Slot]) -> int:
+        """In one pool a borrowed prefix shares the donor's cells, and a cell has one
+        position for every sequence in it: moving it would move it for both. Cells shared
+        with another slot lie within the prefix they hold in common."""
+        return max((common_prefix(slot.cache, s.cache) for s in slots if s is not slot),
+                   default=0)
 
     def admit(self, slot: Slot, tokens: Sequence[int], slots: Sequence[Slot]) -> bool:
         """Its tokens fit, with room to grow (the slot keeps the shared prefix and drops the
@@ -140,3 +218,13 @@ class SharedCells(SplitCells):
         while self.free(slots) < need and idle:
             self.forget(idle.pop(0))
         return self.free(slots) >= need
+
+
+def _find(held: bytes, run: Sequence[int], start: int) -> int:
+    """Where `run` first occurs in the tokens `held` (int32 bytes) at or after token
+    `start`; -1 where it does not."""
+    needle = array.array("i", run).tobytes()
+    at = held.find(needle, start * 4)
+    while at >= 0 and at % 4:  # a match across tokens' bytes: look on
+        at = held.find(needle, at + 1)
+    return at // 4 if at >= 0 else -1

@@ -53,6 +53,7 @@ class Engine:
         threads: ThreadTuner | None = None,
         grammar_limit_s: float = 1.0,
         reply_cap: int | None = None,
+        cache_reuse: int = 0,
     ):
         self.native = native
         # the longest reply of a request that sets no limit (the one place it is applied:
@@ -76,8 +77,9 @@ class Engine:
         # a lone stream also decodes guesses with its next token (speculator.py)
         self.speculator = Speculator(draft_tokens, drafter)
         # how the slots share the context's cells: a fixed share each, or one pool that
-        # admits and preempts requests by free cells (cells.py)
-        self.cells = (SharedCells if unified else SplitCells)(native, n_slots)
+        # admits and preempts requests by free cells (cells.py); past a request's cached
+        # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off)
+        self.cells = (SharedCells if unified else SplitCells)(native, n_slots, cache_reuse)
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -205,8 +207,11 @@ class Engine:
                 return
             task = self.queue.waiting[0]
             tokens = task.resume.tokens if task.resume else task.prompt
-            # the longest cached prefix wins; among equals, the least recently used
-            slot = max(idle, key=lambda s: (s.common_prefix(tokens), -s.last_used))
+            limit = len(tokens) - (0 if task.resume else 1)
+            # the most cached tokens win (the prefix, and runs to be moved into place);
+            # among equals, the least recently used
+            slot = max(idle, key=lambda s: (self.cells.reusable(s, tokens, limit, self.slots),
+                                            -s.last_used))
             if not self.cells.admit(slot, tokens, self.slots):
                 return  # first come, first served: nobody overtakes the head of the queue
             self.queue.waiting.popleft()
@@ -218,8 +223,10 @@ class Engine:
         tokens = resume.tokens if resume else task.prompt
         self.cells.borrow_prefix(slot, tokens, self.slots)
         # a new prompt keeps at least one token to evaluate: its logits give the first token
-        n_keep = self.cells.keep_prefix(slot, tokens, min(slot.common_prefix(tokens),
-                                                          len(tokens) - (0 if resume else 1)))
+        limit = len(tokens) - (0 if resume else 1)
+        n_keep = self.cells.reuse_chunks(slot, tokens, min(slot.common_prefix(tokens), limit),
+                                         limit, self.slots)
+        n_keep = self.cells.keep_prefix(slot, tokens, n_keep)
         slot.task = task
         slot.to_read = tokens
         slot.n_prompt_done = n_keep

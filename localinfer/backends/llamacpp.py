@@ -94,6 +94,7 @@ class LlamaCppBackend(Backend):
                              draft_tokens=options.guesses,
                              unified=options.kv_unified, drafter=drafter,
                              reply_cap=options.reply_cap,
+                             cache_reuse=options.cache_reuse,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(
                                  n_threads, physical_cores()))

@@ -43,3 +43,26 @@ def test_free_slots_borrow_the_prefix_of_a_busy_one(four_slots, smollm2_referenc
     # reply to the whole prompt, token by token (up to near-ties: see tests/greedy.py)
     for prompt, text, g in zip(prompts, warm, generations):
         assert smollm2_reference.follows(prompt, text, g.stats.finish_reason) >= 6
+
+
+def test_a_file_whose_first_lines_went_keeps_the_rest_cached(smollm2):
+    """An editor's window over a file moves down a few lines: the prompt loses text the slot
+    holds and goes on with the rest of it. That rest (over 256 tokens: --cache-reuse's
+    default) is moved into place in llama.cpp's cache, not read again; the slot then holds
+    exactly the new prompt — llama.cpp refuses a decode whose positions do not follow the
+    sequence's, and the same prompt again is all cached."""
+    head = smollm2.tokenize("# reuse check: a file seen through a moving window\n")
+    gone = smollm2.tokenize("".join(f"line_{i} = {i}\n" for i in range(8)), add_special=False)
+    rest = smollm2.tokenize("".join(f"value_{i} = compute({i}) * {i % 5}\n"
+                                    for i in range(40)), add_special=False)
+    assert len(rest) > 256
+    first = smollm2.generate(head + gone + rest, GREEDY)
+    first.text()
+    assert first.stats.finish_reason == "length"
+    typed = smollm2.tokenize("result = ", add_special=False)
+    second = smollm2.generate(head + rest + typed, GREEDY)
+    assert second.text() and second.stats.finish_reason == "length"
+    assert second.stats.cached_tokens >= len(head) + len(rest)
+    again = smollm2.generate(head + rest + typed, GREEDY)
+    again.text()
+    assert again.stats.cached_tokens == len(head + rest + typed) - 1

@@ -197,3 +197,29 @@ def test_a_full_slot_shifts_its_context_keeping_the_first_tokens():
         assert [cells[p] for p in range(5)] == prompt[:5]
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("reuse", [0, 8])
+def test_cached_runs_after_dropped_text_are_moved_into_place(reuse):
+    """An editor's window over a file moves down: the prompt drops text the slot holds and
+    goes on with what followed it. Runs of at least `cache_reuse` tokens are moved back to
+    their new positions (the fake's cells must then hold exactly the new prompt, or its
+    next decode fails); a shorter run, and everything with reuse off, is read again. The
+    slot holding the runs is the one taken, though the other was used less recently."""
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native, n_slots=2, cache_reuse=reuse)
+    try:
+        other = _prompt(70, 15)
+        assert engine.submit(other, GREEDY).text() == text(reference(other, 12))
+        head, run1, run2, short = _prompt(1, 10), _prompt(30, 20), _prompt(60, 20), [90, 91, 92]
+        first = head + [5, 5] + run1 + [6] + run2 + [7, 7, 7] + short
+        assert engine.submit(first, GREEDY).text() == text(reference(first, 12))
+        tail = [t for t in (0, 1, 2, 3, 4) if t != reference(first, 12)[0]][:3]
+        second = run1 + run2 + short + tail  # the head went too: no prefix is cached
+        generation = engine.submit(second, GREEDY)
+        assert generation.text() == text(reference(second, 12))
+        assert generation.stats.cached_tokens == (len(run1) + len(run2) if reuse else 0)
+        assert any([cells.get(p) for p in range(len(second))] == second
+                   for cells in native.cells.values())
+    finally:
+        engine.close()
