@@ -131,3 +131,9 @@ def install(home: Path, path: Path, name: str) -> str:
                     "sha256": None, "size": target.stat().st_size,
                     "pulled_at": "2026-11-24T00:00:00+00:00"}))
     return installed
+
+
+def saying(text: str) -> str:
+    """A GBNF grammar whose one sentence is `text`: a random-weight model made to write it
+    (llama-server's `grammar` field; room for a token per character)."""
+    return f"root ::= {json.dumps(text)}"

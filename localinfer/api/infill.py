@@ -4,8 +4,9 @@ it, a converter onto the one generate path with the model's own FIM prompt (back
 It takes `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`, `text`),
 `prompt` (text after the middle mark), `n_predict`, `stream`, `stop`, `temperature`,
 `top_k`, `top_p`, `min_p`, `seed`, `logit_bias` (`[[id, bias], …]` or `{"id": bias}`;
-false bans), `grammar`, and `model` (ours: which model; the loaded one else). Not yet:
-`t_max_predict_ms`, `n_indent`, `ignore_eos`.
+false bans), `grammar`, `n_indent` (a line after the first indented less ends the
+completion before it), `t_max_predict_ms` (past it, the completion ends at its first
+newline), and `model` (ours: which model; the loaded one else). Not yet: `ignore_eos`.
 The answer is llama-server's: `content`, `stop`, `tokens_predicted`, `tokens_evaluated`,
 `tokens_cached`, `timings`; streamed, SSE lines of `content` then the one with `stop: true`.
 A request whose client hangs up is cancelled at once, streamed or not.
@@ -53,13 +54,17 @@ class InfillRequest(core.Lenient):
     logit_bias: Union[list[list[Union[int, float, bool]]], dict[str, Union[float, bool]],
                       None] = Field(None, max_length=1024)
     grammar: Optional[str] = Field(None, max_length=512 * 1024)
+    n_indent: int = Field(0, ge=0, le=1024)
+    t_max_predict_ms: int = Field(0, ge=0)
 
     def params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
                               min_p=self.min_p, seed=None if self.seed in (None, -1) else self.seed,
                               max_tokens=self.n_predict if self.n_predict > 0 else None,
-                              stop=tuple(stop), logit_bias=self._bias(), grammar=self.grammar)
+                              stop=tuple(stop), logit_bias=self._bias(), grammar=self.grammar,
+                              min_indent=self.n_indent,
+                              line_time_limit=self.t_max_predict_ms / 1000 or None)
 
     def _bias(self) -> dict[int, float]:
         """llama-server's two shapes; a bias of false bans the token."""

@@ -54,6 +54,11 @@ class SamplingParams:
     # max_tokens, so no reply can run for ever
     context_shift: bool = False
     n_keep: int = 0
+    # code completion (llama-server's n_indent and t_max_predict_ms): a line after the first
+    # indented less than this ends the reply before it; past this many seconds since the
+    # first token, the reply ends once it has written a newline
+    min_indent: int = 0
+    line_time_limit: float | None = None
     # no max_tokens and capped: the model's reply cap applies (LoadOptions.reply_cap, from
     # LOCALINFER_MAX_TOKENS), and no context shift; not capped: none (Ollama's num_predict
     # -1, `run --max-tokens 0`) — the reply ends with its end token or a full context
@@ -76,6 +81,9 @@ class SamplingParams:
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
             (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2^32)"),
             (self.n_keep >= 0, "n_keep must be 0 or more"),
+            (self.min_indent >= 0, "n_indent must be 0 or more"),
+            (self.line_time_limit is None or self.line_time_limit > 0,
+             "t_max_predict_ms must be more than 0"),
         ]
         for ok, message in checks:
             if not ok:

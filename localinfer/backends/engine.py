@@ -241,7 +241,7 @@ class Engine:
         slot.state = SlotState.PROCESSING_PROMPT
         slot.sampler, task.sampler = task.sampler, None
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        slot.stop = StopMatcher(task.params.stop)
+        slot.stop = StopMatcher(task.params.stop, task.params.min_indent)
         task.stats.started_at = self._clock()
         task.stats.prompt_tokens = len(task.prompt)
         task.stats.cached_tokens = n_keep
@@ -354,6 +354,10 @@ class Engine:
             return self._finish(slot, "stop")
         max_tokens = task.params.max_tokens
         if max_tokens is not None and task.stats.generated_tokens >= max_tokens:
+            return self._finish(slot, "length")
+        limit = task.params.line_time_limit
+        if (limit is not None and slot.stop.newline
+                and task.stats.token_times[-1] - task.stats.token_times[0] > limit):
             return self._finish(slot, "length")
         if len(slot.cache) >= self.n_ctx_slot:  # no cell left to feed this token back
             # shifting only with a limit: without one, a model that never writes its end

@@ -13,7 +13,7 @@ import ollama
 import openai
 import pytest
 
-from ..families import QWEN_CODER_ADDED, family_model, install
+from ..families import QWEN_CODER_ADDED, family_model, install, saying
 from .conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -106,7 +106,26 @@ def _active_slots(server, name: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
-@pytest.mark.parametrize("route", ["/infill", "/v1/completions"])
+def test_infill_stops_at_a_line_indented_less_and_after_its_time(coder):
+    """llama-server's n_indent and t_max_predict_ms, as llama.vscode sends them: a
+    completion ends before the first line that leaves the block; one past its time ends at
+    the next newline."""
+    server, _ = coder
+    code = "x = 1\n    y = 2\n\n    w = 4\nz = 3\n"
+    reply = _infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=200,
+                    grammar=saying(code), n_indent=4).json()
+    assert reply["content"] == "x = 1\n    y = 2\n\n    w = 4"
+    whole = _infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=200,
+                    grammar=saying(code)).json()
+    assert whole["content"] == code
+    lines = "value = compute(1, 2, 3, 4, 5, 6, 7, 8)\nresult = value * 2\nprint(result)\n"
+    reply = _infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=300,
+                    grammar=saying(lines), t_max_predict_ms=1).json()
+    assert reply["content"].endswith("\n") and len(reply["content"]) < len(lines)
+    assert reply["stop_type"] == "limit"
+
+
+@pytest.mark.parametrize("route", ["/infill", "/v1/completions", "/api/generate"])
 def test_an_abandoned_completion_is_cancelled_at_once(coder, route):
     """Editors give up on most completions a keystroke later: a client that hangs up frees
     its slot within a moment, though its reply had thousands of tokens to go."""
@@ -115,6 +134,10 @@ def test_an_abandoned_completion_is_cancelled_at_once(coder, route):
                         "logit_bias": [[int(t), False] for t in NO_END]},
             "/v1/completions": {"model": name, "prompt": PREFIX, "suffix": SUFFIX,
                                 "max_tokens": 3000, "logit_bias": NO_END},
+            # (a grammar that never ends: Ollama's options have no logit_bias)
+            "/api/generate": {"model": name, "prompt": PREFIX, "suffix": SUFFIX,
+                              "stream": False, "options": {"num_predict": 3000,
+                                                           "grammar": 'root ::= "a" root'}},
             }[route]
     with pytest.raises(httpx.ReadTimeout):  # (its 3,000 tokens take ~5 s here)
         httpx.post(server.url + route, json=body, timeout=httpx.Timeout(60, read=0.5))

@@ -15,7 +15,7 @@ import ollama
 import openai
 import pytest
 
-from ..families import family_model, install
+from ..families import family_model, install, saying
 from .conftest import start_server, stop_server
 
 pytestmark = pytest.mark.slow
@@ -47,11 +47,6 @@ def oai(families):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
 
 
-def _text(grammar_text: str) -> str:
-    """A grammar whose one sentence is this text."""
-    return f"root ::= {json.dumps(grammar_text)}"
-
-
 def _stream(oai, **kwargs):
     chunks = list(oai.chat.completions.create(stream=True, temperature=0, **kwargs))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
@@ -80,7 +75,7 @@ def test_text_streams_before_a_call_and_the_call_follows(families, oai):
     said = ('Let me look that up for you. <tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     deltas, finish = _stream(oai, model=names["qwen3"], messages=ASK, tools=[WEATHER],
-                             max_tokens=200, extra_body={"grammar": _text(said)})
+                             max_tokens=200, extra_body={"grammar": saying(said)})
     first_call = next(i for i, d in enumerate(deltas) if d.tool_calls)
     text = [d.content for d in deltas[:first_call] if d.content]
     assert len(text) > 1 and "".join(text).strip() == "Let me look that up for you."
@@ -94,7 +89,7 @@ def test_a_malformed_call_comes_back_as_text(families, oai):
     said = "<tool_call>\nnot a call\n</tool_call>"
     reply = oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[WEATHER],
                                         max_tokens=200, temperature=0,
-                                        extra_body={"grammar": _text(said)})
+                                        extra_body={"grammar": saying(said)})
     assert reply.choices[0].message.content == said
     assert not reply.choices[0].message.tool_calls
     assert reply.choices[0].finish_reason == "stop"
@@ -108,7 +103,7 @@ def test_a_malformed_call_comes_back_as_text(families, oai):
 def test_reasoning_comes_apart_from_the_answer(families, oai, family, said):
     _, names = families
     request = dict(model=names[family], messages=[{"role": "user", "content": "Hi"}],
-                   max_tokens=200, extra_body={"grammar": _text(said)})
+                   max_tokens=200, extra_body={"grammar": saying(said)})
     deltas, _ = _stream(oai, **request)
     reasoning = [getattr(d, "reasoning_content", None) for d in deltas]
     assert "".join(r for r in reasoning if r) == "First, the plan."
@@ -129,7 +124,7 @@ def test_ollama_client_gets_thinking_and_tool_calls(families):
     said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     kwargs = dict(model=names["qwen3"], messages=ASK, tools=[WEATHER],
-                  options={"temperature": 0, "num_predict": 200, "grammar": _text(said)})
+                  options={"temperature": 0, "num_predict": 200, "grammar": saying(said)})
     parts = list(client.chat(stream=True, think=True, **kwargs))
     thinking = "".join(p.message.thinking or "" for p in parts)
     calls = [c for p in parts for c in p.message.tool_calls or []]
@@ -167,7 +162,7 @@ def test_responses_api_streams_reasoning_and_a_call_and_takes_its_output_back(fa
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     with client.responses.stream(model=names["qwen3"], input="Weather in Paris?", tools=[tool],
                                  max_output_tokens=200,
-                                 extra_body={"grammar": _text(said)}) as stream:
+                                 extra_body={"grammar": saying(said)}) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.reasoning_text.delta" in kinds
@@ -203,7 +198,7 @@ def test_anthropic_client_gets_thinking_and_tool_use_and_sends_results_back(fami
     said = ('<think>\nCheck the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", '
             '"arguments": {"city": "Paris"}}\n</tool_call>')
     request = dict(model=names["qwen3"], max_tokens=200, tools=[tool], messages=ASK,
-                   extra_body={"grammar": _text(said)})
+                   extra_body={"grammar": saying(said)})
     with client.messages.stream(**request) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_message()
