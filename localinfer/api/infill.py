@@ -6,7 +6,7 @@ It takes `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`,
 `top_k`, `top_p`, `min_p`, `seed`, `logit_bias` (`[[id, bias], …]` or `{"id": bias}`;
 false bans), `grammar`, `n_indent` (a line after the first indented less ends the
 completion before it), `t_max_predict_ms` (past it, the completion ends at its first
-newline), and `model` (ours: which model; the loaded one else). Not yet: `ignore_eos`.
+newline), `ignore_eos`, and `model` (ours: which model; the loaded one else).
 The answer is llama-server's: `content`, `stop`, `tokens_predicted`, `tokens_evaluated`,
 `tokens_cached`, `timings`; streamed, SSE lines of `content` then the one with `stop: true`.
 A request whose client hangs up is cancelled at once, streamed or not.
@@ -56,6 +56,7 @@ class InfillRequest(core.Lenient):
     grammar: Optional[str] = Field(None, max_length=512 * 1024)
     n_indent: int = Field(0, ge=0, le=1024)
     t_max_predict_ms: int = Field(0, ge=0)
+    ignore_eos: bool = False
 
     def params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -64,7 +65,8 @@ class InfillRequest(core.Lenient):
                               max_tokens=self.n_predict if self.n_predict > 0 else None,
                               stop=tuple(stop), logit_bias=self._bias(), grammar=self.grammar,
                               min_indent=self.n_indent,
-                              line_time_limit=self.t_max_predict_ms / 1000 or None)
+                              line_time_limit=self.t_max_predict_ms / 1000 or None,
+                              ignore_eos=self.ignore_eos)
 
     def _bias(self) -> dict[int, float]:
         """llama-server's two shapes; a bias of false bans the token."""

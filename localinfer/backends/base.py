@@ -59,6 +59,7 @@ class SamplingParams:
     # first token, the reply ends once it has written a newline
     min_indent: int = 0
     line_time_limit: float | None = None
+    ignore_eos: bool = False  # the model's end tokens are banned: the reply runs to its limit
     # no max_tokens and capped: the model's reply cap applies (LoadOptions.reply_cap, from
     # LOCALINFER_MAX_TOKENS), and no context shift; not capped: none (Ollama's num_predict
     # -1, `run --max-tokens 0`) — the reply ends with its end token or a full context

@@ -123,6 +123,7 @@ class NativeModel:
         # ~20% of a fast (GPU-rate) step to get the GIL back from the event loop. So each
         # id is asked once. Written by the engine thread only.
         self._eog: dict[int, bool] = {}
+        self._eog_tokens: tuple[int, ...] | None = None
         self._pieces: dict[int, bytes] = {}
         self._preserved: set[int] = set()  # control tokens rendered as their text
         self._longest: int | None = None
@@ -172,6 +173,13 @@ class NativeModel:
         if eog is None:
             eog = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
         return eog
+
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every token that ends generation (read from the vocabulary once)."""
+        if self._eog_tokens is None:
+            self._eog_tokens = tuple(t for t in range(self.n_vocab)
+                                     if llama_cpp.llama_vocab_is_eog(self.vocab, t))
+        return self._eog_tokens
 
     def sampler(self, params: SamplingParams, prompt: Sequence[int] = ()) -> SamplerChain:
         """A request's sampler chain (its grammar parsed now: a bad one raises here)."""
@@ -336,12 +344,15 @@ class SamplerChain:
         self.chain = llama_cpp.llama_sampler_chain_init(chain_params)
         penalised = (params.repeat_penalty, params.frequency_penalty,
                      params.presence_penalty) != (1, 0, 0)
+        bias = params.logit_bias
+        if params.ignore_eos:
+            bias += tuple((token, -100.0) for token in native.eog_tokens())
         self.argmax = (self.shortcuts and params.greedy and not penalised
-                        and not params.logit_bias and not params.grammar)
+                        and not bias and not params.grammar)
         self.constrained = bool(params.grammar)  # its cost per token is bounded by the engine
         add = lambda s: llama_cpp.llama_sampler_chain_add(self.chain, s)  # noqa: E731
-        if params.logit_bias:
-            add(_logit_bias_sampler(native.n_vocab, params.logit_bias))
+        if bias:
+            add(_logit_bias_sampler(native.n_vocab, bias))
         self.grammar = None
         if params.grammar:
             try:

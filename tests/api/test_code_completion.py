@@ -125,6 +125,17 @@ def test_infill_stops_at_a_line_indented_less_and_after_its_time(coder):
     assert reply["stop_type"] == "limit"
 
 
+def test_infill_ignore_eos_writes_to_the_limit(coder):
+    server, _ = coder
+    ending = [[151643, 100]]  # the end token made all but certain
+    reply = _infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=12,
+                    logit_bias=ending).json()
+    assert reply["tokens_predicted"] == 1 and reply["stop_type"] == "eos"
+    reply = _infill(server, input_prefix=PREFIX, input_suffix=SUFFIX, n_predict=12,
+                    logit_bias=ending, ignore_eos=True).json()
+    assert reply["tokens_predicted"] == 12 and reply["stop_type"] == "limit"
+
+
 @pytest.mark.parametrize("route", ["/infill", "/v1/completions", "/api/generate"])
 def test_an_abandoned_completion_is_cancelled_at_once(coder, route):
     """Editors give up on most completions a keystroke later: a client that hangs up frees
