@@ -1,0 +1,177 @@
+"""Write a tiny Gemma 3 vision projector (mmproj) GGUF with random weights.
+
+libmtmd pairs a text model with an "mmproj" file: a SigLIP vision tower, then Gemma 3's
+average pool, soft-embedding RMS norm and input projection into the text model's embedding
+width. Real ones are 400+ MiB; this one is a megabyte or two and encodes an image in a few
+milliseconds on a CPU, which is enough to exercise the image path (tokenize, encode, decode
+embeddings into a llama_context) without downloading a vision model. Its output is noise.
+
+The projection's width must equal the text model's `{arch}.embedding_length`, else
+mtmd_init_from_file refuses the pair, so give that width or the text GGUF to read it from:
+
+    python3 bench/random_mmproj.py /tmp/mmproj.gguf --text-model gemma-3-270m-q4_k_m.gguf
+    python3 bench/random_mmproj.py /tmp/mmproj.gguf --n-embd 640 --tokens 16
+    python3 bench/random_mmproj.py /tmp/mmproj.gguf --n-embd 576 --image-size 112 --tokens 64
+
+Every image becomes `--tokens` image tokens (a square number): Gemma 3 resizes any image to
+image_size x image_size, cuts it into patches and average-pools them, so the count is fixed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tower:
+    image_size: int  # pixels per side after mtmd's resize
+    patch_size: int
+    n_merge: int  # patches per side that one output token averages (the pool kernel)
+    n_embd: int  # the vision tower's width
+    n_head: int
+    n_ff: int
+    n_layer: int
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def n_tokens(self) -> int:
+        return (self.patches_per_side // self.n_merge) ** 2
+
+
+# Real Gemma 3 is 896 px, patch 14, width 1152, 16 heads, ff 4304, 27 blocks, pool 4
+# (256 tokens). These keep the geometry and shrink the rest.
+_N_EMBD, _N_HEAD, _N_FF, _N_LAYER = 128, 4, 256, 2
+_EPS = 1e-6  # SigLIP's layer_norm_eps, as the converter writes it
+
+
+def text_n_embd(path: Path) -> int:
+    """`{arch}.embedding_length` of a text GGUF (the width the projector must output)."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = reader.get_field("general.architecture").contents()
+    field = reader.get_field(f"{arch}.embedding_length")
+    if field is None:
+        sys.exit(f"{path} has no {arch}.embedding_length")
+    return int(field.contents())
+
+
+def make_tower(image_size: int, patch_size: int, n_tokens: int) -> Tower:
+    """The tower whose pool turns image_size/patch_size patches a side into n_tokens."""
+    per_side = math.isqrt(n_tokens)
+    if per_side * per_side != n_tokens:
+        sys.exit(f"--tokens must be a square number (the pool's output is square), not {n_tokens}")
+    if image_size % patch_size:
+        sys.exit(f"--image-size {image_size} is not a multiple of the patch size {patch_size}")
+    patches = image_size // patch_size
+    # clip.cpp pools with kernel = stride = n_merge and no padding; a remainder would be
+    # dropped silently and the token count would not be what was asked for
+    if patches % per_side:
+        fits = [(patches // k) ** 2 for k in range(1, patches + 1) if patches % k == 0]
+        sys.exit(f"{patches} patches a side do not pool evenly into {per_side} tokens a side; "
+                 f"pick --tokens from {fits}")
+    return Tower(image_size, patch_size, patches // per_side, _N_EMBD, _N_HEAD, _N_FF, _N_LAYER)
+
+
+def write_mmproj(tower: Tower, n_embd_text: int, out: Path, seed: int = 0) -> None:
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(out, "clip")
+    writer.add_name(f"random gemma3 mmproj {tower.n_tokens} tokens -> {n_embd_text}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    writer.add_vision_image_size(tower.image_size)
+    writer.add_vision_patch_size(tower.patch_size)
+    writer.add_vision_embedding_length(tower.n_embd)
+    writer.add_vision_feed_forward_length(tower.n_ff)
+    writer.add_vision_block_count(tower.n_layer)
+    writer.add_vision_head_count(tower.n_head)
+    writer.add_vision_attention_layernorm_eps(_EPS)
+    # required by clip.cpp although Gemma 3 reads its output width off the projection tensor
+    writer.add_vision_projection_dim(n_embd_text)
+    # SigLIP's MLP is gelu-tanh; without this key clip.cpp would use quick-gelu
+    writer.add_vision_use_gelu(True)
+    # clip.cpp refuses a vision model without mean/std; these are Gemma 3's (pixels to [-1, 1])
+    writer.add_vision_image_mean([0.5, 0.5, 0.5])
+    writer.add_vision_image_std([0.5, 0.5, 0.5])
+    # clip.cpp defaults the pool to 4 for gemma3 and reads this key to override it, as
+    # llama.cpp's tinygemma3 test model does; written always so the file says what it does
+    writer.add_vision_projector_scale_factor(tower.n_merge)
+
+    def matrix(tensor: str, rows: int, cols: int) -> None:
+        # numpy's (rows, cols) is ggml's ne = [cols, rows]: `cols` inputs, `rows` outputs
+        writer.add_tensor(tensor, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
+
+    def f32(tensor: str, *shape: int, fill: float | None = None) -> None:
+        data = (np.full(shape, fill) if fill is not None
+                else rng.standard_normal(shape) * 0.02)
+        writer.add_tensor(tensor, data.astype(np.float32))
+
+    def layer_norm(prefix: str, width: int) -> None:
+        f32(f"{prefix}.weight", width, fill=1.0)
+        f32(f"{prefix}.bias", width, fill=0.0)
+
+    d = tower.n_embd
+    # f32 as the converter forces for SigLIP's embeddings (patch conv kernel, positions):
+    # real files have them so, and the graph adds the positions to f32 activations
+    f32("v.patch_embd.weight", d, 3, tower.patch_size, tower.patch_size)
+    f32("v.patch_embd.bias", d)
+    f32("v.position_embd.weight", tower.patches_per_side ** 2, d)
+    for i in range(tower.n_layer):
+        blk = f"v.blk.{i}"
+        layer_norm(f"{blk}.ln1", d)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            matrix(f"{blk}.{proj}.weight", d, d)
+            f32(f"{blk}.{proj}.bias", d)
+        layer_norm(f"{blk}.ln2", d)
+        # clip.cpp swaps up/down for gemma3 when ffn_down's input width equals n_embd
+        # (old converters named them backwards); n_ff != n_embd keeps these as written
+        matrix(f"{blk}.ffn_up.weight", tower.n_ff, d)
+        f32(f"{blk}.ffn_up.bias", tower.n_ff)
+        matrix(f"{blk}.ffn_down.weight", d, tower.n_ff)
+        f32(f"{blk}.ffn_down.bias", d)
+    layer_norm("v.post_ln", d)
+    # Gemma3RMSNorm multiplies by (1 + w); the converter stores 1 + w, so ones is a no-op
+    f32("mm.soft_emb_norm.weight", d, fill=1.0)
+    # ne = [n_embd_text, d]: clip_n_mmproj_embd returns ne[0], which mtmd checks against the
+    # text model. f16 as the converter forces (llama.cpp issue 13025)
+    matrix("mm.input_projection.weight", d, n_embd_text)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    width = parser.add_mutually_exclusive_group(required=True)
+    width.add_argument("--n-embd", type=int, help="the text model's embedding width")
+    width.add_argument("--text-model", type=Path, help="text GGUF to read the width from")
+    parser.add_argument("--image-size", type=int, default=224,
+                        help="pixels a side that every image is resized to [224]")
+    parser.add_argument("--patch-size", type=int, default=14, help="[14, as SigLIP]")
+    parser.add_argument("--tokens", type=int, default=64,
+                        help="image tokens per image, a square number [64]")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    n_embd_text = args.n_embd if args.n_embd is not None else text_n_embd(args.text_model)
+    tower = make_tower(args.image_size, args.patch_size, args.tokens)
+    write_mmproj(tower, n_embd_text, args.out, args.seed)
+    print(f"{args.out}: {tower.n_tokens} tokens of width {n_embd_text} per image, "
+          f"{args.out.stat().st_size / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
