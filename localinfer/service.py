@@ -116,6 +116,8 @@ def prepare(
         draft_model = str(draft.path)
         draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
     options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model,
+                                  projector=options.projector or (
+                                      str(model.projector) if model.projector else None),
                                   reply_cap=settings.max_tokens if options.reply_cap is None
                                   else options.reply_cap)
     chosen = None

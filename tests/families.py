@@ -112,25 +112,43 @@ def family_model(template: str | None, vocab: str = "qwen2",
     return out
 
 
-def install(home: Path, path: Path, name: str) -> str:
+def install(home: Path, path: Path, name: str, projector: Path | None = None) -> str:
     """The GGUF as a pulled model of this localinfer home (a link to the cached file, or a
-    copy): its name, as `list` and the APIs give it."""
+    copy), with its vision projector beside it if given: its name, as `list` and the APIs
+    give it."""
     repo = f"testorg/{name}"
     folder = home / "models" / "hub" / repo
     folder.mkdir(parents=True)
     target = folder / f"{name}-Q8_0.gguf"
-    try:
-        os.link(path, target)
-    except OSError:
-        shutil.copyfile(path, target)
+    files = [(path, target)] + ([(projector, folder / "mmproj-F16.gguf")] if projector else [])
+    for source, copy in files:
+        try:
+            os.link(source, copy)
+        except OSError:
+            shutil.copyfile(source, copy)
     manifests = home / "models" / "manifests"
     manifests.mkdir(parents=True, exist_ok=True)
     installed = f"hf.co/{repo}:Q8_0"
     (manifests / f"{installed.replace('/', '__').replace(':', '--')}.json").write_text(
         json.dumps({"name": installed, "repo": repo, "file": target.name, "quant": "Q8_0",
                     "sha256": None, "size": target.stat().st_size,
-                    "pulled_at": "2026-11-24T00:00:00+00:00"}))
+                    "pulled_at": "2026-11-24T00:00:00+00:00",
+                    "projector": "mmproj-F16.gguf" if projector else None}))
     return installed
+
+
+def projector(text_model: Path, n_tokens: int = 64) -> Path:
+    """A random-weight Gemma 3 vision projector (bench/random_mmproj.py) of `text_model`'s
+    width: every image becomes `n_tokens` image tokens."""
+    out = CACHE / "models" / f"mmproj--{text_model.stem}--{n_tokens}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        partial = out.with_suffix(".partial")
+        subprocess.run([sys.executable, str(BENCH / "random_mmproj.py"), str(partial),
+                        "--text-model", str(text_model), "--tokens", str(n_tokens)],
+                       check=True, capture_output=True)
+        os.replace(partial, out)
+    return out
 
 
 def saying(text: str) -> str:

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from localinfer.api.errors import ApiError
+from localinfer.api.images import decode_all
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
@@ -29,7 +30,8 @@ from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyPars
                                              opens_reasoning, parser, with_thinking)
 from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import PromptTooLong
+from localinfer.backends.vision import Image
+from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
 __all__ = ["Job", "Lenient", "check_model_name", "start"]
@@ -131,6 +133,7 @@ async def start(
     context: Sequence[int] | None = None,
     template_args: Mapping[str, Any] | None = None,
     infill: Infill | None = None,
+    images: Sequence[bytes] = (),
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -138,6 +141,7 @@ async def start(
     a model whose file has no chat template (a base model) gets the messages' text as it
     is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
     began = time.monotonic()
+    pictures = await decode_all(images)  # (each bounded before it is decoded: api/images.py)
     stack = contextlib.AsyncExitStack()
     try:
         was_loaded = {m.name for m in pool.loaded()}
@@ -147,8 +151,8 @@ async def start(
         if max_tokens_too_big(params, loaded):
             raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
                                 f"({backend.info.n_ctx} tokens) — ask for fewer")
-        if (messages is not None and plain_without_template
-                and not backend.info.has_chat_template):
+        if (messages is not None and plain_without_template and not pictures
+                and not backend.info.has_chat_template):  # (images need the turn format's place)
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
         fmt = chat_format(backend) if messages is not None else None
         if infill is not None:
@@ -160,8 +164,12 @@ async def start(
                 _STARTS, infill_prompt, backend, params, infill)
         # templating and tokenizing a long body takes seconds, and a runner answers over its
         # pipe: off the loop, which keeps serving every other stream meanwhile
+        if pictures and not backend.info.vision:
+            raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
+                                f"vision model")
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
-                                                         tools, context, fmt, template_args)
+                                                         tools, context, fmt, template_args,
+                                                         pictures)
     except BaseException:
         await stack.aclose()
         raise
@@ -211,13 +219,14 @@ def _detect(source: str | None) -> ChatFormat:
 async def _queue(backend: Backend, params: SamplingParams,
                  messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
                  tools: ToolSpec | None, context: Sequence[int] | None,
-                 fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
-                 ) -> tuple[list[int], Generation, bool]:
+                 fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
+                 images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
     """The prompt's tokens, the request queued with it, and whether the prompt opened a
     reasoning block, in one trip off the loop. A caller cancelled meanwhile (a client gone)
     cancels the request once queued."""
     queued = asyncio.get_running_loop().run_in_executor(
-        _STARTS, _start, backend, params, messages, prompt, tools, context, fmt, template_args)
+        _STARTS, _start, backend, params, messages, prompt, tools, context, fmt, template_args,
+        images)
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
@@ -239,10 +248,10 @@ def _cancel_queued(queued: asyncio.Future[tuple[list[int], Generation, bool]]) -
 def _start(backend: Backend, params: SamplingParams,
            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
            tools: ToolSpec | None, context: Sequence[int] | None = None,
-           fmt: ChatFormat | None = None, template_args: Mapping[str, Any] | None = None
-           ) -> tuple[list[int], Generation, bool]:
+           fmt: ChatFormat | None = None, template_args: Mapping[str, Any] | None = None,
+           images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
     tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
-                                template_args)
+                                template_args, images)
     try:
         return tokens, generation, opens_reasoning(backend, fmt, tokens)
     except BaseException:
@@ -253,8 +262,8 @@ def _start(backend: Backend, params: SamplingParams,
 def _begin(backend: Backend, params: SamplingParams,
            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
            tools: ToolSpec | None, context: Sequence[int] | None,
-           fmt: ChatFormat | None, template_args: Mapping[str, Any] | None
-           ) -> tuple[list[int], Generation]:
+           fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
+           images: Sequence[Image] = ()) -> tuple[list[int], Generation]:
     _refuse_by_size(backend, messages, prompt)
     template_args = with_thinking(fmt, template_args) or {}
     if messages is not None and tools is not None:
@@ -263,6 +272,9 @@ def _begin(backend: Backend, params: SamplingParams,
         template_args.update(more)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token
+        if images:
+            raise InvalidRequest("images cannot follow a `context` — send the conversation "
+                                 "as /api/chat messages")
         if len(context) >= backend.info.n_ctx:  # (before a long list crosses to the runner)
             raise PromptTooLong(len(context), backend.info.n_ctx)
         text = (backend.apply_chat_template(messages, True, template_args or None)
@@ -271,7 +283,7 @@ def _begin(backend: Backend, params: SamplingParams,
                 else list(text or ()))
         tokens = [*context, *more]
         return tokens, backend.generate(tokens, params)
-    return backend.start(params, messages, prompt, template_args or None)
+    return backend.start(params, messages, prompt, template_args or None, images)
 
 
 def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,
@@ -279,13 +291,22 @@ def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | No
     """A text too big for the context is refused before it is templated and tokenized: 100,000
     messages (2.4 MB) kept a thread tokenizing for minutes after the client had gone."""
     texts = [prompt] if isinstance(prompt, str) else [
-        m.get("content") for m in messages or () if isinstance(m.get("content"), str)]
+        text for m in messages or () for text in _texts(m.get("content"))]
     size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
     n_ctx = backend.info.n_ctx
     if size > n_ctx:  # (fewest_tokens(size) <= size: a smaller text is never refused here)
         fewest = backend.fewest_tokens(size)
         if fewest > n_ctx:
             raise PromptTooLong(fewest, n_ctx, at_least=True)
+
+
+def _texts(content: Any) -> list[str]:
+    """A message's text: its content, or its text parts (a message with images)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p.get("text"), str)]
+    return []
 
 
 def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:

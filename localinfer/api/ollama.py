@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import Field
 
 from localinfer import __version__
-from localinfer.api import core
+from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
@@ -88,11 +88,16 @@ class ChatMessage(core.Lenient):
     tool_name: Optional[str] = None
 
 
-def _message(m: ChatMessage) -> dict[str, Any]:
+def _message(m: ChatMessage, files: list[bytes]) -> dict[str, Any]:
     """A message as templates read it: earlier thinking under both names templates use
     (Qwen's reasoning_content, gpt-oss's thinking); each template decides whether it goes
-    back into the prompt."""
+    back into the prompt. Its images (their files go on `files`) come before its text, as
+    Ollama places them."""
     out = m.model_dump(include={"role", "content", "tool_calls", "thinking"}, exclude_none=True)
+    if m.images:
+        files += [images.from_base64(i) for i in m.images]
+        out["content"] = [*({"type": "image"} for _ in m.images),
+                          {"type": "text", "text": m.content}]
     if m.thinking:
         out["reasoning_content"] = m.thinking
     if m.tool_name:
@@ -178,9 +183,6 @@ def _final(job: core.Job, stats: RequestStats) -> dict[str, Any]:
     }
 
 
-def _images_refused(images: list[str] | None) -> None:
-    if images:
-        raise ApiError(400, "this model takes no images — send text only")
 
 
 async def _ndjson(lines: AsyncIterator[dict[str, Any]]) -> AsyncIterator[str]:
@@ -325,12 +327,12 @@ def _template_args(body: _Base) -> dict[str, Any]:
 async def chat(body: ChatRequest, request: Request):
     if not body.messages:
         return await _load_only(request, body, "message")
-    for m in body.messages:
-        _images_refused(m.images)
-    messages = [_message(m) for m in body.messages]
+    files: list[bytes] = []
+    messages = [_message(m, files) for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
+                           images=files,
                            n_ctx=body.options.num_ctx, template_args=_template_args(body))
     return await _respond(job, body, "message")
 
@@ -339,7 +341,9 @@ async def chat(body: ChatRequest, request: Request):
 async def generate(body: GenerateRequest, request: Request):
     if not body.prompt and not body.suffix:
         return await _load_only(request, body, "response")
-    _images_refused(body.images)
+    if body.images and (body.suffix or body.raw or body.context):
+        raise ApiError(400, "images go with a prompt in the model's template — not with raw, "
+                            "suffix or context")
     params = body.options.params(body.grammar())
     pool = request.app.state.pool
     if body.suffix:  # fill in the middle, as Ollama's `suffix` asks (editors' completion)
@@ -356,10 +360,14 @@ async def generate(body: GenerateRequest, request: Request):
     else:
         messages = ([{"role": "system", "content": body.system}] if body.system else []) + [
             {"role": "user", "content": body.prompt}]
+        files = [images.from_base64(i) for i in body.images or ()]
+        if files:
+            messages[-1]["content"] = [*({"type": "image"} for _ in files),
+                                       {"type": "text", "text": body.prompt}]
         job = await core.start(pool, body.model, params, messages=messages,
                                keep_alive=body.keep_alive, plain_without_template=True,
                                n_ctx=body.options.num_ctx, context=body.context,
-                               template_args=_template_args(body))
+                               template_args=_template_args(body), images=files)
     return await _respond(job, body, "response")
 
 
@@ -414,7 +422,7 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
             f"{info.architecture}.attention.head_count": info.n_head,
             f"{info.architecture}.attention.head_count_kv": info.n_head_kv,
         },
-        "capabilities": capabilities(info),
+        "capabilities": capabilities(info) + (["vision"] if resolved.projector else []),
         "modified_at": _now(),
     }
 
@@ -422,8 +430,9 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
 def capabilities(info: GGUFInfo) -> list[str]:
     """What a model can do here, in Ollama's words: an embedding model embeds; any other
     completes, takes tools where its own chat template writes them (a template that knows
-    no tools gets them only through a generic instruction), and thinks where its template
-    marks reasoning. Not yet: vision, insert (fill-in-the-middle)."""
+    no tools gets them only through a generic instruction), thinks where its template marks
+    reasoning, and fills in the middle where its vocabulary has FIM tokens (insert). Vision
+    is the model's projector's, not its file's: /api/show adds it."""
     if info.embedding:
         return ["embedding"]
     found = ["completion"]

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from pydantic import Field
 
-from localinfer.api import core
+from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
@@ -31,9 +31,15 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 
+class ImageUrl(core.Lenient):
+    url: str
+    detail: Optional[str] = None
+
+
 class ContentPart(core.Lenient):
     type: str
     text: Optional[str] = None
+    image_url: Optional[ImageUrl] = None
 
 
 class Message(core.Lenient):
@@ -124,13 +130,26 @@ class EmbeddingRequest(core.Lenient):
 
 
 # ---------------------------------------------------------------------------- helpers
-def _text(message: Message) -> dict[str, Any]:
+def _messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The messages as the backend takes them, and their images' files in order."""
+    files: list[bytes] = []
+    return [_text(m, files) for m in messages], files
+
+
+def _text(message: Message, files: list[bytes]) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
-        if any(p.type != "text" for p in content):
-            raise ApiError(400, "only text content is supported — this model takes no images "
-                                "or audio")
-        content = "".join(p.text or "" for p in content)
+        if any(p.type not in ("text", "image_url") for p in content):
+            raise ApiError(400, "only text and image_url content parts are taken — no audio "
+                                "or files")
+        if any(p.type == "image_url" for p in content):
+            if not all(p.image_url for p in content if p.type == "image_url"):
+                raise ApiError(400, "an image_url part needs image_url.url")
+            files += [images.from_url(p.image_url.url) for p in content if p.image_url]
+            content = [{"type": "image"} if p.type == "image_url"
+                       else {"type": "text", "text": p.text or ""} for p in content]
+        else:
+            content = "".join(p.text or "" for p in content)
     out: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
                            "content": content or ""}
     if message.tool_calls:
@@ -300,8 +319,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     tools = ToolSpec.from_request(body.tools, body.tool_choice)
     grammar = _grammar(body.response_format) or body.grammar
     params = body.params(body.max_completion_tokens or body.max_tokens, grammar)
+    messages, files = _messages(body.messages)
     job = await core.start(request.app.state.pool, body.model or None, params,
-                           messages=[_text(m) for m in body.messages], tools=tools,
+                           messages=messages, tools=tools, images=files,
                            template_args=_template_args(body))
     if body.stream:
         return StreamingResponse(_stream(job, _ChatShape(job, body)),

@@ -115,6 +115,8 @@ class LoadOptions:
     # guess with this small model of the same family (a GGUF path; names are resolved by the
     # service) instead of prompt lookup; draft_tokens 0 then means 8
     draft_model: str | None = None
+    # a vision projector (an mmproj GGUF) that turns images into this model's embeddings
+    projector: str | None = None
     # one pool of n_ctx × n_slots cells shared by every request instead of a fixed share
     # each: one long chat may use what idle slots do not need (up to the trained context);
     # requests are admitted by free cells, and when streams outgrow the pool the newest
@@ -208,6 +210,7 @@ class ModelInfo:
     # tool calls and reasoning is read from it (chat_format.detect)
     chat_template: str | None = None
     fim: bool = False  # the vocabulary has fill-in-the-middle tokens (backends/fim.py)
+    vision: bool = False  # a projector beside it takes images (backends/vision.py)
 
 
 @dataclass(frozen=True)
@@ -422,9 +425,13 @@ class Backend(ABC):
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
               prompt: str | Sequence[int] | None = None,
-              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
+              template_args: Mapping[str, Any] | None = None,
+              images: Sequence[Any] = ()) -> tuple[list[int], Generation]:
         """Template, tokens and queue in one (one trip to a runner): the prompt's tokens and
-        the running request."""
+        the running request. `images` (vision.Image, in the order of the messages' image
+        parts): only a model with a projector takes them."""
+        if images:
+            raise InvalidRequest("this model takes no images — send text only")
         tokens = self.start_tokens(messages, prompt, template_args)
         return tokens, self.generate(tokens, params)
 

@@ -30,6 +30,7 @@ from localinfer.backends.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQueue, c
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
 from localinfer.backends.threads import ThreadTuner
+from localinfer.backends.vision import Pictures, Projector, is_image
 from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequest, LocalinferError
 
 __all__ = ["Engine", "Slot", "SlotState", "Task"]
@@ -54,8 +55,10 @@ class Engine:
         grammar_limit_s: float = 1.0,
         reply_cap: int | None = None,
         cache_reuse: int = 0,
+        projector: Projector | None = None,
     ):
         self.native = native
+        self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
         # the longest reply of a request that sets no limit (the one place it is applied:
         # every front end's requests pass here); None or 0: none
         self.reply_cap = reply_cap or None
@@ -104,24 +107,36 @@ class Engine:
         self._thread.start()
 
     # ------------------------------------------------------------------ callers' side
-    def submit(self, prompt: Sequence[int], params: SamplingParams) -> Generation:
-        if self._closed:
-            raise EngineClosed("the engine has been shut down")
-        prompt = list(prompt)
-        if params.max_tokens is None and params.capped and self.reply_cap:
-            params = replace(params, max_tokens=self.reply_cap, context_shift=False)
-        check_request(prompt, params, self.native.n_vocab, self.n_ctx_slot)
-        # built here, in the caller's thread (it reads only the vocabulary): a grammar that
-        # does not parse is refused before it is queued, and parsed once
-        sampler = self.native.sampler(params, prompt)
-        if not self.queue.admit():
-            sampler.close()
-            raise EngineBusy(f"{self.queue.queued} requests are already waiting — retry "
-                             f"shortly")
+    def submit(self, prompt: Sequence[int], params: SamplingParams,
+               pictures: Pictures | None = None) -> Generation:
+        """Queue a request. `pictures`: its images' chunks, by the placeholder ids that stand
+        for them in `prompt` (vision.py); the engine frees them when the request ends."""
+        try:
+            if self._closed:
+                raise EngineClosed("the engine has been shut down")
+            prompt = list(prompt)
+            if params.max_tokens is None and params.capped and self.reply_cap:
+                params = replace(params, max_tokens=self.reply_cap, context_shift=False)
+            if pictures and pictures.chunks:  # an image's tokens are never cut in half
+                params = replace(params, context_shift=False)
+            check_request(prompt, params, self.native.n_vocab, self.n_ctx_slot,
+                          pictures.chunks if pictures else ())
+            # built here, in the caller's thread (it reads only the vocabulary): a grammar
+            # that does not parse is refused before it is queued, and parsed once
+            sampler = self.native.sampler(params, prompt)
+            if not self.queue.admit():
+                sampler.close()
+                raise EngineBusy(f"{self.queue.queued} requests are already waiting — retry "
+                                 f"shortly")
+        except BaseException:
+            if pictures:
+                pictures.close()
+            raise
         task_id = next(self._ids)
         generation = Generation(id=task_id, _on_cancel=lambda: self.queue.put(WAKE))
         stats = RequestStats(submitted_at=self._clock())
-        self.queue.put(Task(task_id, prompt, params, generation, stats, sampler))
+        self.queue.put(Task(task_id, prompt, params, generation, stats, sampler,
+                            pictures=pictures if pictures and pictures.chunks else None))
         return generation
 
     def stats(self) -> EngineStats:
@@ -224,8 +239,9 @@ class Engine:
         self.cells.borrow_prefix(slot, tokens, self.slots)
         # a new prompt keeps at least one token to evaluate: its logits give the first token
         limit = len(tokens) - (0 if resume else 1)
-        n_keep = self.cells.reuse_chunks(slot, tokens, min(slot.common_prefix(tokens), limit),
-                                         limit, self.slots)
+        n_keep = min(slot.common_prefix(tokens), limit)
+        if not task.pictures:  # (an image's KV is not moved: a run could start inside one)
+            n_keep = self.cells.reuse_chunks(slot, tokens, n_keep, limit, self.slots)
         n_keep = self.cells.keep_prefix(slot, tokens, n_keep)
         slot.task = task
         slot.to_read = tokens
@@ -264,6 +280,8 @@ class Engine:
     def _step(self) -> None:
         started = time.perf_counter()
         n_decode, n_prompt = self._fill_batch()
+        if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
+            return
         decode_started = time.perf_counter()
         rc = self.batch.decode()  # until the device is done: the wait for a GPU
         # belongs to the decode, not to the engine's own time
@@ -317,11 +335,39 @@ class Engine:
             room = min(self.prefill_chunk, allowed - (batch.n_tokens - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
+            while (slot.task and slot.n_prompt_done < len(slot.to_read)
+                   and is_image(slot.to_read[slot.n_prompt_done])):
+                self._read_image(slot)  # a decode of its own, now; the text after it below
+            if not slot.task or slot.n_prompt_done == len(slot.to_read):
+                continue  # (failed; or a rebuilt request's tokens all read)
             end = min(len(slot.to_read), slot.n_prompt_done + room)
+            if slot.task.pictures:  # up to its next image
+                end = next((i for i in range(slot.n_prompt_done, end)
+                            if is_image(slot.to_read[i])), end)
             batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
                              logits_last=not slot.rebuilding)
             slot.n_prompt_done = end
         return n_decode, batch.n_tokens - n_decode
+
+    def _read_image(self, slot: Slot) -> None:
+        """The image whose placeholders come next in the slot's prompt: encoded and decoded
+        into its sequence whole (one image cannot be split: its tokens may attend to each
+        other both ways). Running streams wait for it; its cost is the encoder's and one
+        decode of its embeddings (measured in bench/vision.py)."""
+        start = slot.n_prompt_done
+        place = slot.to_read[start]
+        size = slot.task.pictures.sizes[place]
+        try:
+            if self.projector is None:
+                raise InvalidRequest("this model takes no images")
+            self.projector.read(slot.task.pictures.chunks[place], slot.id, start, self.n_batch)
+        except LocalinferError as exc:
+            self.cells.forget(slot)  # (what the decode may have half-written)
+            self._fail(slot, exc)
+            return
+        slot.cache.extend(slot.to_read[start:start + size])
+        slot.n_prompt_done = start + size
+        self._counters["evaluated"] += size
 
     def _sample(self, slot: Slot, batch_index: int) -> int | None:
         """The slot's next token; None when its grammar took too long and it was failed."""
@@ -378,22 +424,27 @@ class Engine:
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
         slot.release(self._clock())  # first: whoever sees the end may count on a free slot
+        task.close()
         task.generation.put(DoneEvent(task.stats))
 
     def _fail(self, slot: Slot, error: LocalinferError) -> None:
         """End one request with an error; its slot's KV stays valid for the next."""
-        slot.task.generation.put(ErrorEvent(error))
+        task = slot.task
+        task.generation.put(ErrorEvent(error))
         self._counters["finished"] += 1
         slot.release(self._clock())
+        task.close()
 
     def _fail_active(self, error: LocalinferError) -> None:
         for slot in self.slots:
             if slot.task:
-                slot.task.generation.put(ErrorEvent(error))
+                task = slot.task
+                task.generation.put(ErrorEvent(error))
                 # its KV may be half-written: forget it
                 self.native.forget(slot.id)
                 slot.cache.clear()
                 slot.release(self._clock())
+                task.close()
 
     def _fail_all(self, error: LocalinferError) -> None:
         self._fail_active(error)

@@ -223,6 +223,32 @@ class NativeModel:
         llama_cpp.llama_synchronize(self.ctx)
         return rc
 
+    def decode_embeddings(self, embd, seq: int, start: int, causal: bool = True) -> int:
+        """Decode rows of input embeddings (an image's, n_embd floats each, as one flat float32
+        array) into sequence `seq` from position `start`, no logits; `causal` False lets them
+        attend to each other both ways. llama_decode's return code."""
+        n = len(embd) // self.n_embd()
+        batch = llama_cpp.llama_batch_init(n, self.n_embd(), 1)
+        try:
+            ctypes.memmove(batch.embd, numpy.ascontiguousarray(embd, numpy.float32).ctypes.data,
+                           n * self.n_embd() * 4)
+            for i in range(n):
+                batch.pos[i], batch.n_seq_id[i], batch.logits[i] = start + i, 1, False
+                batch.seq_id[i][0] = seq
+            batch.n_tokens = n
+            if not causal:
+                llama_cpp.llama_set_causal_attn(self.ctx, False)
+            try:
+                return self.decode(batch)
+            finally:
+                if not causal:
+                    llama_cpp.llama_set_causal_attn(self.ctx, True)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def n_embd(self) -> int:
+        return llama_cpp.llama_model_n_embd(self.model)
+
     def logits(self):  # a ctypes float pointer: the output rows of the last decode, in order
         return llama_cpp.llama_get_logits(self.ctx)
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from localinfer.backends.engine import Engine
 from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats
 from localinfer.backends.threads import ThreadTuner, free_cores, physical_cores
+from localinfer.backends.vision import Image, Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest
 from localinfer.model_store.gguf_info import quant_name
 from localinfer.settings import default
@@ -25,6 +27,15 @@ from localinfer.settings import default
 __all__ = ["LlamaCppBackend", "default_threads"]
 
 _MARK = re.compile("\ue000(\\d+)\ue001")  # where a message's own text goes
+
+
+@dataclass
+class _Images:
+    """A request's images on their way into its prompt: those not yet placed, in order, and
+    the chunks of those that are."""
+
+    left: Iterator[Image]
+    pictures: Pictures
 
 
 def default_threads() -> int:
@@ -75,6 +86,14 @@ class LlamaCppBackend(Backend):
         for marker in detect(self.template.source).preserved:
             self.native.preserve(marker)
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
+        self.projector = None
+        if options.projector:  # on the GPU where the model's layers are
+            try:
+                self.projector = Projector(options.projector, self.native, n_threads,
+                                           use_gpu=bool(options.n_gpu_layers))
+            except Exception:
+                self.native.close()
+                raise
         drafter = None
         if options.draft_model:
             try:
@@ -86,6 +105,8 @@ class LlamaCppBackend(Backend):
                                      options.workers else 0,
                                      main_gpu=options.main_gpu)
             except Exception:
+                if self.projector:
+                    self.projector.close()
                 self.native.close()
                 raise
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
@@ -95,6 +116,7 @@ class LlamaCppBackend(Backend):
                              unified=options.kv_unified, drafter=drafter,
                              reply_cap=options.reply_cap,
                              cache_reuse=options.cache_reuse,
+                             projector=self.projector,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(
                                  n_threads, physical_cores()))
@@ -114,6 +136,7 @@ class LlamaCppBackend(Backend):
             reply_cap=self.engine.reply_cap,
             chat_template=self.template.source,
             fim=self.native.fim().complete,
+            vision=self.projector is not None,
         )
 
     def _quant(self) -> str:
@@ -134,13 +157,18 @@ class LlamaCppBackend(Backend):
         return self.native.tokenize(text, add_special=add_special, parse_special=True)
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
-                      template_args: Mapping[str, Any] | None = None) -> list[int]:
+                      template_args: Mapping[str, Any] | None = None,
+                      images: _Images | None = None) -> list[int]:
         """The messages in the chat template, as tokens. What a message says stays text: a
         typed `<|im_end|>` is not the control token, so no one can forge a turn or a role.
-        Only the template writes control tokens."""
+        Only the template writes control tokens. With `images`, each image part of a message
+        becomes the image's tokens (vision.py)."""
+        if images is not None:
+            messages = with_markers(messages, self.projector.marker)
         typed = [i for i, m in enumerate(messages) if self._holds_control(m.get("content"))]
         if not typed:
-            return self.tokenize(self.apply_chat_template(messages, True, template_args))
+            return self._tokens(self.apply_chat_template(messages, True, template_args), True,
+                                True, images)
         marked = [{**m, "content": f"\ue000{i}\ue001"} if i in typed else m
                   for i, m in enumerate(messages)]
         text = self.apply_chat_template(marked, True, template_args)
@@ -148,16 +176,49 @@ class LlamaCppBackend(Backend):
         at, seen = 0, set()
         for mark in _MARK.finditer(text):  # the template's text, then the message's, in turn
             i = int(mark.group(1))
-            tokens += self.tokenize(text[at:mark.start()], add_special=not tokens and not at)
-            tokens += self.native.tokenize(messages[i]["content"], add_special=False,
-                                           parse_special=False)
+            tokens += self._tokens(text[at:mark.start()], not tokens and not at, True, images)
+            tokens += self._tokens(messages[i]["content"], False, False, images)
             at = mark.end()
             seen.add(i)
         if seen != set(typed):
             raise InvalidRequest("a message holds text that this model reads as a control "
                                  "token, and its chat template changes messages as it writes "
                                  "them, so the two cannot be kept apart — remove it")
-        return tokens + self.tokenize(text[at:], add_special=not tokens)
+        return tokens + self._tokens(text[at:], not tokens, True, images)
+
+    def _tokens(self, text: str, add_special: bool, parse_special: bool,
+                images: _Images | None) -> list[int]:
+        """Text as tokens; with `images`, each of the projector's markers in it as the next
+        image's tokens."""
+        if images is None:
+            if parse_special:
+                return self.tokenize(text, add_special=add_special)
+            return self.native.tokenize(text, add_special=add_special, parse_special=False)
+        pieces = text.split(self.projector.marker)
+        tokens = self._tokens(pieces[0], add_special, parse_special, None)
+        for piece in pieces[1:]:
+            tokens += self.projector.tokens(images.left, images.pictures)
+            tokens += self._tokens(piece, False, parse_special, None)
+        return tokens
+
+    def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
+              prompt: str | Sequence[int] | None = None,
+              template_args: Mapping[str, Any] | None = None,
+              images: Sequence[Image] = ()) -> tuple[list[int], Generation]:
+        if not images:
+            return super().start(params, messages, prompt, template_args)
+        if self.projector is None:
+            raise InvalidRequest(f"{self.info.name} takes no images — send text only, or use "
+                                 f"a vision model")
+        if messages is None or count_images(messages) != len(images):
+            raise InvalidRequest("each image must have its place in a message")
+        given = _Images(iter(images), Pictures())
+        try:
+            tokens = self.prompt_tokens(messages, template_args, given)
+        except BaseException:
+            given.pictures.close()
+            raise
+        return tokens, self.engine.submit(tokens, params, given.pictures)
 
     def _holds_control(self, content: object) -> bool:
         if not isinstance(content, str) or not self.native.control_heads().intersection(content):
@@ -196,3 +257,5 @@ class LlamaCppBackend(Backend):
     def close(self) -> None:
         self.embedder.close()
         self.engine.close()
+        if self.projector:
+            self.projector.close()

@@ -80,9 +80,9 @@ def _quick(method: str, args: tuple[Any, ...]) -> bool:
     if method == "generate":
         return args[1].grammar is None and len(args[0]) <= _QUICK_BYTES
     if method == "start":
-        params, messages, prompt, template_args = args
+        params, messages, prompt, template_args, images = args
         size = _size(messages, template_args) if messages is not None else len(prompt or ())
-        return params.grammar is None and size <= _QUICK_BYTES
+        return params.grammar is None and size <= _QUICK_BYTES and not images
     return False
 
 
@@ -302,12 +302,10 @@ class _Runner:
             if method not in _CALLS:
                 raise EngineError(f"a runner has no call {method!r}")
             if method == "generate":
-                value = self._generate(rid, *args)
+                value = self._attach(rid, self.backend.generate(*args))
             elif method == "start":
-                params, messages, prompt, template_args = args
-                tokens = self.backend.start_tokens(messages, prompt, template_args)
-                self._generate(rid, tokens, params)
-                value = tokens
+                value, generation = self.backend.start(*args)
+                self._attach(rid, generation)
             else:
                 value = getattr(self.backend, method)(*args, **kwargs)
             reply = ("reply", rid, True, value)
@@ -318,8 +316,8 @@ class _Runner:
             self._cancelled.discard(rid)
         self.send(reply)
 
-    def _generate(self, gid: int, tokens: list[int], params: SamplingParams) -> None:
-        generation = self.backend.generate(tokens, params)
+    def _attach(self, gid: int, generation: Generation) -> None:
+        """A request now in the engine: its events go to the parent as they come."""
         with self._live_lock:
             self._live[gid] = generation
             cancelled = gid in self._cancelled
@@ -802,13 +800,14 @@ class RunnerBackend(Backend):
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
               prompt: str | Sequence[int] | None = None,
-              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
+              template_args: Mapping[str, Any] | None = None,
+              images: Sequence[Any] = ()) -> tuple[list[int], Generation]:
         if messages is not None:
             messages = [dict(m) for m in messages]
         elif prompt is not None and not isinstance(prompt, str):
             prompt = list(prompt)
         return self._runner().generate("start", (params, messages, prompt,
-                                                 _plain(template_args)))
+                                                 _plain(template_args), tuple(images)))
 
     def embed(self, text: str) -> tuple[list[float], int]:
         return self._runner().call("embed", (text,))

@@ -13,6 +13,7 @@ from localinfer.backends.draft import common_prefix
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.stop import StopMatcher
+from localinfer.backends.vision import Pictures
 
 __all__ = ["Resume", "Slot", "SlotState", "Task"]
 
@@ -43,8 +44,13 @@ class Task:
     stats: RequestStats
     sampler: SamplerChain | None = None  # built when submitted; the slot takes it
     resume: Resume | None = None
+    pictures: Pictures | None = None  # its images' encoded chunks, by placeholder id
 
     def close(self) -> None:
+        """What it holds goes (it has ended, or never started)."""
+        if self.pictures:
+            self.pictures.close()
+            self.pictures = None
         if self.sampler:
             self.sampler.close()
             self.sampler = None

@@ -39,6 +39,8 @@ class Speculator:
         if len(generating) != 1 or any(s.state is SlotState.PROCESSING_PROMPT for s in slots):
             return None
         slot = generating[0]
+        if slot.task.pictures:  # its tokens hold images' placeholders, which no guess may be
+            return None
         if slot.draft_quality < MIN_QUALITY and slot.task.stats.generated_tokens % PROBE_EVERY:
             return None
         return slot

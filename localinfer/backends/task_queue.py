@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.slots import Task
@@ -26,13 +26,17 @@ CANCEL_ALL = object()  # every request so far ends now, with what it has
 
 
 def check_request(prompt: list[int], params: SamplingParams, n_vocab: int,
-                  n_ctx_slot: int) -> None:
-    """A request the engine can serve, or InvalidRequest / PromptTooLong before it queues."""
+                  n_ctx_slot: int, images: Container[int] = ()) -> None:
+    """A request the engine can serve, or InvalidRequest / PromptTooLong before it queues.
+    `images`: the placeholder ids of its images (vision.py), the only ids outside the
+    vocabulary it may hold — never last (its logits give the first token)."""
     if not prompt:
         raise InvalidRequest("the prompt is empty")
     if len(prompt) >= n_ctx_slot:
         raise PromptTooLong(len(prompt), n_ctx_slot)
-    bad = next((t for t in prompt if not 0 <= t < n_vocab), None)
+    if prompt[-1] in images:
+        raise InvalidRequest("a prompt cannot end with an image: add text after it")
+    bad = next((t for t in prompt if not 0 <= t < n_vocab and t not in images), None)
     if bad is not None:
         raise InvalidRequest(f"token id {bad} is outside the vocabulary (0..{n_vocab - 1})")
     bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)

@@ -39,6 +39,8 @@ class Manifest:
     source: str = "hub"
     # a split model: every part's file, the first (`file`) included; empty for one file
     parts: tuple[str, ...] = ()
+    # a vision model's projector (an mmproj GGUF beside the model's file), None for text only
+    projector: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "parts", tuple(self.parts))  # (a list, as JSON has it)
@@ -49,7 +51,11 @@ class Manifest:
 
     def paths(self, models_dir: Path) -> list[Path]:
         """Every file of the model."""
-        return [models_dir / "hub" / self.repo / f for f in self.parts or (self.file,)]
+        files = [*(self.parts or (self.file,)), *([self.projector] if self.projector else [])]
+        return [models_dir / "hub" / self.repo / f for f in files]
+
+    def projector_path(self, models_dir: Path) -> Path | None:
+        return models_dir / "hub" / self.repo / self.projector if self.projector else None
 
 
 def _manifest_path(models_dir: Path, name: str) -> Path:

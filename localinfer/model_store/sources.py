@@ -41,6 +41,7 @@ class ResolvedModel:
     name: str
     path: Path
     source: str  # "package", "hub" or "path"
+    projector: Path | None = None  # a vision model's mmproj, which takes its images
 
 
 @dataclass(frozen=True)
@@ -257,7 +258,8 @@ def resolve(ref: str, models_dir: Path, allow_paths: bool = True) -> ResolvedMod
     if manifest is None and hub_ref is not None:
         manifest = pulled.find(models_dir, hub_ref.installed_name)
     if manifest is not None:
-        return ResolvedModel(name=manifest.name, path=manifest.path(models_dir), source="hub")
+        return ResolvedModel(name=manifest.name, path=manifest.path(models_dir), source="hub",
+                             projector=manifest.projector_path(models_dir))
     if hub_ref is not None:
         raise ModelNotInstalled(hub_ref)
     installed = [m.name for m in pulled.installed(models_dir)]

@@ -1,0 +1,186 @@
+"""Images in: a vision model's projector (an mmproj GGUF, through llama.cpp's libmtmd) turns a
+picture into embeddings the text model reads in its place.
+
+In a prompt an image is a run of placeholder ids, one per embedding it becomes: the same
+negative id throughout, drawn from the picture's digest. So the engine's cache treats the
+same picture as the same tokens (a second question about it is a cached prefix), and no
+placeholder is ever a vocabulary id. The prompt's `Pictures` keep each image's encoded chunk
+by that id; the engine reads a run by `Projector.read`: the encoder's embeddings, decoded into
+the slot's sequence in one batch of their own (a batch holds tokens or embeddings, not both).
+
+Each image goes where its message's text has the projector's marker: a per-process random
+string, so no text a client writes can stand for an image. libmtmd adds the family's own
+wrapping tokens (Gemma 3's <start_of_image> … <end_of_image>).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy
+
+from localinfer.backends.llama_native import NativeModel
+from localinfer.errors import EngineError, InvalidRequest, ModelLoadFailed
+
+__all__ = ["Image", "Pictures", "Projector", "is_image"]
+
+log = logging.getLogger("localinfer.vision")
+
+
+@dataclass(frozen=True)
+class Image:
+    """A decoded picture: RGB bytes, row by row (what the server hands a runner)."""
+
+    rgb: bytes = field(repr=False)
+    width: int
+    height: int
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or self.height <= 0 or len(self.rgb) != self.width * self.height * 3:
+            raise InvalidRequest("an image's pixels do not match its size")
+
+    @property
+    def placeholder(self) -> int:
+        """Its ids in a prompt: negative, from its pixels (the same picture, the same ids)."""
+        digest = hashlib.blake2b(self.rgb, digest_size=8,
+                                 person=f"{self.width}x{self.height}".encode()[:16]).digest()
+        return -1 - (int.from_bytes(digest, "little") >> 34)  # in [-2^30, -1]
+
+
+def is_image(token: int) -> bool:
+    return token < 0
+
+
+class Pictures:
+    """A prompt's images, encoded chunks by placeholder id; freed with the request."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, int] = {}  # placeholder → mtmd_input_chunk (a copy we own)
+        self.sizes: dict[int, int] = {}  # placeholder → embeddings it becomes
+
+    def close(self) -> None:
+        from llama_cpp import mtmd_cpp
+
+        for chunk in self.chunks.values():
+            mtmd_cpp.mtmd_input_chunk_free(chunk)
+        self.chunks.clear()
+
+
+class Projector:
+    """An mmproj file loaded beside its text model (its width must be the model's)."""
+
+    def __init__(self, path: str, native: NativeModel, n_threads: int, use_gpu: bool):
+        from llama_cpp import mtmd_cpp
+
+        self._m = mtmd_cpp
+        self.native = native
+        self.marker = f"<__image_{secrets.token_hex(8)}__>"
+        params = mtmd_cpp.mtmd_context_params_default()
+        params.use_gpu = use_gpu
+        params.n_threads = n_threads
+        params.print_timings = False
+        params.media_marker = self.marker.encode()
+        self.ctx = mtmd_cpp.mtmd_init_from_file(path.encode(), native.model, params)
+        if not self.ctx:
+            raise ModelLoadFailed(f"the projector {path} does not load with this model (a "
+                                  f"projector of another model, or of another width?) — pull "
+                                  f"the model again, or run it without images")
+        if not mtmd_cpp.mtmd_support_vision(self.ctx):
+            self.close()
+            raise ModelLoadFailed(f"{path} is not a vision projector")
+        if mtmd_cpp.mtmd_decode_use_mrope(self.ctx):
+            # (positions in two dimensions: the engine counts one position per cached token)
+            self.close()
+            raise ModelLoadFailed("this model's projector places image tokens in two "
+                                  "dimensions (Qwen-VL's M-RoPE), which localinfer does not "
+                                  "read yet — run it without images")
+        self.n_embd = native.n_embd()
+
+    # ------------------------------------------------------------ a request's thread
+    def tokens(self, images: Iterator[Image], pictures: Pictures) -> list[int]:
+        """One image where the marker stood: the family's wrapping tokens around its run of
+        placeholders (its chunk kept in `pictures`)."""
+        image = next(images, None)
+        if image is None:
+            raise InvalidRequest("the messages name more images than were sent")
+        m = self._m
+        data = (ctypes.c_uint8 * len(image.rgb)).from_buffer_copy(image.rgb)
+        bitmap = m.mtmd_bitmap_init(image.width, image.height, data)
+        chunks = m.mtmd_input_chunks_init()
+        try:
+            text = self.marker.encode()
+            spec = m.mtmd_input_text(text, len(text), False, True)
+            bitmaps = (m.mtmd_bitmap_p_ctypes * 1)(bitmap)
+            if m.mtmd_tokenize(self.ctx, chunks, ctypes.byref(spec), bitmaps, 1) != 0:
+                raise InvalidRequest("this model's projector could not read an image")
+            out: list[int] = []
+            for i in range(m.mtmd_input_chunks_size(chunks)):
+                chunk = m.mtmd_input_chunks_get(chunks, i)
+                if m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n = ctypes.c_size_t()
+                    ids = m.mtmd_input_chunk_get_tokens_text(chunk, ctypes.byref(n))
+                    out += ids[:n.value]
+                elif m.mtmd_input_chunk_get_type(chunk) == m.MTMD_INPUT_CHUNK_TYPE_IMAGE:
+                    size = m.mtmd_input_chunk_get_n_tokens(chunk)
+                    place = image.placeholder
+                    if place not in pictures.chunks:
+                        pictures.chunks[place] = m.mtmd_input_chunk_copy(chunk)
+                        pictures.sizes[place] = size
+                    out += [place] * size
+                else:
+                    raise InvalidRequest("this model's projector takes images only")
+            return out
+        finally:
+            m.mtmd_input_chunks_free(chunks)
+            m.mtmd_bitmap_free(bitmap)
+
+    # ------------------------------------------------------------ the engine's thread
+    def read(self, chunk: int, seq: int, start: int, n_ubatch: int) -> float:
+        """Encode an image and decode its embeddings into sequence `seq` at positions
+        [start, start + its size): one llama_decode of embeddings, attention within the
+        image both ways where the family's is (Gemma 3). Seconds the encoder took."""
+        m, native = self._m, self.native
+        n = m.mtmd_input_chunk_get_n_tokens(chunk)
+        non_causal = m.mtmd_decode_use_non_causal(self.ctx, chunk)
+        if non_causal and n > n_ubatch:  # llama.cpp would abort the process
+            raise InvalidRequest(f"an image of {n} tokens is more than one batch holds "
+                                 f"({n_ubatch}) — load the model with a larger batch")
+        started = time.perf_counter()
+        if m.mtmd_encode_chunk(self.ctx, chunk) != 0:
+            raise EngineError("the projector failed to encode an image")
+        encoded = time.perf_counter() - started
+        embd = numpy.ctypeslib.as_array(m.mtmd_get_output_embd(self.ctx), shape=(n * self.n_embd,))
+        rc = native.decode_embeddings(embd, seq, start, causal=not non_causal)
+        if rc != 0:
+            raise EngineError(f"llama_decode of an image returned {rc}")
+        return encoded
+
+    def close(self) -> None:
+        if self.ctx:
+            self._m.mtmd_free(self.ctx)
+            self.ctx = None
+
+
+def with_markers(messages: Iterable[dict], marker: str) -> list[dict]:
+    """Messages whose content is a list of parts (text, image) as text, with the marker where
+    each image goes; others as they are."""
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(marker if part.get("type") == "image" else part.get("text", "")
+                              for part in content)
+            message = {**message, "content": content}
+        out.append(message)
+    return out
+
+
+def count_images(messages: Sequence[dict]) -> int:
+    return sum(1 for m in messages if isinstance(m.get("content"), list)
+               for part in m["content"] if part.get("type") == "image")

@@ -1,0 +1,109 @@
+"""Images in, through the unmodified `openai` and `ollama` clients: Gemma 3 270M with a
+random-weight Gemma 3 projector (bench/random_mmproj.py: every picture becomes 64 image
+tokens, encoded by llama.cpp's libmtmd), installed as a pulled model with its projector.
+The answers are noise; what is tested is that an image is read into the prompt as its
+tokens, cached as a prefix when the same picture comes again, and refused cleanly when it
+is bad or the model takes none."""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import httpx
+import ollama
+import openai
+import pytest
+from PIL import Image
+
+from ..families import install, projector
+from .conftest import start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+IMAGE_TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def vision(tmp_path_factory, gemma3_path):
+    home = tmp_path_factory.mktemp("vision-home")
+    name = install(home, gemma3_path, "gemma3-vision", projector(gemma3_path, IMAGE_TOKENS))
+    server = start_server(home, "--model", name, "--ctx", "2048", "--parallel", "2",
+                          ready_timeout=120)
+    yield server, name
+    stop_server(server)
+
+
+def _png(colour: tuple[int, int, int], size: tuple[int, int] = (320, 240)) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", size, colour).save(out, "PNG")
+    return out.getvalue()
+
+
+def _data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def _ask(client: openai.OpenAI, name: str, *images: bytes, text: str = "What is this?"):
+    content = [{"type": "image_url", "image_url": {"url": _data_url(i)}} for i in images]
+    return client.chat.completions.create(
+        model=name, max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": [*content, {"type": "text", "text": text}]}])
+
+
+def test_openai_client_asks_about_a_picture_and_the_same_one_is_cached(vision):
+    server, name = vision
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    text_only = client.chat.completions.create(
+        model=name, max_tokens=4, temperature=0,
+        messages=[{"role": "user", "content": "What is this?"}])
+    red = _ask(client, name, _png((200, 30, 30)))
+    assert red.choices[0].message.content is not None
+    # the picture's tokens, and the family's marks around it (<start_of_image>, <end_of_image>)
+    extra = red.usage.prompt_tokens - text_only.usage.prompt_tokens
+    assert IMAGE_TOKENS <= extra <= IMAGE_TOKENS + 4
+    again = _ask(client, name, _png((200, 30, 30)), text="And its colour?")
+    assert again.usage.prompt_tokens_details.cached_tokens >= IMAGE_TOKENS
+    blue = _ask(client, name, _png((30, 30, 200)), text="And its colour?")
+    assert blue.usage.prompt_tokens_details.cached_tokens < IMAGE_TOKENS // 2
+    two = _ask(client, name, _png((200, 30, 30)), _png((30, 30, 200)))
+    assert two.usage.prompt_tokens - text_only.usage.prompt_tokens >= 2 * IMAGE_TOKENS
+
+
+def test_ollama_client_sends_images_to_chat_and_generate(vision):
+    server, name = vision
+    client = ollama.Client(host=server.url)
+    picture = _png((20, 160, 40))
+    reply = client.chat(model=name, options={"num_predict": 4, "temperature": 0},
+                        messages=[{"role": "user", "content": "What is this?",
+                                   "images": [picture]}])
+    plain = client.chat(model=name, options={"num_predict": 4, "temperature": 0},
+                        messages=[{"role": "user", "content": "What is this?"}])
+    assert reply.prompt_eval_count >= plain.prompt_eval_count + IMAGE_TOKENS
+    parts = list(client.generate(model=name, prompt="Describe it.", images=[picture],
+                                 options={"num_predict": 4}, stream=True))
+    assert parts[-1].done and parts[-1].prompt_eval_count > IMAGE_TOKENS
+    assert "vision" in client.show(name).capabilities
+    assert "vision" not in client.show("smollm2:135m").capabilities
+
+
+def test_bad_images_are_refused_and_the_server_goes_on(vision):
+    server, name = vision
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="not a picture"):
+        _ask(client, name, b"\x89PNG\r\n\x1a\n but not really an image" * 10)
+    huge = io.BytesIO()
+    Image.new("1", (9000, 6000)).save(huge, "PNG")  # 54 megapixels in a few kilobytes
+    with pytest.raises(openai.BadRequestError, match="million"):
+        _ask(client, name, huge.getvalue())
+    with pytest.raises(openai.BadRequestError, match="not fetched"):
+        client.chat.completions.create(model=name, max_tokens=2, messages=[{
+            "role": "user", "content": [{"type": "image_url", "image_url": {
+                "url": "http://169.254.169.254/latest/meta-data"}}]}])
+    with pytest.raises(openai.BadRequestError, match="takes no images"):
+        _ask(client, "smollm2:135m", _png((1, 2, 3)))
+    bad = httpx.post(server.url + "/api/chat", timeout=30, json={
+        "model": name, "stream": False,
+        "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]})
+    assert bad.status_code == 400 and "base64" in bad.json()["error"]
+    assert _ask(client, name, _png((9, 9, 9))).choices  # still serving
