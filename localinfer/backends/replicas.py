@@ -51,9 +51,10 @@ class Replicas(Backend):
     # ---------------------------------------------------------------- requests: spread
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
               prompt: str | Sequence[int] | None = None,
-              template_args: Mapping[str, Any] | None = None) -> tuple[list[int], Generation]:
+              template_args: Mapping[str, Any] | None = None,
+              images: Sequence[Any] = ()) -> tuple[list[int], Generation]:
         with self._least_busy() as member:
-            return member.start(params, messages, prompt, template_args)
+            return member.start(params, messages, prompt, template_args, images)
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         with self._least_busy() as member:

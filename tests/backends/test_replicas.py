@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
+
+import pytest
 from collections.abc import Sequence
 
 from localinfer.backends.base import Backend, Generation, ModelInfo, SamplingParams
 from localinfer.backends.engine import Engine
 from localinfer.backends.replicas import Replicas
+from localinfer.errors import InvalidRequest
 
 from .fake_native import FakeNative, reference, text
 
@@ -104,5 +107,18 @@ def test_requests_arriving_together_are_spread_too():
         for member in copies.members:
             member.native.gate.set()
         assert all(g.text() for g in generations)
+    finally:
+        copies.close()
+
+
+def test_a_start_passes_its_images_to_the_copy_it_goes_to():
+    """core.start hands every backend the request's images (vision.py): the copies take
+    them as a single model does — here a model without a projector, which refuses them."""
+    copies = Replicas([EngineBackend(), EngineBackend()])
+    try:
+        tokens, generation = copies.start(GREEDY, None, [1, 2, 3], None, ())
+        assert tokens == [1, 2, 3] and generation.text()
+        with pytest.raises(InvalidRequest, match="takes no images"):
+            copies.start(GREEDY, None, [1, 2, 3], None, ("a picture",))
     finally:
         copies.close()
