@@ -16,10 +16,11 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 MODULES = {path.stem for path in BENCH.glob("*.py")}
 SHARED = {"harness", "clients", "random_gguf"}  # what a benchmark may import from bench/
-# not benchmarks: a tool that writes GGUF files (its own command line), and the clients'
-# command line (it appends JSON lines to --out for the benchmark or GPU session that runs it)
-OWN_PARSER = {"random_gguf"}
-WRITES_NOTHING = {"random_gguf", "serve_load"}
+# not benchmarks: tools that write GGUF files (a model, a vision projector: their own command
+# lines), and the clients' command line (it appends JSON lines to --out for the benchmark or
+# GPU session that runs it)
+OWN_PARSER = {"random_gguf", "random_mmproj"}
+WRITES_NOTHING = {"random_gguf", "random_mmproj", "serve_load"}
 # a line `import x, y` or `from x import ...` inside code a script hands to `python -c`
 _CODE_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+([\w.]+(?:[ \t]*,[ \t]*[\w.]+)*)[ \t]*$"
                           r"|from[ \t]+([\w.]+)[ \t]+import[ \t])", re.MULTILINE)
