@@ -131,17 +131,24 @@ def run(
     think: Annotated[Optional[bool], typer.Option(
         "--think/--no-think", help="A thinking model thinks first, or answers at once [its "
         "template's default]; its reasoning is shown dimmed in a terminal.")] = None,
+    image: Annotated[Optional[list[Path]], typer.Option(
+        "--image", help="Show a vision model this picture with the (first) message "
+        "(repeatable; /image PATH in the chat).")] = None,
     verbose: Annotated[bool, typer.Option(
         "--verbose", "-v", help="Show llama.cpp's log.")] = False,
 ) -> None:
     """Chat with a model in the terminal, or answer one prompt."""
     _warm_runner()
-    from localinfer.repl import answer_once, fill_middle, interactive
+    from localinfer.images import read as read_image
+    from localinfer.repl import answer_once, check_vision, fill_middle, interactive
     from localinfer.service import load_model
 
     _setup_logging(verbose)
     with _user_errors():
         completing = prefix is not None or suffix is not None
+        if image and completing:
+            raise LocalinferError("--image is for a chat — leave it out of a code completion")
+        images = [read_image(path) for path in image or ()]  # (a bad one stops before a load)
         before = _read_text_file(prefix) if prefix is not None else ""
         after = _read_text_file(suffix) if suffix is not None else ""
         settings = Settings.read({"max_tokens": max_tokens, "ctx": ctx, "threads": threads,
@@ -164,12 +171,14 @@ def run(
             _pull(missing.name, settings)
             backend = load_model(model, options, settings)
         with backend:
+            if images:
+                check_vision(backend)
             if completing:
                 fill_middle(backend, before, after, params)
             elif one_shot is not None:
-                answer_once(backend, one_shot, system, params, think=think)
+                answer_once(backend, one_shot, system, params, think=think, images=images)
             else:
-                interactive(backend, system, params, think=think)
+                interactive(backend, system, params, think=think, images=images)
 
 
 def _read_text_file(path: Path) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -13,12 +15,15 @@ from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenE
 from localinfer.backends.chat_format import Piece, start_chat
 from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
-from localinfer.errors import LocalinferError
+from localinfer.backends.vision import Image
+from localinfer.errors import InvalidRequest, LocalinferError
+from localinfer.images import read as read_image
 
 __all__ = ["Reply", "answer_once", "fill_middle", "fit_to_context", "interactive", "reply_room",
-           "stream_reply"]
+           "stream_reply", "user_message"]
 
 HELP = """Commands:
+  /image PATH [PATH …]   show the model pictures with your next message (a vision model)
   /clear   forget the conversation so far
   /bye     exit (Ctrl-D works too)
   /?       this help
@@ -91,15 +96,38 @@ class _Writer:
                      reasoning_tokens)
 
 
-def stream_reply(backend: Backend, messages: list[dict[str, str]], params: SamplingParams,
+def user_message(text: str, images: Sequence[Image] = ()) -> dict[str, Any]:
+    """A user's turn: its text, and the pictures shown with it (before the text, as Ollama
+    places them). The pictures ride in the message under "images" until it is sent
+    (`_pictures` takes them out)."""
+    if not images:
+        return {"role": "user", "content": text}
+    return {"role": "user", "content": [*({"type": "image"} for _ in images),
+                                        {"type": "text", "text": text}],
+            "images": list(images)}
+
+
+def _pictures(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Image]]:
+    """The messages as a backend takes them, and their pictures in order."""
+    out, images = [], []
+    for message in messages:
+        if "images" in message:
+            images += message["images"]
+            message = {k: v for k, v in message.items() if k != "images"}
+        out.append(message)
+    return out, images
+
+
+def stream_reply(backend: Backend, messages: list[dict[str, Any]], params: SamplingParams,
                  out: TextIO, think: bool | None = None) -> Reply:
     """Stream one reply to `out`. Ctrl-C cancels it and keeps what was written. A thinking
     model's reasoning is shown apart (_Writer); `think` turns its template's thinking on or
-    off (None: the template's default)."""
+    off (None: the template's default). Messages may carry pictures (`user_message`)."""
     writer = _Writer(out, think)
     generation = reader = None
     try:
-        generation, reader = start_chat(backend, params, messages, think)
+        plain, images = _pictures(messages)
+        generation, reader = start_chat(backend, params, plain, think, images)
         for event in generation:
             if isinstance(event, TokenEvent):
                 writer.write(reader.feed(event.text))
@@ -119,15 +147,16 @@ def stream_reply(backend: Backend, messages: list[dict[str, str]], params: Sampl
     return writer.reply(generation.stats, reader.reasoning_tokens)
 
 
-def fit_to_context(backend: Backend, messages: list[dict[str, str]], reserve: int
-                   ) -> tuple[list[dict[str, str]], int]:
+def fit_to_context(backend: Backend, messages: list[dict[str, Any]], reserve: int
+                   ) -> tuple[list[dict[str, Any]], int]:
     """Leave out the oldest turns until the prompt leaves `reserve` tokens of the context for
-    the reply, as Ollama does; system messages and the newest message always stay. Returns
-    the messages and how many were left out."""
+    the reply, as Ollama does; system messages and the newest message always stay (a
+    turn's pictures count with it and go with it). Returns the messages and how many were
+    left out."""
     budget = backend.info.n_ctx - reserve
     kept = list(messages)
     dropped = 0
-    while len(backend.prompt_tokens(kept)) > budget:
+    while len(backend.prompt_tokens(_pictures(kept)[0], None, _pictures(kept)[1])) > budget:
         oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
         if oldest is None:  # only the newest message is left: the engine says it is too long
             break
@@ -152,10 +181,10 @@ def _print_stats(reply: Reply, err: Console) -> None:
 
 def answer_once(backend: Backend, prompt: str, system: str | None, params: SamplingParams,
                 out: TextIO = sys.stdout, err: Console | None = None,
-                think: bool | None = None) -> Reply:
+                think: bool | None = None, images: Sequence[Image] = ()) -> Reply:
     err = err or Console(stderr=True)
-    messages = ([{"role": "system", "content": system}] if system else [])
-    messages.append({"role": "user", "content": prompt})
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append(user_message(prompt, images))
     reply = stream_reply(backend, messages, params, out, think)
     out.write("\n")
     out.flush()
@@ -201,16 +230,50 @@ def _read_line() -> str | None:
             print("\nUse Ctrl-D or /bye to exit.")
 
 
+def check_vision(backend: Backend) -> None:
+    """Pictures are for a model with a projector: one line to say so before any is read."""
+    if not backend.info.vision:
+        raise InvalidRequest(f"{backend.info.name} takes no images — run a vision model (one "
+                             f"pulled with its projector) to show it pictures")
+
+
+def _attach(backend: Backend, line: str, err: Console) -> list[Image]:
+    """`/image PATH …`: the pictures read, or none and one line saying why."""
+    try:
+        paths = shlex.split(line)
+    except ValueError as exc:
+        err.print(f"Error: {exc} — quote a path with spaces", style="red", highlight=False,
+                  markup=False)
+        return []
+    if not paths:
+        err.print("Usage: /image PATH [PATH …] (quote a path with spaces)", style="red",
+                  highlight=False, markup=False)
+        return []
+    try:
+        check_vision(backend)
+        images = [read_image(path) for path in paths]
+    except LocalinferError as exc:
+        err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
+        return []
+    names = ", ".join(f"{shlex.quote(p)} ({i.width}×{i.height})" for p, i in zip(paths, images))
+    err.print(f"Attached {names} — ask about {'it' if len(images) == 1 else 'them'}.",
+              style="dim", highlight=False, soft_wrap=True, markup=False)
+    return images
+
+
 def interactive(backend: Backend, system: str | None, params: SamplingParams,
                 out: TextIO = sys.stdout, err: Console | None = None,
-                think: bool | None = None) -> None:
+                think: bool | None = None, images: Sequence[Image] = ()) -> None:
+    """The chat loop; `images` go with the first message (`run --image`), and `/image`
+    attaches more to the next."""
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
         pass
     err = err or Console(stderr=True)
-    base = [{"role": "system", "content": system}] if system else []
+    base: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
     history = list(base)
+    attached = list(images)
     err.print(f"Chatting with {backend.info.name} ({backend.info.quant}, "
               f"{backend.info.n_ctx} tokens of context). /? for help, /bye to exit.",
               style="dim", highlight=False, soft_wrap=True)
@@ -225,9 +288,13 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
             continue
         if command == "/clear":
             history = list(base)
+            attached = []
             print("Cleared the conversation.")
             continue
-        history.append({"role": "user", "content": line})
+        if command.split(maxsplit=1)[0] == "/image":
+            attached += _attach(backend, command[len("/image"):], err)
+            continue
+        history.append(user_message(line, attached))
         history, dropped = fit_to_context(backend, history, reply_room(backend, params))
         if dropped:
             err.print(f"(the conversation outgrew the {backend.info.n_ctx}-token context: its "
@@ -238,8 +305,10 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
             reply = stream_reply(backend, history, params, out, think)
         except LocalinferError as exc:
             history.pop()  # the turn never happened: keep the history clean
+            attached = []  # (its pictures with it: /image them again)
             err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True, markup=False)
             continue
+        attached = []
         out.write("\n")
         if reply.interrupted:
             err.print("[stopped]", style="dim", highlight=False, markup=False)

@@ -16,7 +16,8 @@ LAYERS = [
     ("model store", ["localinfer.model_store"]),
     ("backends", ["localinfer.backends"]),
     ("services", ["localinfer.service", "localinfer.pool", "localinfer.repl",
-                  "localinfer.model_rows", "localinfer.bench", "localinfer.worker"]),
+                  "localinfer.model_rows", "localinfer.bench", "localinfer.worker",
+                  "localinfer.images"]),
     ("front ends", ["localinfer.api", "localinfer.tui", "localinfer.web"]),
     ("commands", ["localinfer.cli", "localinfer.desktop", "localinfer.__main__"]),
 ]

@@ -1,10 +1,6 @@
-"""Images as clients send them (base64, data URLs), decoded and bounded before a runner sees
-them: what any one image may cost is capped before it is paid.
+"""Images as clients send them (base64, data URLs), their size bounded before they are
+decoded (each is then decoded and bounded as any picture: localinfer/images.py).
 
-Pillow reads the file's header first: a format it does not know, or more pixels than
-MAX_PIXELS (a decompression bomb), is refused before anything is decoded. A picture is then
-decoded to RGB and scaled down to MAX_SIDE on its longer side (projectors resize to a few
-hundred pixels anyway: Gemma 3 to 896), so at most 12 MB of pixels cross to the runner.
 URLs are not fetched: a server that fetches what a request names can be made to reach
 anything it can (SSRF), so images come in the request itself.
 """
@@ -14,19 +10,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
 import re
 from collections.abc import Sequence
 
 from localinfer.api.errors import ApiError
 from localinfer.backends.vision import Image
+from localinfer.images import MAX_BYTES, MAX_IMAGES, decode
 
-__all__ = ["MAX_IMAGES", "decode_all", "from_base64", "from_url"]
-
-MAX_BYTES = 20 << 20  # one image's file
-MAX_PIXELS = 50_000_000  # in its header, before it is decoded
-MAX_SIDE = 2048  # decoded pictures are scaled down to this on their longer side
-MAX_IMAGES = 16  # in one request
+__all__ = ["decode_all", "from_base64", "from_url"]
 
 _DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,", re.IGNORECASE)
 
@@ -53,29 +44,6 @@ def from_url(url: str) -> bytes:
     return from_base64(url[found.end():])
 
 
-def _decode(data: bytes) -> Image:
-    from PIL import Image as Pil, UnidentifiedImageError
-
-    try:
-        with Pil.open(io.BytesIO(data)) as picture:  # reads the header only
-            width, height = picture.size
-            if width * height > MAX_PIXELS:
-                raise ApiError(400, f"an image of {width}×{height} pixels is more than "
-                                    f"{MAX_PIXELS // 1_000_000} million — send a smaller one")
-            picture.draft("RGB", (MAX_SIDE, MAX_SIDE))  # a JPEG decodes at a lower scale
-            picture = picture.convert("RGB")
-            if max(picture.size) > MAX_SIDE:
-                picture.thumbnail((MAX_SIDE, MAX_SIDE))
-            return Image(picture.tobytes(), *picture.size)
-    except ApiError:
-        raise
-    except (UnidentifiedImageError, Pil.DecompressionBombError):
-        raise ApiError(400, "an image is not a picture this server reads (PNG, JPEG, WebP, "
-                            "GIF, BMP)") from None
-    except (OSError, ValueError, SyntaxError) as exc:
-        raise ApiError(400, f"an image could not be read: {exc}") from None
-
-
 async def decode_all(files: Sequence[bytes]) -> list[Image]:
     """Decoded pictures, off the event loop (a large JPEG takes a tenth of a second)."""
     if len(files) > MAX_IMAGES:
@@ -83,4 +51,4 @@ async def decode_all(files: Sequence[bytes]) -> list[Image]:
     if not files:
         return []
     loop = asyncio.get_running_loop()
-    return list(await asyncio.gather(*(loop.run_in_executor(None, _decode, f) for f in files)))
+    return list(await asyncio.gather(*(loop.run_in_executor(None, decode, f) for f in files)))

@@ -411,8 +411,12 @@ class Backend(ABC):
     def close(self) -> None: ...
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
-                      template_args: Mapping[str, Any] | None = None) -> list[int]:
-        """The messages in the model's chat template, as tokens (one call to a runner)."""
+                      template_args: Mapping[str, Any] | None = None,
+                      images: Sequence[Any] = ()) -> list[int]:
+        """The messages in the model's chat template, as tokens (one call to a runner); with
+        `images` (as `start` takes them), each image as the tokens it will take."""
+        if images:
+            raise InvalidRequest("this model takes no images — send text only")
         return self.tokenize(self.apply_chat_template(messages, True, template_args))
 
     def start_tokens(self, messages: Sequence[Mapping[str, Any]] | None,

@@ -788,12 +788,14 @@ def with_thinking(fmt: ChatFormat | None, template_args: Mapping[str, Any] | Non
 
 
 def start_chat(backend: Any, params: Any, messages: Sequence[Mapping[str, Any]],
-               think: bool | None = None) -> tuple[Any, ReplyParser]:
+               think: bool | None = None, images: Sequence[Any] = ()
+               ) -> tuple[Any, ReplyParser]:
     """A chat without tools queued (one trip to a runner), and the parser of its reply:
-    `think` turns the template's thinking on or off (None: on, where the family reasons)."""
+    `think` turns the template's thinking on or off (None: on, where the family reasons);
+    `images` go where the messages' image parts are."""
     fmt = detect(backend.info.chat_template)
     args = with_thinking(fmt, None if think is None else {"enable_thinking": think})
-    tokens, generation = backend.start(params, messages, None, args)
+    tokens, generation = backend.start(params, messages, None, args, images)
     return generation, parser(fmt, None, opens_reasoning(backend, fmt, tokens))
 
 

@@ -22,7 +22,7 @@ from localinfer.model_store.hardware import BackendLibrary, Device
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
            "ensure_loaded",
-           "library_dir", "route_llama_log"]
+           "library_dir", "route_llama_log", "route_mtmd_log"]
 
 log = logging.getLogger("localinfer.llama_cpp")
 
@@ -56,6 +56,18 @@ def route_llama_log() -> None:
         if _log_state["callback"] is None:  # kept: llama.cpp calls it for the process's life
             _log_state["callback"] = llama_cpp.llama_log_callback(_on_llama_log)
             llama_cpp.llama_log_set(_log_state["callback"], ctypes.c_void_p(0))
+
+
+def route_mtmd_log() -> None:
+    """libmtmd (images) logs apart from llama.cpp, to stderr unless told: into ours too."""
+    from llama_cpp import mtmd_cpp
+
+    route_llama_log()
+    with _log_lock:
+        if not _log_state.get("mtmd"):
+            mtmd_cpp.mtmd_log_set(_log_state["callback"], ctypes.c_void_p(0))
+            mtmd_cpp.mtmd_helper_log_set(_log_state["callback"], ctypes.c_void_p(0))
+            _log_state["mtmd"] = True
 
 
 @functools.cache

@@ -158,7 +158,27 @@ class LlamaCppBackend(Backend):
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
                       template_args: Mapping[str, Any] | None = None,
-                      images: _Images | None = None) -> list[int]:
+                      images: Sequence[Image] = ()) -> list[int]:
+        if not images:
+            return self._prompt_tokens(messages, template_args, None)
+        given = self._given(messages, images)
+        try:  # (an image's tokens are placeholders: what it costs, not what it holds)
+            return self._prompt_tokens(messages, template_args, given)
+        finally:
+            given.pictures.close()
+
+    def _given(self, messages: Sequence[Mapping[str, Any]] | None, images: Sequence[Image]
+               ) -> _Images:
+        if self.projector is None:
+            raise InvalidRequest(f"{self.info.name} takes no images — send text only, or use "
+                                 f"a vision model")
+        if messages is None or count_images(messages) != len(images):
+            raise InvalidRequest("each image must have its place in a message")
+        return _Images(iter(images), Pictures())
+
+    def _prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
+                       template_args: Mapping[str, Any] | None, images: _Images | None
+                       ) -> list[int]:
         """The messages in the chat template, as tokens. What a message says stays text: a
         typed `<|im_end|>` is not the control token, so no one can forge a turn or a role.
         Only the template writes control tokens. With `images`, each image part of a message
@@ -207,14 +227,9 @@ class LlamaCppBackend(Backend):
               images: Sequence[Image] = ()) -> tuple[list[int], Generation]:
         if not images:
             return super().start(params, messages, prompt, template_args)
-        if self.projector is None:
-            raise InvalidRequest(f"{self.info.name} takes no images — send text only, or use "
-                                 f"a vision model")
-        if messages is None or count_images(messages) != len(images):
-            raise InvalidRequest("each image must have its place in a message")
-        given = _Images(iter(images), Pictures())
+        given = self._given(messages, images)
         try:
-            tokens = self.prompt_tokens(messages, template_args, given)
+            tokens = self._prompt_tokens(messages, template_args, given)
         except BaseException:
             given.pictures.close()
             raise

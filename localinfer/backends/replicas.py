@@ -74,8 +74,9 @@ class Replicas(Backend):
                                                    template_args)
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
-                      template_args: Mapping[str, Any] | None = None) -> list[int]:
-        return self.members[0].prompt_tokens(messages, template_args)
+                      template_args: Mapping[str, Any] | None = None,
+                      images: Sequence[Any] = ()) -> list[int]:
+        return self.members[0].prompt_tokens(messages, template_args, images)
 
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)

@@ -76,7 +76,7 @@ def _quick(method: str, args: tuple[Any, ...]) -> bool:
     if method in ("tokenize", "detokenize"):
         return len(args[0]) <= _QUICK_BYTES
     if method == "prompt_tokens":
-        return _size(args[0], args[1] if len(args) > 1 else None) <= _QUICK_BYTES
+        return _size(args[0], args[1]) <= _QUICK_BYTES and not args[2]
     if method == "generate":
         return args[1].grammar is None and len(args[0]) <= _QUICK_BYTES
     if method == "start":
@@ -790,9 +790,10 @@ class RunnerBackend(Backend):
                                                            _plain(template_args)))
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
-                      template_args: Mapping[str, Any] | None = None) -> list[int]:
+                      template_args: Mapping[str, Any] | None = None,
+                      images: Sequence[Any] = ()) -> list[int]:
         return self._runner().call("prompt_tokens", ([dict(m) for m in messages],
-                                                     _plain(template_args)))
+                                                     _plain(template_args), tuple(images)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)

@@ -78,6 +78,9 @@ class Projector:
     def __init__(self, path: str, native: NativeModel, n_threads: int, use_gpu: bool):
         from llama_cpp import mtmd_cpp
 
+        from localinfer.backends.ggml_backends import route_mtmd_log
+
+        route_mtmd_log()  # (its loader writes every tensor to stderr otherwise)
         self._m = mtmd_cpp
         self.native = native
         self.marker = f"<__image_{secrets.token_hex(8)}__>"
