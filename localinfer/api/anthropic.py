@@ -22,7 +22,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from localinfer.api import core
+from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
@@ -97,21 +97,41 @@ def _text(content: Union[str, list[Block], None], where: str) -> str:
     return "".join(block.text or "" for block in content)
 
 
-def _messages(body: MessagesRequest) -> list[dict[str, Any]]:
-    """Anthropic's turns as chat messages: tool_use blocks are the assistant's calls,
-    tool_result blocks tool messages, thinking blocks the assistant's reasoning."""
+def _image(extra: dict[str, Any], where: str) -> bytes:
+    """An image block's file: its `source` in base64 (a URL source is not fetched)."""
+    source = extra.get("source")
+    if not isinstance(source, dict):
+        raise ApiError(400, f"{where}: an image block needs a source")
+    if source.get("type") == "base64" and isinstance(source.get("data"), str):
+        return images.from_base64(source["data"])
+    if source.get("type") == "url":
+        raise ApiError(400, f"{where}: image URLs are not fetched (a server that fetches URLs "
+                            f"can be made to reach anything it can) — send a base64 source")
+    raise ApiError(400, f"{where}: an image's source must be base64 (type, media_type, data)")
+
+
+def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """Anthropic's turns as chat messages, and their images' files in order: tool_use
+    blocks are the assistant's calls, tool_result blocks tool messages, thinking blocks the
+    assistant's reasoning, image blocks a user turn's pictures where they stand."""
     out = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    files: list[bytes] = []
     for i, message in enumerate(body.messages):
         where = f"messages[{i}]"
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue
         turn: dict[str, Any] = {"role": message.role, "content": ""}
+        parts: list[dict[str, Any]] = []
         results = []
         for block in message.content:
             extra = block.model_extra or {}
             if block.type == "text":
                 turn["content"] += block.text or ""
+                parts.append({"type": "text", "text": block.text or ""})
+            elif block.type == "image" and message.role == "user":
+                files.append(_image(extra, f"{where}.image"))
+                parts.append({"type": "image"})
             elif block.type == "tool_use" and message.role == "assistant":
                 turn.setdefault("tool_calls", []).append({
                     "id": str(extra.get("id", "")), "type": "function",
@@ -130,12 +150,14 @@ def _messages(body: MessagesRequest) -> list[dict[str, Any]]:
                                     f"{where}.tool_result")})
             else:
                 raise ApiError(400, f"{where}: {block.type!r} blocks are not supported in a "
-                                    f"{message.role} turn — this model takes no images or "
-                                    f"documents")
+                                    f"{message.role} turn — text, images (a user's) and tools "
+                                    f"are; documents are not")
         out += results  # (a user turn's tool results answer the calls just before it)
+        if any(part["type"] == "image" for part in parts):
+            turn["content"] = parts
         if turn["content"] or turn.get("tool_calls") or not results:
             out.append(turn)
-    return out
+    return out, files
 
 
 def _stop(stats: RequestStats, called: bool = False) -> tuple[str, str | None]:
@@ -155,9 +177,10 @@ def _usage(stats: RequestStats, job: core.Job) -> dict[str, int]:
 
 @router.post("/messages")
 async def messages(body: MessagesRequest, request: Request):
+    turns, files = _messages(body)
     job = await core.start(request.app.state.pool, body.model, body.params(),
-                           messages=_messages(body), tools=body.tool_spec(),
-                           template_args=body.template_args())
+                           messages=turns, tools=body.tool_spec(),
+                           template_args=body.template_args(), images=files)
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         return StreamingResponse(_stream(job, message_id), media_type="text/event-stream")

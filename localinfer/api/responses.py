@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
-from localinfer.api import core
+from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
@@ -107,19 +107,50 @@ def _store(request: Request) -> _Store:
 
 
 # ---------------------------------------------------------------------------- input
-def _text_of(content: Any, where: str) -> str:
+_TEXT_PARTS = ("input_text", "output_text", "text", "summary_text", "reasoning_text")
+
+
+def _text_of(content: Any, where: str, pictures: bool = False) -> str | list[dict[str, Any]]:
+    """A content's text; with `pictures` (a user's message), its parts where it has
+    input_image parts: each as {"type": "image", "url": its data URL}, kept so in the
+    stored conversation and read by `_files` as each request starts."""
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise ApiError(400, f"{where}: content must be text or a list of text parts")
-    texts = []
+    parts: list[dict[str, Any]] = []
     for part in content:
         kind = part.get("type") if isinstance(part, dict) else None
-        if kind not in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            raise ApiError(400, f"{where}: only text parts are supported, not {kind!r} — this "
-                                f"model takes no images or files")
-        texts.append(str(part.get("text") or ""))
-    return "".join(texts)
+        if kind == "input_image" and pictures:
+            url = part.get("image_url")
+            if not isinstance(url, str):
+                raise ApiError(400, f"{where}: an input_image needs image_url, a data URL "
+                                    f"(file_id is not taken: this server keeps no files)")
+            images.from_url(url)  # (refused now, not when a later turn reads it)
+            parts.append({"type": "image", "url": url})
+        elif kind in _TEXT_PARTS:
+            parts.append({"type": "text", "text": str(part.get("text") or "")})
+        else:
+            raise ApiError(400, f"{where}: only text parts{' and input_image' if pictures else ''}"
+                                f" are supported here, not {kind!r}")
+    if any(p["type"] == "image" for p in parts):
+        return parts
+    return "".join(p["text"] for p in parts)
+
+
+def _files(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[bytes]]:
+    """The messages as a backend takes them (an image part without its URL), and their
+    images' files in order."""
+    files: list[bytes] = []
+    out = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            files += [images.from_url(p["url"]) for p in content if p["type"] == "image"]
+            message = {**message, "content": [{"type": "image"} if p["type"] == "image" else p
+                                              for p in content]}
+        out.append(message)
+    return out, files
 
 
 def _messages(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -140,7 +171,8 @@ def _messages(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
                 raise ApiError(400, f"{where}: role must be user, system, developer or "
                                     f"assistant")
             message: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                                       "content": _text_of(item.get("content"), where)}
+                                       "content": _text_of(item.get("content"), where,
+                                                           role == "user")}
             if role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             out.append(message)
@@ -344,8 +376,9 @@ async def responses(body: ResponsesRequest, request: Request):
                             max_tokens=body.max_output_tokens,
                             grammar=_grammar(body) or body.grammar)
     effort = body.effort()
+    turns, files = _files(system + conversation)
     job = await core.start(request.app.state.pool, body.model or None, params,
-                           messages=system + conversation, tools=tools,
+                           messages=turns, tools=tools, images=files,
                            template_args={"reasoning_effort": effort} if effort else None)
     response_id = f"resp_{uuid.uuid4().hex}"
     output = _Output(_response(body, job.model.name, response_id))

@@ -74,10 +74,15 @@ def test_structured_output_follows_the_schema(client):
     assert list(json.loads(response.output_text)) == ["city"]
 
 
+_PNG = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGNg"
+        "ZGIGAAAOAAfXb+R4AAAAAElFTkSuQmCC")  # one pixel
+
+
 @pytest.mark.parametrize("bad, says", [
-    ({"input": [{"role": "user", "content": [{"type": "input_image",
-                                              "image_url": "data:image/png;base64,AA"}]}]},
-     "only text parts"),
+    ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "file-1"}]}]},
+     "only text parts and input_image"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": _PNG}]}]},
+     "takes no images"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "only function tools"),
     ({"input": [{"type": "computer_call"}]}, "not supported"),
 ])

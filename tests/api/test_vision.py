@@ -107,3 +107,46 @@ def test_bad_images_are_refused_and_the_server_goes_on(vision):
         "messages": [{"role": "user", "content": "hi", "images": ["not base64!"]}]})
     assert bad.status_code == 400 and "base64" in bad.json()["error"]
     assert _ask(client, name, _png((9, 9, 9))).choices  # still serving
+
+
+def test_anthropic_client_sends_image_blocks(vision):
+    import anthropic
+
+    server, name = vision
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(_png((90, 90, 20))).decode()}}
+    ask = {"type": "text", "text": "What is this?"}
+    plain = client.messages.create(model=name, max_tokens=3,
+                                   messages=[{"role": "user", "content": [ask]}])
+    seen = client.messages.create(model=name, max_tokens=3,
+                                  messages=[{"role": "user", "content": [block, ask]}])
+    assert seen.usage.input_tokens >= plain.usage.input_tokens + IMAGE_TOKENS
+    with client.messages.stream(model=name, max_tokens=3, messages=[
+            {"role": "user", "content": [block, ask]},
+            {"role": "assistant", "content": "A square."},
+            {"role": "user", "content": [block, {"type": "text", "text": "Again?"}]}]) as stream:
+        final = stream.get_final_message()
+    assert final.usage.input_tokens >= plain.usage.input_tokens + 2 * IMAGE_TOKENS
+    with pytest.raises(anthropic.BadRequestError, match="not fetched"):
+        client.messages.create(model=name, max_tokens=3, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "http://10.0.0.1/x.png"}}, ask]}])
+
+
+def test_responses_input_image_is_kept_for_the_next_turn(vision):
+    server, name = vision
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    picture = {"type": "input_image", "image_url": _data_url(_png((10, 120, 200)))}
+    plain = client.responses.create(model=name, max_output_tokens=3, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "What is this?"}]}])
+    first = client.responses.create(model=name, max_output_tokens=3, temperature=0, input=[
+        {"role": "user", "content": [picture, {"type": "input_text", "text": "What is this?"}]}])
+    assert first.usage.input_tokens >= plain.usage.input_tokens + IMAGE_TOKENS
+    # the stored conversation keeps the picture: the next turn reads it from the cache
+    second = client.responses.create(model=name, max_output_tokens=3, temperature=0,
+                                     previous_response_id=first.id, input="And its colour?")
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert second.usage.input_tokens_details.cached_tokens >= IMAGE_TOKENS
+    with pytest.raises(openai.BadRequestError, match="input_image"):
+        client.responses.create(model=name, max_output_tokens=3, input=[
+            {"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])
