@@ -65,8 +65,10 @@ def text_n_embd(path: Path) -> int:
     return int(field.contents())
 
 
-def make_tower(image_size: int, patch_size: int, n_tokens: int) -> Tower:
-    """The tower whose pool turns image_size/patch_size patches a side into n_tokens."""
+def make_tower(image_size: int, patch_size: int, n_tokens: int, real: bool = False,
+               n_layer: int | None = None) -> Tower:
+    """The tower whose pool turns image_size/patch_size patches a side into n_tokens; `real`:
+    SigLIP-400M's widths (Gemma 3's own tower), `n_layer` of its blocks [27]."""
     per_side = math.isqrt(n_tokens)
     if per_side * per_side != n_tokens:
         sys.exit(f"--tokens must be a square number (the pool's output is square), not {n_tokens}")
@@ -79,7 +81,10 @@ def make_tower(image_size: int, patch_size: int, n_tokens: int) -> Tower:
         fits = [(patches // k) ** 2 for k in range(1, patches + 1) if patches % k == 0]
         sys.exit(f"{patches} patches a side do not pool evenly into {per_side} tokens a side; "
                  f"pick --tokens from {fits}")
-    return Tower(image_size, patch_size, patches // per_side, _N_EMBD, _N_HEAD, _N_FF, _N_LAYER)
+    if real:
+        return Tower(image_size, patch_size, patches // per_side, 1152, 16, 4304, n_layer or 27)
+    return Tower(image_size, patch_size, patches // per_side, _N_EMBD, _N_HEAD, _N_FF,
+                 n_layer or _N_LAYER)
 
 
 def write_mmproj(tower: Tower, n_embd_text: int, out: Path, seed: int = 0) -> None:
@@ -164,10 +169,14 @@ def main() -> None:
     parser.add_argument("--patch-size", type=int, default=14, help="[14, as SigLIP]")
     parser.add_argument("--tokens", type=int, default=64,
                         help="image tokens per image, a square number [64]")
+    parser.add_argument("--gemma3", action="store_true",
+                        help="Gemma 3's own tower widths (SigLIP-400M: 1152 wide, 16 heads, "
+                        "ff 4304, 27 blocks; with --image-size 896 --tokens 256, its shape)")
+    parser.add_argument("--layers", type=int, help="vision blocks [2; 27 with --gemma3]")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     n_embd_text = args.n_embd if args.n_embd is not None else text_n_embd(args.text_model)
-    tower = make_tower(args.image_size, args.patch_size, args.tokens)
+    tower = make_tower(args.image_size, args.patch_size, args.tokens, args.gemma3, args.layers)
     write_mmproj(tower, n_embd_text, args.out, args.seed)
     print(f"{args.out}: {tower.n_tokens} tokens of width {n_embd_text} per image, "
           f"{args.out.stat().st_size / 2**20:.1f} MiB")

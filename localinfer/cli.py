@@ -289,9 +289,12 @@ def show(
     from localinfer.model_store.hardware import parse_size, select_gpus, what_if
     from localinfer.model_store.planner import WontFit
     from localinfer.model_store.catalog import parse_hub_ref
-    from localinfer.model_store.hub import list_ggufs, remote_info
+    from localinfer.model_store.fit import projector_memory
+    from localinfer.model_store.gguf_info import read_projector_info
+    from localinfer.model_store.hub import list_repo, pick_projector, remote_info, remote_projector
     from localinfer.model_store.sources import resolve
-    from localinfer.service import default_context, plan_for, plan_remote, with_workers
+    from localinfer.service import (default_context, less_memory, plan_for, plan_remote,
+                                    with_workers)
 
     with _user_errors():
         settings = Settings.read({"gpus": gpus, "workers": workers})
@@ -306,15 +309,20 @@ def show(
             resolved = resolve(name, settings.models_dir)
             info, remote = read_gguf_info(resolved.path), None
             path = str(resolved.path)
+            projector = resolved.projector and read_projector_info(resolved.projector)
         except ModelNotInstalled:  # a hub model not pulled: planned from the hub's listing
             remote = parse_hub_ref(name)
             if remote is None:
                 raise
-            files = list_ggufs(remote.repo)
+            files, projectors = list_repo(remote.repo)
             if not files:
                 raise LocalinferError(f"'{remote.repo}' holds no GGUF model") from None
             info = remote_info(remote.repo, min(files, key=lambda f: f.size))
             path = f"{remote.repo} on the hub (not pulled)"
+            projector = pick_projector(projectors, min(files, key=lambda f: f.size))
+            projector = projector and remote_projector(remote.repo, projector)
+        # a vision model's projector loads beside it, where its layers go: planned with it
+        machine = less_memory(machine, projector_memory(projector) if projector else 0)
         try:
             n_ctx = ctx or default_context(info, settings)
             chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
@@ -339,7 +347,11 @@ def show(
                  "n_head": info.n_head, "n_head_kv": info.n_head_kv,
                  "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
                  "kv_bytes_per_token": int(info.kv_bytes_per_token()),
-                 "chat_template": info.chat_template is not None, "plan": plan_dict}
+                 "chat_template": info.chat_template is not None, "plan": plan_dict,
+                 "projector": projector and {
+                     "file": projector.path.name, "type": projector.projector_type,
+                     "quant": projector.quant, "file_size": projector.file_size,
+                     "memory_bytes": projector_memory(projector)}}
         if as_json:
             print(json.dumps(facts, indent=2))
             return
@@ -352,6 +364,11 @@ def show(
         if info.chat_template is None:
             print("  no chat template in the file: likely a base model, which continues text "
                   "rather than answering (chats use a generic turn format)")
+        if projector:
+            print(f"  vision: {projector.path.name} ({projector.projector_type}, "
+                  f"{projector.quant}): {projector_memory(projector) / 2**20:,.0f} MiB with "
+                  f"an image's compute buffer, on the model's GPU or in RAM, kept free by "
+                  f"the plan below")
         print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")
         if plan_dict.get("memory"):
             parts = " + ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}"

@@ -18,17 +18,18 @@ from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.machine import detect
 from localinfer.model_store.hardware import GPU, Hardware, gpu_count, select_gpus
-from localinfer.model_store.hub import Progress, RemoteFile, remote_info
+from localinfer.model_store.hub import Progress, RemoteFile, remote_info, remote_projector
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
-from localinfer.model_store.fit import MemoryEstimate, check_context, estimate_memory
-from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
+from localinfer.model_store.fit import (MemoryEstimate, check_context, estimate_memory,
+                                        projector_memory)
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info, read_projector_info
 from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
 __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
-           "load_model", "placed", "plan_for", "plan_remote", "prepare", "pull_model", "ram_available", "runner_backend",
+           "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
            "warm_runner"]
 
 log = logging.getLogger("localinfer.service")
@@ -82,7 +83,8 @@ class Prepared:
     info: GGUFInfo
     options: LoadOptions  # the context, GPU layers and draft model's file filled in
     ram_bytes: int  # what it takes of RAM (weights the GPU does not hold, KV and buffers)
-    # and of each GPU (by index), as the planner counts it (a draft model on the main GPU)
+    # and of each GPU (by index), as the planner counts it (a draft model and a vision
+    # projector on the main GPU)
     gpu_use: dict[int, int] = dataclasses.field(default_factory=dict)
     # more copies of the model, each whole on a GPU of its own (`options` is the first's)
     copies: tuple[LoadOptions, ...] = ()
@@ -115,18 +117,22 @@ def prepare(
         draft = resolve(options.draft_model, settings.models_dir)
         draft_model = str(draft.path)
         draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
+    projector = options.projector or (str(model.projector) if model.projector else None)
+    # a projector goes where the model's layers go, as a draft model does: counted with it
+    beside = draft_bytes + (projector_memory(read_projector_info(projector)) if projector else 0)
+    what = " and ".join(w for w, b in (("the draft model", draft_bytes),
+                                       ("the vision projector", beside - draft_bytes)) if b)
     options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model,
-                                  projector=options.projector or (
-                                      str(model.projector) if model.projector else None),
+                                  projector=projector,
                                   reply_cap=settings.max_tokens if options.reply_cap is None
                                   else options.reply_cap)
     chosen = None
-    if options.n_gpu_layers is None:  # a draft model goes whole onto the GPU the model uses
+    if options.n_gpu_layers is None:  # a draft model (and a projector) goes whole onto a GPU
         machine = hardware()
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
         machine = with_workers(machine, settings.workers, settings.worker_key)
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
-        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, draft_bytes),
+        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
                           options.kv_type, options.n_outputs)
         options = placed(options, chosen)
         if chosen is not None and any(p.remote for p in chosen.placement):
@@ -139,18 +145,18 @@ def prepare(
         use = {p.index: p.total for p in chosen.placement if p.index is not None
                and not p.remote}
         if use:  # a draft model goes on the main GPU; with workers alone, into RAM
-            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + draft_bytes
-        ram = in_ram + chosen.memory_bytes - chosen.gpu_bytes + (0 if use else draft_bytes)
+            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + beside
+        ram = in_ram + chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
                                options.kv_type, options.n_outputs)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
-                      model.name, options.kv_type, beside=(draft_bytes, "the draft model"),
+                      model.name, options.kv_type, beside=(beside, what),
                       n_outputs=options.n_outputs)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
-    return Prepared(model, info, options, estimate.ram + draft_bytes)
+    return Prepared(model, info, options, estimate.ram + beside)
 
 
 def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
@@ -237,6 +243,21 @@ def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hard
     return dataclasses.replace(hw, gpus=gpus)
 
 
+def less_memory(hw: Hardware, taken: int) -> Hardware:
+    """The machine once something loaded beside the model takes `taken` bytes: of each GPU
+    (where it goes with the model's layers), or of the RAM on a machine without one."""
+    if not taken:
+        return hw
+    if hw.usable_gpus:
+        return less_gpu_memory(hw, taken)
+    return dataclasses.replace(hw, ram_available_bytes=max(0, hw.ram_available_bytes - taken))
+
+
+def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
+    """What a hub projector will hold once loaded (its header read remotely; 0 for none)."""
+    return projector_memory(remote_projector(repo, projector)) if projector else 0
+
+
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit."""
@@ -286,10 +307,12 @@ def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
 
 
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
-                 hardware: Hardware | None = None) -> str:
-    """The planner's pick for this machine, from the header of one file read remotely."""
+                 hardware: Hardware | None = None, projector: RemoteFile | None = None) -> str:
+    """The planner's pick for this machine, from the header of one file read remotely; with
+    room kept for the vision projector that comes with it."""
     try:
-        _, chosen = plan_remote(ref, files, hardware or detect(), n_ctx)
+        _, chosen = plan_remote(ref, files, less_memory(hardware or detect(), projector_bytes(
+            ref.repo, projector)), n_ctx)
     except WontFit as exc:
         raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
     log.info("plan for %s: %s", ref.installed_name, chosen.reason)
@@ -308,8 +331,10 @@ def pull_model(ref: str, settings: Settings | None = None,
     if hub_ref is None:
         resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
-    def choose(ref: HubRef, files: Sequence[RemoteFile]) -> str:  # for the GPUs chosen
+    def choose(ref: HubRef, files: Sequence[RemoteFile], projector: RemoteFile | None
+               ) -> str:  # for the GPUs chosen
         return choose_quant(ref, files, hardware=with_workers(
-            select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key))
+            select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key),
+            projector=projector)
 
     return pulled.pull(hub_ref, settings.models_dir, choose, progress)

@@ -137,15 +137,16 @@ def install(home: Path, path: Path, name: str, projector: Path | None = None) ->
     return installed
 
 
-def projector(text_model: Path, n_tokens: int = 64) -> Path:
+def projector(text_model: Path, n_tokens: int = 64, *shape: str) -> Path:
     """A random-weight Gemma 3 vision projector (bench/random_mmproj.py) of `text_model`'s
-    width: every image becomes `n_tokens` image tokens."""
-    out = CACHE / "models" / f"mmproj--{text_model.stem}--{n_tokens}.gguf"
+    width: every image becomes `n_tokens` image tokens; `shape`: more of its flags."""
+    tail = "".join(f"-{a.strip('-')}" for a in shape)
+    out = CACHE / "models" / f"mmproj--{text_model.stem}--{n_tokens}{tail}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_suffix(".partial")
         subprocess.run([sys.executable, str(BENCH / "random_mmproj.py"), str(partial),
-                        "--text-model", str(text_model), "--tokens", str(n_tokens)],
+                        "--text-model", str(text_model), "--tokens", str(n_tokens), *shape],
                        check=True, capture_output=True)
         os.replace(partial, out)
     return out

@@ -159,3 +159,37 @@ def test_more_devices_than_the_build_takes_is_one_clear_error():
     too_many = (1.0,) * (llama_cpp.llama_max_devices() + 1)
     with pytest.raises(ModelLoadFailed, match="at most"):
         model_params(99, "layer", 0, too_many)
+
+
+def test_a_vision_projector_is_counted_with_its_model(gemma3_path):
+    """A projector's weights and image buffer (Gemma 3's widths at 896 px, 121 MiB of
+    compute) are kept free on the GPU the layers go to, and in the RAM check."""
+    from localinfer.model_store.fit import projector_memory
+    from localinfer.model_store.gguf_info import read_projector_info
+
+    from .families import projector
+
+    mmproj = str(projector(gemma3_path, 256, "--image-size", "896", "--gemma3", "--layers", "2"))
+    taken = projector_memory(read_projector_info(mmproj))
+
+    def plan(free_mib: int, path: str | None = None, room=None):
+        return prepare(str(gemma3_path), LoadOptions(n_ctx=2048, projector=path), Settings(),
+                       hardware=lambda: machine(free_mib), **({"available_memory": room}
+                                                               if room else {}))
+
+    alone = plan(1100)
+    n_layer = alone.info.n_layer
+    assert alone.options.n_gpu_layers == n_layer + 1 and alone.options.projector is None
+    seen = plan(1100, mmproj)
+    assert seen.options.projector == mmproj
+    assert 0 < seen.options.n_gpu_layers <= n_layer  # fewer layers: the projector's room
+    roomy = plan(23000, mmproj)
+    assert roomy.gpu_use[0] - plan(23000).gpu_use[0] == taken  # on the model's GPU
+
+    cpu = LoadOptions(n_ctx=2048, n_gpu_layers=0)
+    need = prepare(str(gemma3_path), cpu, Settings()).ram_bytes
+    assert prepare(str(gemma3_path), dataclasses.replace(cpu, projector=mmproj),
+                   Settings()).ram_bytes == need + taken
+    with pytest.raises(ContextTooLarge, match=r"after 0\.\d+ GiB for the vision projector"):
+        prepare(str(gemma3_path), dataclasses.replace(cpu, projector=mmproj), Settings(),
+                available_memory=lambda: need + taken // 2)

@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localinfer.errors import ContextTooLarge
-from localinfer.model_store.gguf_info import GGUFInfo
+from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
 from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer
 
-__all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context"]
+__all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
+           "projector_memory"]
 
 _MIB = 1024 * 1024
 _GIB = 1024 * _MIB
@@ -48,6 +49,19 @@ class MemoryEstimate:
 
 def _host_bytes(n_vocab: int) -> int:
     return 24 * _MIB + 220 * n_vocab
+
+
+def projector_memory(projector: ProjectorInfo) -> int:
+    """What a vision projector holds once libmtmd has loaded it: its weights, and the compute
+    buffer of one image. With flash attention (libmtmd's default where the backend has it)
+    the buffer's peak is a block's activations, f32: per patch the feed-forward's width and
+    three of the tower's (q, k, v); or, if more, the first step's: the resized image and its
+    patches laid out for the patch convolution (f32 + f16, 18 bytes a pixel). Exactly what
+    llama.cpp's CPU backend reserves for Gemma 3's tower at 896 and 448 px and for a narrow
+    one at 896 (tests/model_store/test_fit.py)."""
+    blocks = 4 * projector.n_patches * (projector.n_ff + 3 * projector.n_embd)
+    first = 18 * projector.image_size ** 2
+    return projector.file_size + max(blocks, first)
 
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,

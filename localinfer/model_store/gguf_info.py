@@ -22,8 +22,9 @@ import gguf  # noqa: E402
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.planner import ModelShape
 
-__all__ = ["GGUFInfo", "has_fim_tokens", "part_paths", "quant_name", "read_gguf_header", "read_gguf_info",
-           "read_gguf_part"]
+__all__ = ["GGUFInfo", "ProjectorInfo", "has_fim_tokens", "part_paths", "quant_name",
+           "read_gguf_header", "read_gguf_info", "read_gguf_part", "read_projector_header",
+           "read_projector_info"]
 
 _MAGIC = b"GGUF"
 
@@ -316,6 +317,59 @@ def _read_part(path: Path) -> tuple[GGUFInfo, dict[str, Any]]:
 
 # what a damaged header raises while it is read: each becomes InvalidModelFile
 _DAMAGE = (ValueError, KeyError, TypeError, struct.error, OverflowError, MemoryError)
+
+
+@dataclass(frozen=True)
+class ProjectorInfo:
+    """A vision projector (an mmproj GGUF, architecture "clip"): what its memory takes."""
+
+    path: Path
+    file_size: int
+    quant: str
+    projector_type: str  # clip.projector_type: gemma3, idefics3, qwen2vl_merger, …
+    image_size: int  # pixels a side an image is resized to
+    patch_size: int
+    n_embd: int  # the vision tower's width
+    n_ff: int
+    projection_dim: int  # the text model's width it writes (0 where the file does not say)
+
+    @property
+    def n_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 if self.patch_size else 0
+
+
+def read_projector_info(path: str | os.PathLike[str]) -> ProjectorInfo:
+    """A projector file's facts; InvalidModelFile where it is no vision projector."""
+    path = Path(path)
+    info, meta = _read_part(path)
+    return _projector(path, info, meta)
+
+
+def read_projector_header(data: bytes, path: Path, file_size: int) -> ProjectorInfo:
+    """The same, from a file's first bytes (a range request to the hub)."""
+    if data[:4] != _MAGIC:
+        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
+    try:
+        header = _read_header(data, file_size)
+    except _DAMAGE as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
+    return _projector(path, _info_from_header(path, file_size, header), header.meta)
+
+
+def _projector(path: Path, info: GGUFInfo, meta: dict[str, Any]) -> ProjectorInfo:
+    if info.architecture != "clip" or not meta.get("clip.has_vision_encoder"):
+        raise InvalidModelFile(str(path), "it is not a vision projector (an mmproj GGUF with "
+                                          "a vision encoder)")
+
+    def count(key: str) -> int:
+        return _count(key, meta.get(key), 0) or 0
+
+    kind = meta.get("clip.vision.projector_type", meta.get("clip.projector_type", ""))
+    return ProjectorInfo(path, info.file_size, info.quant, str(kind),
+                         count("clip.vision.image_size"), count("clip.vision.patch_size"),
+                         count("clip.vision.embedding_length"),
+                         count("clip.vision.feed_forward_length"),
+                         count("clip.vision.projection_dim"))
 
 
 def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:

@@ -17,7 +17,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,11 +37,12 @@ from localinfer.errors import (
     ModelError,
     ModelNotFound,
 )
-from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_header, read_gguf_part
+from localinfer.model_store.gguf_info import (GGUFInfo, ProjectorInfo, read_gguf_header,
+                                              read_gguf_part, read_projector_header)
 from localinfer.model_store.planner import QUALITY
 
-__all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "file_sha256", "pick_file", "quant_of",
-           "remote_info"]
+__all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "list_repo", "file_sha256",
+           "pick_file", "pick_projector", "quant_of", "remote_info", "remote_projector"]
 
 _QUANT_IN_NAME = re.compile(r"[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|F16|BF16|F32)\.gguf$", re.IGNORECASE)
 _SPLIT = re.compile(r"-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
@@ -110,19 +111,28 @@ def quant_of(filename: str) -> str | None:
 def list_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
     """The repo's GGUF models, largest first: single files, and split models whose every
     part is there (one entry each, named by the first part)."""
+    return list_repo(repo, revision)[0]
+
+
+def list_repo(repo: str, revision: str = "main") -> tuple[list[RemoteFile], list[RemoteFile]]:
+    """The repo's GGUF models (as `list_ggufs`) and its vision projectors (`mmproj` files),
+    from one listing."""
     entries = _hub_call(repo, lambda: list(HfApi().list_repo_tree(repo, revision=revision,
                                                                   recursive=True)))
-    files, sets = [], {}
+    files, sets, projectors = [], {}, []
     for entry in entries:
         path = getattr(entry, "path", "")
-        if not path.lower().endswith(".gguf") or "mmproj" in path.lower():
+        if not path.lower().endswith(".gguf"):
             continue
         lfs = getattr(entry, "lfs", None)
         split = _SPLIT.search(path)
         file = RemoteFile(path, int(getattr(entry, "size", 0) or 0),
                           getattr(lfs, "sha256", None) if lfs else None,
                           quant_of(_SPLIT.sub(".gguf", path) if split else path))
-        if split:
+        if "mmproj" in path.lower():
+            if not split:
+                projectors.append(file)
+        elif split:
             number, count = int(split["no"]), int(split["count"])
             sets.setdefault((path[:split.start()], count), {})[number] = file
         else:
@@ -134,7 +144,23 @@ def list_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
         first = ordered[0]
         files.append(RemoteFile(first.path, sum(p.size for p in ordered), first.sha256,
                                 first.quant, ordered))
-    return sorted(files, key=lambda f: -f.size)
+    return sorted(files, key=lambda f: -f.size), projectors
+
+
+# a projector's type, best first: f16 is what the converters write and every backend runs;
+# a quantized projector costs its answers more than a quantized model's weights do
+_PROJECTOR_TYPES = ("F16", "BF16", "Q8_0", "F32")
+
+
+def pick_projector(projectors: Sequence[RemoteFile], model: RemoteFile) -> RemoteFile | None:
+    """The projector a model goes with: one in the model's own folder if there is one, else
+    the repo's; f16 before the other types, and the smallest of those left."""
+    folder = PurePosixPath(model.path).parent
+    near = [p for p in projectors if PurePosixPath(p.path).parent == folder] or list(projectors)
+    if not near:
+        return None
+    return min(near, key=lambda p: (_PROJECTOR_TYPES.index(p.quant)
+                                    if p.quant in _PROJECTOR_TYPES else 99, p.size, p.path))
 
 
 def pick_file(repo: str, files: Sequence[RemoteFile], quant: str) -> RemoteFile:
@@ -146,8 +172,14 @@ def pick_file(repo: str, files: Sequence[RemoteFile], quant: str) -> RemoteFile:
     return min(matches, key=lambda f: len(f.path))  # the plain one over variants
 
 
+def remote_projector(repo: str, file: RemoteFile, revision: str = "main") -> ProjectorInfo:
+    """A projector's header on the hub, read with a range request (no download)."""
+    return remote_info(repo, file, revision, 1 << 20, 16 << 20, read_projector_header)
+
+
 def remote_info(repo: str, file: RemoteFile, revision: str = "main",
-                first_chunk: int = 4 * 1024 * 1024, limit: int = 64 * 1024 * 1024) -> GGUFInfo:
+                first_chunk: int = 4 * 1024 * 1024, limit: int = 64 * 1024 * 1024,
+                read=read_gguf_header) -> GGUFInfo:
     """The GGUF header of a file on the hub, read with range requests (no download). Of a
     split model: the first part's, with the size and weights of the whole set (each other
     part's tensor table read too: no part's header is large)."""
@@ -171,7 +203,7 @@ def remote_info(repo: str, file: RemoteFile, revision: str = "main",
             return response.content
         data = _hub_call(repo, fetch)
         try:
-            return read_gguf_header(data, Path(file.path), file.size)
+            return read(data, Path(file.path), file.size)
         except InvalidModelFile as exc:
             if "cut short" not in str(exc) or end >= min(limit, file.size or limit):
                 raise

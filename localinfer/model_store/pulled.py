@@ -24,7 +24,8 @@ from localinfer.model_store.catalog import HubRef, parse_hub_ref
 
 __all__ = ["Manifest", "find", "installed", "pull", "remove"]
 
-QuantChooser = Callable[[HubRef, Sequence[hub.RemoteFile]], str]
+# (the repo's files, and the projector that would come with them: room is kept for it)
+QuantChooser = Callable[[HubRef, Sequence[hub.RemoteFile], "hub.RemoteFile | None"], str]
 
 
 @dataclass(frozen=True)
@@ -93,24 +94,27 @@ def _write(models_dir: Path, manifest: Manifest) -> None:
 
 def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
          progress: hub.Progress | None = None) -> Manifest:
-    files = hub.list_ggufs(ref.repo)
+    files, projectors = hub.list_repo(ref.repo)
     if not files:
         raise hub.HubError(f"'{ref.repo}' holds no GGUF model")
-    quant = ref.quant or choose_quant(ref, files)
+    quant = ref.quant or choose_quant(ref, files, hub.pick_projector(
+        projectors, min(files, key=lambda f: f.size)))
     remote = hub.pick_file(ref.repo, files, quant)
+    projector = hub.pick_projector(projectors, remote)  # a vision model's, pulled with it
     key = hashlib.sha1(f"{ref.repo}/{remote.path}".encode()).hexdigest()[:16]
     (models_dir / ".locks").mkdir(parents=True, exist_ok=True)
     with FileLock(models_dir / ".locks" / f"{key}.lock"):
         # a split model's parts one after another, each verified; the manifest (what makes
         # the model installed) only once every part is in place
-        total = sum(f.size for f in remote.files)
+        downloads = (*remote.files, *((projector,) if projector else ()))
+        total = sum(f.size for f in downloads)
         done_before = 0
-        for part in remote.files:
+        for part in downloads:
             dest = models_dir / "hub" / ref.repo / part.path
             dest.parent.mkdir(parents=True, exist_ok=True)
             if not (dest.is_file() and part.sha256 and hub.file_sha256(dest) == part.sha256):
                 hub.download(ref.repo, part, dest, progress=_overall(progress, done_before,
-                                                                       total, remote))
+                                                                       total, downloads))
             done_before += part.size
         manifest = Manifest(
             name=ref.installed_name, repo=ref.repo, file=remote.path, quant=remote.quant,
@@ -119,15 +123,17 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
                      for f in remote.files),
             pulled_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
             parts=tuple(f.path for f in remote.parts),
+            projector=projector.path if projector else None,
         )
         _write(models_dir, manifest)
     return manifest
 
 
 def _overall(progress: hub.Progress | None, before: int, total: int,
-             remote: hub.RemoteFile) -> hub.Progress | None:
-    """A part's progress as the whole model's (bytes of the parts before it added)."""
-    if progress is None or not remote.parts:
+             downloads: Sequence[hub.RemoteFile]) -> hub.Progress | None:
+    """A file's progress as the whole model's: a split model's parts, its projector (bytes
+    of the files before it added)."""
+    if progress is None or len(downloads) == 1:
         return progress
     return lambda done, _of: progress(before + done, total or None)
 

@@ -43,3 +43,29 @@ def test_an_image_larger_than_a_batch_ends_only_its_request(gemma3_path):
             backend.start(GREEDY, _asking("image", "image", "Two?"), images=[PICTURE])
     finally:
         backend.close()
+
+
+@pytest.mark.parametrize("shape", [
+    (64,),  # the tests' narrow tower at 224 px
+    (256, "--image-size", "896"),  # the narrow tower at Gemma 3's size: the first step peaks
+    (64, "--image-size", "448", "--gemma3", "--layers", "2"),  # Gemma 3's widths: a block peaks
+    # (as much for 6 blocks: the buffer holds one block's activations at a time)
+])
+def test_the_planner_counts_a_projector_as_libmtmd_reserves_it(gemma3_path, caplog, shape):
+    """projector_memory (what `prepare` and `show` keep free for a vision model's projector)
+    against the compute buffer libmtmd reports as it loads, and the weights it reads."""
+    import logging
+    import re
+
+    from localinfer.model_store.fit import projector_memory
+    from localinfer.model_store.gguf_info import read_projector_info
+
+    path = projector(gemma3_path, *shape)
+    caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
+    LlamaCppBackend(gemma3_path, LoadOptions(n_ctx=256, projector=str(path))).close()
+    reserved = re.findall(r"compute buffer size = +([\d.]+) MiB", "\n".join(
+        r.getMessage() for r in caplog.records if "compute_meta" in r.getMessage()))
+    assert reserved, "libmtmd did not report its compute buffer"
+    info = read_projector_info(path)
+    planned = (projector_memory(info) - info.file_size) / 2**20
+    assert planned == pytest.approx(float(reserved[-1]), abs=0.01)

@@ -230,3 +230,69 @@ def test_an_unreachable_hub_fails_fast(tmp_path):
         text=True, timeout=60, env={**os.environ, "HF_ENDPOINT": "http://127.0.0.1:9",
                                     "HF_HOME": str(tmp_path / "hf")})
     one_line_error(result, "cannot reach")
+
+
+VISION_REPO = "testorg/gemma-3-vision-GGUF"
+
+
+@pytest.fixture
+def vision_hub(gemma3_path, tmp_path) -> FakeHub:
+    """A vision model's repo as they are laid out: the model, and its projector in two types
+    (the f16 one is the one to take)."""
+    from PIL import Image
+
+    from ..families import projector
+
+    fake = FakeHub()
+    fake.add(VISION_REPO, "gemma-3-270m-Q4_K_M.gguf", gemma3_path)
+    made = projector(gemma3_path, 64)
+    fake.add(VISION_REPO, "mmproj-F32.gguf", made)
+    fake.add(VISION_REPO, "mmproj-F16.gguf", made)
+    Image.new("RGB", (64, 48), (200, 30, 30)).save(tmp_path / "red.png")
+    yield fake.start()
+    fake.stop()
+
+
+def test_pull_fetches_a_vision_models_projector_with_it(vision_hub, _private_home, tmp_path):
+    ref = f"hf.co/{VISION_REPO}"
+    shown = cli(vision_hub, "show", ref, "--json")  # before the pull: its header read remotely
+    assert shown.returncode == 0, shown.stderr
+    facts = json.loads(shown.stdout)["projector"]
+    assert (facts["file"], facts["type"]) == ("mmproj-F16.gguf", "gemma3")
+    assert facts["memory_bytes"] > facts["file_size"]  # the compute buffer of one image
+
+    pulled = cli(vision_hub, "pull", ref)
+    assert pulled.returncode == 0, pulled.stderr
+    (manifest,) = manifests(_private_home)
+    assert manifest["projector"] == "mmproj-F16.gguf"
+    folder = _private_home / "models" / "hub" / VISION_REPO
+    assert (folder / "mmproj-F16.gguf").is_file() and not (folder / "mmproj-F32.gguf").exists()
+    assert vision_hub.gets[(VISION_REPO, "mmproj-F32.gguf")] == 0
+
+    shown = cli(vision_hub, "show", manifest["name"], offline=True)
+    assert "vision: mmproj-F16.gguf (gemma3, F16)" in shown.stdout, shown.stdout
+    ran = cli(vision_hub, "run", manifest["name"], "--image", str(tmp_path / "red.png"), "-p",
+              "What is it?", "--max-tokens", "2", offline=True)
+    assert ran.returncode == 0, ran.stderr
+    assert int(re.search(r"prompt (\d+) tok", ran.stderr).group(1)) >= 64
+
+    removed = cli(vision_hub, "rm", manifest["name"])
+    assert removed.returncode == 0, removed.stderr
+    assert not any(folder.glob("*.gguf"))  # the projector goes with its model
+
+
+def test_a_projector_is_taken_from_the_models_own_folder():
+    from localinfer.model_store.hub import RemoteFile, pick_projector
+
+    def file(path: str, size: int = 10) -> RemoteFile:
+        from localinfer.model_store.hub import quant_of
+
+        return RemoteFile(path, size, None, quant_of(path))
+
+    projectors = [file("mmproj-BF16.gguf"), file("big/mmproj-model-f16.gguf"),
+                  file("big/mmproj-model-f32.gguf", 5), file("mmproj-Q8_0.gguf", 1)]
+    assert pick_projector(projectors, file("big/model-Q4_K_M.gguf")).path == \
+        "big/mmproj-model-f16.gguf"
+    assert pick_projector(projectors, file("model-Q4_K_M.gguf")).path == "mmproj-BF16.gguf"
+    assert pick_projector(projectors[3:], file("model-Q4_K_M.gguf")).path == "mmproj-Q8_0.gguf"
+    assert pick_projector([], file("model-Q4_K_M.gguf")) is None
