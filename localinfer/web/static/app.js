@@ -71,9 +71,9 @@ function saveChats() {
 // ------------------------------------------------------------------ pictures
 // A picture attached is scaled in the browser twice: to SEND_SIDE px on its longer side as a
 // JPEG, which goes to the model (a projector reads a few hundred pixels anyway — Gemma 3 896
-// — and 16 of them stay under the server's 8 MB request limit), and to THUMB_SIDE px, a
-// thumbnail of at most THUMB_MAX characters, which is what the conversation keeps in
-// localStorage. The full pictures live only as long as the page: a conversation opened again
+// — and at a few hundred KB a photo, several fit in the server's 8 MB request), and to
+// THUMB_SIDE px, a thumbnail of at most THUMB_MAX characters, which is what the conversation
+// keeps in localStorage. The full pictures live only as long as the page: a conversation opened again
 // after a reload sends its thumbnails. All the thumbnails of all conversations together are
 // held to PICTURE_STORE_CAP (2 MB of the origin's ~5 MB of localStorage); past it, the
 // oldest conversations' pictures are dropped from storage, oldest first, and say so where
