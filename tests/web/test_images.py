@@ -236,7 +236,7 @@ def test_storage_keeps_thumbnails_under_its_cap_and_says_when_it_is_full(
         browser, vision):
     context, page = _open(browser, vision)
     # an older conversation holding 2.3 MB of thumbnails: over the 2 MB cap for pictures
-    filler = "data:image/jpeg;base64," + "A" * (48 * 1024 - 23)
+    filler = "data:image/jpeg;base64," + "A" * (48 * 1024 - 24)  # (whole base64 quads)
     old = {"id": "old", "title": "Old pictures", "model": vision[1], "system": "",
            "params": {}, "updated": 1, "messages": [
                {"role": "user", "content": f"picture {i}", "images": [filler]}
