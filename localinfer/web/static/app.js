@@ -1,6 +1,8 @@
 // The web chat app: one page on the server's own OpenAI and Ollama APIs.
 // Conversations live in this browser (localStorage); replies stream over SSE and carry the
 // engine's own figures (the `timings` of the last chunk), shown under each reply.
+// Pictures for a vision model go with a message as OpenAI `image_url` parts (data URLs),
+// scaled down here first; only small thumbnails of them are kept (see "pictures" below).
 
 const $ = (selector) => document.querySelector(selector);
 const STORE_KEY = "localinfer.chats.v1";
@@ -35,6 +37,9 @@ const state = {
   models: [],        // rows from /localinfer/models
   model: null,       // the model picked
   controller: null,  // aborts the reply being written
+  vision: null,      // whether the model takes pictures: true, false, or null (not known)
+  attachments: [],   // pictures waiting to go with the next message: {name, send, thumb}
+  note: "",          // what saving had to give up, shown again once a reply is done
 };
 
 function loadChats() {
@@ -46,11 +51,168 @@ function loadChats() {
 }
 
 function saveChats() {
+  const dropped = keepPicturesUnderCap();
+  if (dropped) {
+    state.note = `${dropped} older picture${dropped > 1 ? "s were" : " was"} removed from this ` +
+      `browser's storage (pictures are kept up to ${PICTURE_STORE_CAP / 2 ** 20} MB)`;
+    status(state.note);
+  }
   try {
     localStorage.setItem(STORE_KEY, JSON.stringify(state.chats));
   } catch (error) {
-    status(`Not saved in this browser: ${error.message}`, true);
+    // the conversation stays on the page; only a reload or another tab would lose it
+    status(error.name === "QuotaExceededError" || /quota/i.test(error.message)
+      ? "This browser's storage is full: this conversation is not saved (it stays on this " +
+        "page until you close it) — delete old conversations to make room."
+      : `Not saved in this browser: ${error.message}`, true);
   }
+}
+
+// ------------------------------------------------------------------ pictures
+// A picture attached is scaled in the browser twice: to SEND_SIDE px on its longer side as a
+// JPEG, which goes to the model (a projector reads a few hundred pixels anyway — Gemma 3 896
+// — and at a few hundred KB a photo, several fit in the server's 8 MB request), and to
+// THUMB_SIDE px, a thumbnail of at most THUMB_MAX characters, which is what the conversation
+// keeps in localStorage. The full pictures live only as long as the page: a conversation opened again
+// after a reload sends its thumbnails. All the thumbnails of all conversations together are
+// held to PICTURE_STORE_CAP (2 MB of the origin's ~5 MB of localStorage); past it, the
+// oldest conversations' pictures are dropped from storage, oldest first, and say so where
+// they were — the words of every message stay.
+const SEND_SIDE = 1024;
+const THUMB_SIDE = 256;
+const THUMB_MAX = 48 * 1024;
+const PICTURE_STORE_CAP = 2 * 2 ** 20;
+const MAX_PICTURES = 16;  // a message's, as the server takes at most 16 a request
+const sentPictures = new WeakMap();  // a message → the full pictures it was sent with
+
+function isPicture(url) {
+  return typeof url === "string" && url.startsWith("data:image/");
+}
+
+function scaled(bitmap, side, quality) {
+  const scale = Math.min(1, side / Math.max(bitmap.width, bitmap.height));
+  const canvas = document.createElement("canvas");
+  canvas.width = Math.max(1, Math.round(bitmap.width * scale));
+  canvas.height = Math.max(1, Math.round(bitmap.height * scale));
+  const context = canvas.getContext("2d");
+  context.fillStyle = "#fff";  // JPEG has no transparency: a transparent part reads as white
+  context.fillRect(0, 0, canvas.width, canvas.height);
+  context.drawImage(bitmap, 0, 0, canvas.width, canvas.height);
+  return canvas.toDataURL("image/jpeg", quality);
+}
+
+async function readPicture(file) {
+  const bitmap = await createImageBitmap(file);  // throws for what is not a picture
+  try {
+    let thumb = null;
+    for (const quality of [0.8, 0.6, 0.4]) {
+      thumb = scaled(bitmap, THUMB_SIDE, quality);
+      if (thumb.length <= THUMB_MAX) break;
+    }
+    if (thumb.length > THUMB_MAX) thumb = scaled(bitmap, THUMB_SIDE / 2, 0.5);
+    return { name: file.name, send: scaled(bitmap, SEND_SIDE, 0.9), thumb };
+  } finally {
+    bitmap.close();
+  }
+}
+
+async function attach(files) {
+  files = [...files];
+  if (!files.length) return;
+  if (state.vision === false) {
+    status(`${state.model} takes no pictures — pick a vision model to attach them.`, true);
+    return;
+  }
+  for (const file of files) {
+    if (file.type && !file.type.startsWith("image/")) {
+      status(`“${file.name}” is not a picture — attach PNG, JPEG, WebP, GIF or BMP images.`, true);
+      continue;
+    }
+    if (state.attachments.length >= MAX_PICTURES) {
+      status(`At most ${MAX_PICTURES} pictures a message.`, true);
+      break;
+    }
+    try {
+      state.attachments.push(await readPicture(file));
+      status(`${file.name} attached`);
+    } catch {
+      status(`“${file.name}” could not be read as a picture.`, true);
+    }
+  }
+  showAttachments();
+}
+
+function showAttachments() {
+  const box = $("#attachments");
+  box.replaceChildren();
+  state.attachments.forEach((picture, index) => {
+    const chip = document.createElement("div");
+    chip.className = "chip";
+    const image = document.createElement("img");
+    image.src = picture.thumb;
+    image.alt = picture.name;
+    image.title = picture.name;
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.textContent = "×";
+    remove.title = `Remove ${picture.name}`;
+    remove.addEventListener("click", () => {
+      state.attachments.splice(index, 1);
+      showAttachments();
+    });
+    chip.append(image, remove);
+    box.append(chip);
+  });
+  box.hidden = state.attachments.length === 0;
+}
+
+// Whether the chosen model takes pictures, from /api/show's capabilities; a model not yet
+// pulled is not known until it is (null: the server's answer decides).
+async function checkVision(name) {
+  let vision = null;
+  try {
+    const response = await fetch("/api/show", {
+      method: "POST", headers: headers(), body: JSON.stringify({ model: name }),
+    });
+    if (response.ok) vision = ((await response.json()).capabilities || []).includes("vision");
+  } catch {
+    // no answer: not known
+  }
+  if (name === state.model) showVision(vision);  // (unless another was picked meanwhile)
+}
+
+function showVision(vision) {
+  state.vision = vision;
+  const name = state.model;
+  const button = $("#attach");
+  button.disabled = vision === false;
+  button.title = vision === false
+    ? `${name} takes no pictures — pick a vision model to attach them`
+    : "Attach pictures (or drop or paste them here)";
+}
+
+// Thumbnails of every stored conversation over PICTURE_STORE_CAP: the oldest go, the
+// message just written keeps its own. The number dropped.
+function keepPicturesUnderCap() {
+  const held = [];
+  for (const chat of [...state.chats].sort((a, b) => a.updated - b.updated)) {
+    for (const message of chat.messages) {
+      message.images?.forEach((url, index) => {
+        if (url) held.push({ message, index, size: url.length });
+      });
+    }
+  }
+  let total = held.reduce((sum, p) => sum + p.size, 0);
+  const newest = state.current?.messages.findLast((m) => m.role === "user");
+  let dropped = 0;
+  for (const picture of held) {
+    if (total <= PICTURE_STORE_CAP) break;
+    if (picture.message === newest) continue;
+    picture.message.images[picture.index] = null;
+    total -= picture.size;
+    dropped += 1;
+  }
+  return dropped;
 }
 
 function status(text, isError = false) {
@@ -105,6 +267,22 @@ function messageElement(message) {
   content.className = "content";
   if (message.role === "user") content.textContent = message.content;
   else content.innerHTML = renderMarkdown(message.content);
+  const pictures = document.createElement("div");
+  pictures.className = "pictures";
+  for (const url of message.images || []) {
+    if (isPicture(url)) {
+      const image = document.createElement("img");
+      image.src = url;
+      image.alt = "attached picture";
+      pictures.append(image);
+    } else {
+      const gone = document.createElement("span");
+      gone.className = "gone";
+      gone.textContent = "picture not kept in this browser";
+      pictures.append(gone);
+    }
+  }
+  pictures.hidden = !message.images?.length;
   const figures = document.createElement("div");
   figures.className = "figures";
   figures.textContent = figuresText(message.figures);
@@ -118,7 +296,7 @@ function messageElement(message) {
   thought.textContent = message.reasoning || "";
   reasoning.append(summary, thought);
   reasoning.hidden = !message.reasoning;
-  box.append(who, reasoning, content, figures);
+  box.append(who, reasoning, pictures, content, figures);
   return box;
 }
 
@@ -204,7 +382,11 @@ function chatMarkdown(chat) {
   for (const message of chat.messages) {
     let heading = message.role === "user" ? "You" : "Assistant";
     if (message.role === "assistant" && writers.length > 1) heading += ` (${message.model || chat.model})`;
-    lines.push("", `## ${heading}`, "", message.content);
+    lines.push("", `## ${heading}`, "");
+    if (message.images?.length) {
+      lines.push(`*(${message.images.length} picture${message.images.length > 1 ? "s" : ""} attached)*`, "");
+    }
+    lines.push(message.content);
   }
   return lines.join("\n") + "\n";
 }
@@ -252,6 +434,7 @@ async function refreshModels() {
   state.model = state.model || state.current?.model || body.loaded[0] || body.default;
   select.value = state.model;
   showFit();
+  await checkVision(state.model);
 }
 
 function showFit() {
@@ -286,16 +469,19 @@ async function chooseModel(name) {
   state.model = name;
   $("#model").value = name;
   showFit();
+  showVision(null);
   if (row && !row.installed && !(await pull(name))) {
     state.model = previous;
     $("#model").value = previous;
     showFit();
+    checkVision(previous);
     return;
   }
   if (state.current) {
     state.current.model = name;
     saveChats();
   }
+  checkVision(name);
   status(`loading ${name} …`);
   const response = await fetch("/api/generate", {
     method: "POST", headers: headers(), body: JSON.stringify({ model: name, prompt: "", stream: false }),
@@ -352,30 +538,49 @@ async function* lines(response, separator) {
 // ------------------------------------------------------------------ chatting
 function messagesForModel(chat) {
   // earlier reasoning goes back too: each model's template decides whether it is written
-  const turns = chat.messages.map(({ role, content, reasoning }) =>
-    (reasoning ? { role, content, reasoning_content: reasoning } : { role, content }));
+  const turns = chat.messages.map((message) => {
+    const { role, content, reasoning } = message;
+    // a turn's pictures: as sent on this page, or as kept in this browser (thumbnails)
+    const pictures = (sentPictures.get(message) || message.images || []).filter(isPicture);
+    if (pictures.length) {
+      const parts = pictures.map((url) => ({ type: "image_url", image_url: { url } }));
+      return { role, content: content ? [...parts, { type: "text", text: content }] : parts };
+    }
+    return reasoning ? { role, content, reasoning_content: reasoning } : { role, content };
+  });
   return chat.system ? [{ role: "system", content: chat.system }, ...turns] : turns;
 }
 
-async function send(text) {
+// The message starts its reply; false where it cannot go (the prompt keeps it).
+function send(text, pictures) {
   if (!state.model) {
     status("Pick a model first.", true);
-    return;
+    return false;
+  }
+  if (pictures.length && state.vision === false) {
+    status(`${state.model} takes no pictures — remove them, or pick a vision model.`, true);
+    return false;
   }
   if (!state.current) {
     state.current = {
       id: crypto.randomUUID ? crypto.randomUUID() : String(Date.now()),
-      title: text.replace(/\s+/g, " ").slice(0, 48), model: state.model, system: "",
-      params: {}, messages: [], updated: Date.now(),
+      title: text.replace(/\s+/g, " ").slice(0, 48) || "Picture", model: state.model,
+      system: "", params: {}, messages: [], updated: Date.now(),
     };
     state.chats.push(state.current);
   }
   const chat = state.current;
-  chat.messages.push({ role: "user", content: text });
+  const question = { role: "user", content: text };
+  if (pictures.length) {
+    question.images = pictures.map((p) => p.thumb);
+    sentPictures.set(question, pictures.map((p) => p.send));
+  }
+  chat.messages.push(question);
   chat.updated = Date.now();
   saveChats();
   showConversation();
-  await reply(chat);
+  reply(chat);
+  return true;
 }
 
 async function reply(chat) {
@@ -412,7 +617,11 @@ async function reply(chat) {
         temperature: chat.params.temperature, max_tokens: chat.params.max_tokens,
       }),
     });
-    if (!response.ok) throw new Error(await errorText(response));
+    if (!response.ok) {
+      const text = await errorText(response);
+      throw new Error(response.status === 413 ? `${text} — send fewer pictures, or raise the ` +
+                      "server's max_body_bytes setting" : text);
+    }
     for await (const event of lines(response, "\n\n")) {
       const data = event.replace(/^data: /, "");
       if (!data || data === "[DONE]") continue;
@@ -438,6 +647,11 @@ async function reply(chat) {
       saveChats();
       showConversation();
       $("#prompt").value = question.content;
+      const sent = sentPictures.get(question);  // and its pictures above it
+      question.images?.forEach((thumb, i) => {
+        if (isPicture(thumb)) state.attachments.push({ name: "picture", thumb, send: sent?.[i] || thumb });
+      });
+      showAttachments();
       status(`Reply failed: ${error.message}`, true);
       return;
     }
@@ -451,7 +665,8 @@ async function reply(chat) {
   content.innerHTML = renderMarkdown(answer.content);
   showReasoning(box, answer.reasoning, false);
   figures.textContent = figuresText(answer.figures);
-  status(`${answer.model} · ${figuresText(answer.figures)}`);
+  status(`${answer.model} · ${figuresText(answer.figures)}${state.note ? ` — ${state.note}` : ""}`);
+  state.note = "";
   if (!answer.reasoning) delete answer.reasoning;
   chat.messages.push(answer);
   chat.updated = Date.now();
@@ -490,9 +705,12 @@ function saveSettings(event) {
 $("#composer").addEventListener("submit", (event) => {
   event.preventDefault();
   const text = $("#prompt").value.trim();
-  if (!text || state.controller) return;
+  const pictures = state.attachments;
+  if ((!text && !pictures.length) || state.controller) return;
+  if (!send(text, pictures)) return;
   $("#prompt").value = "";
-  send(text);
+  state.attachments = [];
+  showAttachments();
 });
 $("#prompt").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
@@ -507,6 +725,37 @@ $("#open-settings").addEventListener("click", openSettings);
 $("#export").addEventListener("click", exportChat);
 $("#remove-model").addEventListener("click", removeModel);
 $("#save-settings").addEventListener("click", saveSettings);
+$("#attach").addEventListener("click", () => $("#attach-input").click());
+$("#attach-input").addEventListener("change", async (event) => {
+  await attach(event.target.files);
+  event.target.value = "";  // the same file may be picked again
+});
+$("#prompt").addEventListener("paste", (event) => {
+  const files = [...(event.clipboardData?.files || [])];
+  if (files.length) {
+    event.preventDefault();
+    attach(files);
+  }
+});
+// a file dropped anywhere on the conversation or the prompt is attached; dropped elsewhere,
+// it is not opened in place of the page
+const dropArea = document.querySelector("main");
+const carriesFiles = (event) => [...(event.dataTransfer?.types || [])].includes("Files");
+for (const type of ["dragover", "drop"]) {
+  window.addEventListener(type, (event) => carriesFiles(event) && event.preventDefault());
+}
+dropArea.addEventListener("dragover", (event) => {
+  if (carriesFiles(event)) dropArea.classList.add("dropping");
+});
+dropArea.addEventListener("dragleave", (event) => {
+  if (!dropArea.contains(event.relatedTarget)) dropArea.classList.remove("dropping");
+});
+dropArea.addEventListener("drop", (event) => {
+  dropArea.classList.remove("dropping");
+  if (!carriesFiles(event)) return;
+  event.preventDefault();
+  attach(event.dataTransfer.files);
+});
 
 state.current = [...state.chats].sort((a, b) => b.updated - a.updated)[0] || null;
 showConversation();
