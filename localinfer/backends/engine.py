@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
 from dataclasses import replace
 
 from localinfer.backends.batch import StepBatch
@@ -59,6 +60,9 @@ class Engine:
     ):
         self.native = native
         self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
+        # an image is encoded while the other streams decode (False: they wait for it, as
+        # before; bench/vision.py's baseline)
+        self.overlap_images = True
         # the longest reply of a request that sets no limit (the one place it is applied:
         # every front end's requests pass here); None or 0: none
         self.reply_cap = reply_cap or None
@@ -133,7 +137,7 @@ class Engine:
                 pictures.close()
             raise
         task_id = next(self._ids)
-        generation = Generation(id=task_id, _on_cancel=lambda: self.queue.put(WAKE))
+        generation = Generation(id=task_id, _on_cancel=self._wake)
         stats = RequestStats(submitted_at=self._clock())
         self.queue.put(Task(task_id, prompt, params, generation, stats, sampler,
                             pictures=pictures if pictures and pictures.chunks else None))
@@ -197,7 +201,8 @@ class Engine:
     def _take_new_tasks(self) -> bool:
         """Move arrivals into the wait queue; block only when there is nothing to do."""
         self.after_pass()
-        idle = not self.queue.waiting and not any(s.task for s in self.slots)
+        idle = ((not self.queue.waiting and not any(s.task for s in self.slots))
+                or self._waiting_for_images())
         for signal in self.queue.arrivals(block=idle):
             if signal is CLOSE:
                 return False
@@ -335,11 +340,14 @@ class Engine:
             room = min(self.prefill_chunk, allowed - (batch.n_tokens - n_decode))
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
+            encoding = False
             while (slot.task and slot.n_prompt_done < len(slot.to_read)
                    and is_image(slot.to_read[slot.n_prompt_done])):
-                self._read_image(slot)  # a decode of its own, now; the text after it below
-            if not slot.task or slot.n_prompt_done == len(slot.to_read):
-                continue  # (failed; or a rebuilt request's tokens all read)
+                if not self._read_image(slot):  # a decode of its own once it is encoded
+                    encoding = True
+                    break
+            if encoding or not slot.task or slot.n_prompt_done == len(slot.to_read):
+                continue  # (its image being encoded; failed; a rebuilt request all read)
             end = min(len(slot.to_read), slot.n_prompt_done + room)
             if slot.task.pictures:  # up to its next image
                 end = next((i for i in range(slot.n_prompt_done, end)
@@ -349,25 +357,46 @@ class Engine:
             slot.n_prompt_done = end
         return n_decode, batch.n_tokens - n_decode
 
-    def _read_image(self, slot: Slot) -> None:
-        """The image whose placeholders come next in the slot's prompt: encoded and decoded
-        into its sequence whole (one image cannot be split: its tokens may attend to each
-        other both ways). Running streams wait for it; its cost is the encoder's and one
-        decode of its embeddings (measured in bench/vision.py)."""
+    def _read_image(self, slot: Slot) -> bool:
+        """The image whose placeholders come next in the slot's prompt. It is encoded on the
+        projector's own thread while the other streams go on (with `overlap_images`; else
+        the engine waits for it), then decoded into the slot's sequence whole, between steps
+        (one image cannot be split: its tokens may attend to each other both ways). False
+        while it is being encoded (bench/vision.py measures both ways)."""
         start = slot.n_prompt_done
         place = slot.to_read[start]
-        size = slot.task.pictures.sizes[place]
+        pictures = slot.task.pictures
+        size = pictures.sizes[place]
         try:
             if self.projector is None:
                 raise InvalidRequest("this model takes no images")
-            self.projector.read(slot.task.pictures.chunks[place], slot.id, start, self.n_batch)
+            future = pictures.encoding.get(place) or self.projector.encode(
+                pictures, place, self.n_batch, self._wake)
+            if self.overlap_images and not future.done():
+                return False
+            try:
+                embeddings = future.result()  # (its copy stays: a rebuilt request reuses it)
+            except CancelledError:
+                raise EngineError("the image's encode was cancelled") from None
+            self.projector.decode(pictures, place, embeddings, slot.id, start)
         except LocalinferError as exc:
             self.cells.forget(slot)  # (what the decode may have half-written)
             self._fail(slot, exc)
-            return
+            return True
         slot.cache.extend(slot.to_read[start:start + size])
         slot.n_prompt_done = start + size
         self._counters["evaluated"] += size
+        return True
+
+    def _wake(self) -> None:
+        self.queue.put(WAKE)
+
+    def _waiting_for_images(self) -> bool:
+        """Whether the last step had nothing to decode but images being encoded: the engine
+        then sleeps until one is done (its encode wakes it), or a request comes."""
+        return not self.batch.n_tokens and any(
+            not future.done() for slot in self.slots if slot.task and slot.task.pictures
+            for future in slot.task.pictures.encoding.values())
 
     def _sample(self, slot: Slot, batch_index: int) -> int | None:
         """The slot's next token; None when its grammar took too long and it was failed."""

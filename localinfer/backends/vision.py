@@ -19,8 +19,10 @@ import ctypes
 import hashlib
 import logging
 import secrets
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy
@@ -58,13 +60,43 @@ def is_image(token: int) -> bool:
 
 
 class Pictures:
-    """A prompt's images, encoded chunks by placeholder id; freed with the request."""
+    """A prompt's images, tokenized chunks by placeholder id, and their embeddings once the
+    encoder has made them; freed with the request. An encode under way holds the chunks: a
+    close meanwhile frees them when it is done."""
 
     def __init__(self) -> None:
         self.chunks: dict[int, int] = {}  # placeholder → mtmd_input_chunk (a copy we own)
         self.sizes: dict[int, int] = {}  # placeholder → embeddings it becomes
+        self.encoding: dict[int, Future] = {}  # placeholder → its encode (Projector.encode)
+        self._lock = threading.Lock()
+        self._held = 0
+        self._closed = False
+
+    def hold(self) -> bool:
+        """(The encoder's thread.) Keep the chunks while one is encoded; False once closed."""
+        with self._lock:
+            if self._closed:
+                return False
+            self._held += 1
+            return True
+
+    def release(self) -> None:
+        with self._lock:
+            self._held -= 1
+            free = self._closed and not self._held
+        if free:
+            self._free()
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            free = not self._held
+        for future in self.encoding.values():
+            future.cancel()  # (one not started yet never starts)
+        if free:
+            self._free()
+
+    def _free(self) -> None:
         from llama_cpp import mtmd_cpp
 
         for chunk in self.chunks.values():
@@ -104,6 +136,7 @@ class Projector:
                                   "dimensions (Qwen-VL's M-RoPE), which localinfer does not "
                                   "read yet — run it without images")
         self.n_embd = native.n_embd()
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="image-encoder")
 
     # ------------------------------------------------------------ a request's thread
     def tokens(self, images: Iterator[Image], pictures: Pictures) -> list[int]:
@@ -144,27 +177,47 @@ class Projector:
             m.mtmd_bitmap_free(bitmap)
 
     # ------------------------------------------------------------ the engine's thread
-    def read(self, chunk: int, seq: int, start: int, n_ubatch: int) -> float:
-        """Encode an image and decode its embeddings into sequence `seq` at positions
-        [start, start + its size): one llama_decode of embeddings, attention within the
-        image both ways where the family's is (Gemma 3). Seconds the encoder took."""
-        m, native = self._m, self.native
-        n = m.mtmd_input_chunk_get_n_tokens(chunk)
-        non_causal = m.mtmd_decode_use_non_causal(self.ctx, chunk)
-        if non_causal and n > n_ubatch:  # llama.cpp would abort the process
+    def encode(self, pictures: Pictures, place: int, n_ubatch: int,
+               done: Callable[[], None]) -> Future:
+        """Start encoding an image on the encoder's own thread (one image at a time: libmtmd
+        keeps one output), while the engine goes on decoding the other streams. Its result:
+        the image's embeddings, a copy. `done` is called when it ends (it wakes the engine)."""
+        chunk = pictures.chunks[place]
+        n = self._m.mtmd_input_chunk_get_n_tokens(chunk)
+        if self._m.mtmd_decode_use_non_causal(self.ctx, chunk) and n > n_ubatch:
+            # (llama.cpp would abort the process on a non-causal decode past its micro-batch)
             raise InvalidRequest(f"an image of {n} tokens is more than one batch holds "
                                  f"({n_ubatch}) — load the model with a larger batch")
-        started = time.perf_counter()
-        if m.mtmd_encode_chunk(self.ctx, chunk) != 0:
-            raise EngineError("the projector failed to encode an image")
-        encoded = time.perf_counter() - started
-        embd = numpy.ctypeslib.as_array(m.mtmd_get_output_embd(self.ctx), shape=(n * self.n_embd,))
-        rc = native.decode_embeddings(embd, seq, start, causal=not non_causal)
+        future = self._encoder.submit(self._encode, pictures, chunk, n)
+        future.add_done_callback(lambda _: done())
+        pictures.encoding[place] = future
+        return future
+
+    def _encode(self, pictures: Pictures, chunk: int, n: int) -> numpy.ndarray:
+        if not pictures.hold():
+            raise EngineError("the request ended before its image was read")
+        try:
+            started = time.perf_counter()
+            if self._m.mtmd_encode_chunk(self.ctx, chunk) != 0:
+                raise EngineError("the projector failed to encode an image")
+            log.debug("image of %d tokens encoded in %.3f s", n, time.perf_counter() - started)
+            return numpy.ctypeslib.as_array(self._m.mtmd_get_output_embd(self.ctx),
+                                            shape=(n * self.n_embd,)).copy()
+        finally:
+            pictures.release()
+
+    def decode(self, pictures: Pictures, place: int, embd: numpy.ndarray, seq: int,
+               start: int) -> None:
+        """An encoded image's embeddings into sequence `seq` at positions [start, start + its
+        size): one llama_decode of embeddings, attention within the image both ways where
+        the family's is (Gemma 3)."""
+        non_causal = self._m.mtmd_decode_use_non_causal(self.ctx, pictures.chunks[place])
+        rc = self.native.decode_embeddings(embd, seq, start, causal=not non_causal)
         if rc != 0:
             raise EngineError(f"llama_decode of an image returned {rc}")
-        return encoded
 
     def close(self) -> None:
+        self._encoder.shutdown(wait=True, cancel_futures=True)
         if self.ctx:
             self._m.mtmd_free(self.ctx)
             self.ctx = None

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.vision import Image
 from localinfer.errors import InvalidRequest, ModelLoadFailed
@@ -69,3 +69,68 @@ def test_the_planner_counts_a_projector_as_libmtmd_reserves_it(gemma3_path, capl
     info = read_projector_info(path)
     planned = (projector_memory(info) - info.file_size) / 2**20
     assert planned == pytest.approx(float(reserved[-1]), abs=0.01)
+
+
+@pytest.fixture(scope="module")
+def slow_eye(gemma3_path):
+    """Gemma 3 270M with a projector of Gemma 3's own widths at 896 px (two of its blocks):
+    an image takes seconds to encode here, long enough to see what a stream does meanwhile."""
+    path = projector(gemma3_path, 256, "--image-size", "896", "--gemma3", "--layers", "2")
+    backend = LlamaCppBackend(gemma3_path, LoadOptions(n_ctx=2048, n_slots=2,
+                                                       projector=str(path)))
+    yield backend
+    backend.close()
+
+
+def _tokens_while_an_image_is_read(backend) -> tuple[int, int]:
+    """A stream's tokens while another request's image is encoded and read; and how many
+    prompt tokens that request had."""
+    import threading
+    import time
+
+    stream = backend.generate(backend.tokenize("Count to a thousand:"),
+                              SamplingParams(temperature=0, max_tokens=4000, ignore_eos=True))
+    times: list[float] = []
+    reader = threading.Thread(target=lambda: times.extend(
+        time.perf_counter() for event in stream if isinstance(event, TokenEvent)))
+    reader.start()
+    deadline = time.monotonic() + 60
+    while len(times) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(times) >= 3, "the stream did not start"
+    picture = Image(bytes(range(256)) * (640 * 480 * 3 // 256), 640, 480)
+    sent = time.perf_counter()
+    tokens, generation = backend.start(SamplingParams(temperature=0, max_tokens=1),
+                                       _asking("image", "What is it?"), images=[picture])
+    generation.text()
+    answered = time.perf_counter()
+    stream.cancel()
+    reader.join()
+    return sum(sent < t < answered for t in times), len(tokens)
+
+
+def test_streams_go_on_while_an_image_is_encoded(slow_eye):
+    during, n_prompt = _tokens_while_an_image_is_read(slow_eye)
+    assert n_prompt > 256
+    slow_eye.engine.overlap_images = False
+    try:
+        waited, _ = _tokens_while_an_image_is_read(slow_eye)
+    finally:
+        slow_eye.engine.overlap_images = True
+    # encoded on the projector's thread, the stream's steps went on (about 280 tokens here);
+    # waited for, it stood still but while the request was tokenized (about 6)
+    assert during > 4 * waited + 10, (during, waited)
+
+
+def test_a_request_cancelled_while_its_image_is_encoded_frees_it(slow_eye):
+    import time
+
+    picture = Image(bytes(range(256)) * (320 * 240 * 3 // 256), 320, 240)
+    _, generation = slow_eye.start(GREEDY, _asking("image", "What is it?"), images=[picture])
+    time.sleep(0.3)  # (its encode under way)
+    generation.cancel()
+    assert generation.text() == "" and generation.stats.finish_reason == "cancelled"
+    assert slow_eye.generate(slow_eye.tokenize("Still here?"), GREEDY).text()
+    tokens, again = slow_eye.start(GREEDY, _asking("image", "And now?"), images=[picture])
+    again.text()
+    assert again.stats.finish_reason == "length" and again.stats.prompt_tokens == len(tokens)
