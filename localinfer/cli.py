@@ -20,7 +20,7 @@ from rich.console import Console
 from localinfer import __version__
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
-from localinfer.settings import KvType, Settings, SplitMode, debug, explain, flag_help
+from localinfer.settings import ImageUrls, KvType, Settings, SplitMode, debug, explain, flag_help
 
 __all__ = ["commands", "main"]
 
@@ -534,6 +534,7 @@ def serve(
     allow_host: Annotated[Optional[list[str]], _flag("allowed_hosts", "--allow-host")] = None,
     keep_alive: Annotated[Optional[str], _flag("keep_alive")] = None,
     max_loaded_models: Annotated[Optional[int], _flag("max_loaded_models")] = None,
+    image_urls: Annotated[Optional[ImageUrls], _flag("image_urls")] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log requests and llama.cpp.")] = False,
 ) -> None:
     """Serve models over HTTP with OpenAI- and Ollama-compatible APIs."""
@@ -551,7 +552,8 @@ def serve(
             "max_tokens": max_tokens,
             "gpus": gpus, "workers": workers, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,
             "allowed_origins": allow_origin, "allowed_hosts": allow_host,
-            "keep_alive": keep_alive, "max_loaded_models": max_loaded_models})
+            "keep_alive": keep_alive, "max_loaded_models": max_loaded_models,
+            "image_urls": image_urls})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
         options = LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel)
         run_server(settings, options, settings.model, verbose)

@@ -24,7 +24,7 @@ from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSourc
 
 from localinfer.errors import LocalinferError
 
-__all__ = ["DEFAULT_MODEL", "KvType", "Settings", "SettingsError", "SplitMode", "debug", "default",
+__all__ = ["DEFAULT_MODEL", "ImageUrls", "KvType", "Settings", "SettingsError", "SplitMode", "debug", "default",
            "explain", "flag_help"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
@@ -38,6 +38,16 @@ class KvType(StrEnum):
     F16 = "f16"
     Q8_0 = "q8_0"
     Q4_0 = "q4_0"
+
+
+class ImageUrls(StrEnum):
+    """Which image URLs the server fetches for a request: none (clients send the bytes),
+    those on public addresses, or any (a server that fetches URLs can be made to reach
+    what it can: its own loopback, the LAN, a cloud's metadata service)."""
+
+    OFF = "off"
+    PUBLIC = "public"
+    ANY = "any"
 
 
 class SplitMode(StrEnum):
@@ -158,6 +168,9 @@ class Settings(BaseSettings):
                                           "(repeatable, * for any).")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="The largest request "
                                                                       "body.")
+    image_urls: ImageUrls = Field(ImageUrls.OFF, description=(
+        "Image URLs in requests: off (send the bytes), public (fetched from public addresses "
+        "only) or any (the LAN and this machine too: only where every client is trusted)."))
     header_timeout: float = Field(10.0, gt=0, description="Seconds a client has to send a "
                                                           "request's headers.")
     body_timeout: float = Field(60.0, gt=0, description="Seconds a client has to send a "

@@ -97,25 +97,25 @@ def _text(content: Union[str, list[Block], None], where: str) -> str:
     return "".join(block.text or "" for block in content)
 
 
-def _image(extra: dict[str, Any], where: str) -> bytes:
-    """An image block's file: its `source` in base64 (a URL source is not fetched)."""
+def _image(extra: dict[str, Any], where: str) -> bytes | images.Remote:
+    """An image block's file: its `source` in base64, or a URL (see api/images.py)."""
     source = extra.get("source")
     if not isinstance(source, dict):
         raise ApiError(400, f"{where}: an image block needs a source")
     if source.get("type") == "base64" and isinstance(source.get("data"), str):
         return images.from_base64(source["data"])
-    if source.get("type") == "url":
-        raise ApiError(400, f"{where}: image URLs are not fetched (a server that fetches URLs "
-                            f"can be made to reach anything it can) — send a base64 source")
-    raise ApiError(400, f"{where}: an image's source must be base64 (type, media_type, data)")
+    if source.get("type") == "url" and isinstance(source.get("url"), str):
+        return images.from_url(source["url"])  # (fetched only where image_urls allows it)
+    raise ApiError(400, f"{where}: an image's source must be base64 (type, media_type, data) "
+                        f"or a url")
 
 
-def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list[bytes]]:
+def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list]:
     """Anthropic's turns as chat messages, and their images' files in order: tool_use
     blocks are the assistant's calls, tool_result blocks tool messages, thinking blocks the
     assistant's reasoning, image blocks a user turn's pictures where they stand."""
     out = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
-    files: list[bytes] = []
+    files: list[bytes | images.Remote] = []
     for i, message in enumerate(body.messages):
         where = f"messages[{i}]"
         if isinstance(message.content, str):

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from localinfer.api.errors import ApiError
-from localinfer.api.images import decode_all
+from localinfer.api.images import Remote, decode_all
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
                                      SamplingParams)
@@ -133,7 +133,7 @@ async def start(
     context: Sequence[int] | None = None,
     template_args: Mapping[str, Any] | None = None,
     infill: Infill | None = None,
-    images: Sequence[bytes] = (),
+    images: Sequence[bytes | Remote] = (),
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -141,7 +141,9 @@ async def start(
     a model whose file has no chat template (a base model) gets the messages' text as it
     is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
     began = time.monotonic()
-    pictures = await decode_all(images)  # (each bounded before it is decoded: api/images.py)
+    # (each bounded before it is decoded; those named by URL fetched if the settings say so:
+    # api/images.py)
+    pictures = await decode_all(images, pool.settings.image_urls)
     stack = contextlib.AsyncExitStack()
     try:
         was_loaded = {m.name for m in pool.loaded()}

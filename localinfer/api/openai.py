@@ -130,13 +130,14 @@ class EmbeddingRequest(core.Lenient):
 
 
 # ---------------------------------------------------------------------------- helpers
-def _messages(messages: list[Message]) -> tuple[list[dict[str, Any]], list[bytes]]:
+def _messages(messages: list[Message]
+              ) -> tuple[list[dict[str, Any]], list[bytes | images.Remote]]:
     """The messages as the backend takes them, and their images' files in order."""
-    files: list[bytes] = []
+    files: list[bytes | images.Remote] = []
     return [_text(m, files) for m in messages], files
 
 
-def _text(message: Message, files: list[bytes]) -> dict[str, Any]:
+def _text(message: Message, files: list[bytes | images.Remote]) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         if any(p.type not in ("text", "image_url") for p in content):

@@ -126,7 +126,7 @@ def _text_of(content: Any, where: str, pictures: bool = False) -> str | list[dic
             if not isinstance(url, str):
                 raise ApiError(400, f"{where}: an input_image needs image_url, a data URL "
                                     f"(file_id is not taken: this server keeps no files)")
-            images.from_url(url)  # (refused now, not when a later turn reads it)
+            images.from_url(url)  # (a bad one refused now, not when a later turn reads it)
             parts.append({"type": "image", "url": url})
         elif kind in _TEXT_PARTS:
             parts.append({"type": "text", "text": str(part.get("text") or "")})
@@ -138,10 +138,11 @@ def _text_of(content: Any, where: str, pictures: bool = False) -> str | list[dic
     return "".join(p["text"] for p in parts)
 
 
-def _files(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[bytes]]:
+def _files(messages: list[dict[str, Any]]
+           ) -> tuple[list[dict[str, Any]], list[bytes | images.Remote]]:
     """The messages as a backend takes them (an image part without its URL), and their
     images' files in order."""
-    files: list[bytes] = []
+    files: list[bytes | images.Remote] = []
     out = []
     for message in messages:
         content = message.get("content")

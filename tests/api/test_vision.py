@@ -150,3 +150,76 @@ def test_responses_input_image_is_kept_for_the_next_turn(vision):
     with pytest.raises(openai.BadRequestError, match="input_image"):
         client.responses.create(model=name, max_output_tokens=3, input=[
             {"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}])
+
+
+@pytest.fixture(scope="module")
+def pictures_online():
+    """A web server on loopback with a picture, a redirect to it, and a missing one."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    png = _png((240, 200, 20))
+
+    class Pictures(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/yellow.png":
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(png)))
+                self.end_headers()
+                self.wfile.write(png)
+            elif self.path == "/moved":
+                self.send_response(302)
+                self.send_header("Location", "/yellow.png")
+                self.end_headers()
+            else:
+                self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Pictures)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _by_url(client: openai.OpenAI, name: str, url: str):
+    return client.chat.completions.create(model=name, max_tokens=2, messages=[{
+        "role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                    {"type": "text", "text": "What is it?"}]}])
+
+
+def test_image_urls_are_fetched_only_as_the_setting_allows(vision, tmp_path, pictures_online):
+    import anthropic
+
+    _, name = vision
+    home = vision[0].log.parent
+    anywhere = start_server(home, "--model", name, "--image-urls", "any", ready_timeout=120)
+    public = start_server(home, "--image-urls", "public")
+    try:
+        client = openai.OpenAI(base_url=anywhere.url + "/v1", api_key="unused", max_retries=0)
+        plain = client.chat.completions.create(model=name, max_tokens=2, messages=[
+            {"role": "user", "content": "What is it?"}])
+        fetched = _by_url(client, name, pictures_online + "/yellow.png")
+        assert fetched.usage.prompt_tokens >= plain.usage.prompt_tokens + IMAGE_TOKENS
+        moved = _by_url(client, name, pictures_online + "/moved")  # the same picture: cached
+        assert moved.usage.prompt_tokens_details.cached_tokens >= IMAGE_TOKENS
+        with pytest.raises(openai.BadRequestError, match="answered 404"):
+            _by_url(client, name, pictures_online + "/missing.png")
+        claude = anthropic.Anthropic(base_url=anywhere.url, api_key="unused", max_retries=0)
+        seen = claude.messages.create(model=name, max_tokens=2, messages=[{
+            "role": "user", "content": [
+                {"type": "image", "source": {"type": "url",
+                                             "url": pictures_online + "/yellow.png"}},
+                {"type": "text", "text": "What is it?"}]}])
+        assert seen.usage.input_tokens >= IMAGE_TOKENS
+
+        careful = openai.OpenAI(base_url=public.url + "/v1", api_key="unused", max_retries=0)
+        for url in (pictures_online + "/yellow.png", "http://169.254.169.254/latest/meta-data",
+                    "http://10.1.2.3/x.png"):
+            with pytest.raises(openai.BadRequestError, match="not a public address"):
+                _by_url(careful, name, url)
+    finally:
+        stop_server(anywhere)
+        stop_server(public)
