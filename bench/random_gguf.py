@@ -103,11 +103,14 @@ def _q8_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
     return blocks.reshape(rows, cols // _Q8_BLOCK * (2 + _Q8_BLOCK))
 
 
-def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int = 0) -> None:
+def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int = 0,
+                arch: str = "llama") -> None:
+    """`arch` qwen2vl: the same tensors, with Qwen2-VL's rope in sections (M-RoPE: time,
+    height, width), as its images' positions need."""
     import gguf
 
     rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(out, "llama")
+    writer = gguf.GGUFWriter(out, arch)
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_block_count(shape.n_layer)
@@ -119,6 +122,10 @@ def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int =
     writer.add_rope_freq_base(500000.0)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_dimension_count(shape.n_embd // shape.n_head)
+    if arch == "qwen2vl":  # Qwen2-VL's own split of the rotated pairs: 1/4, 3/8, 3/8
+        pairs = shape.n_embd // shape.n_head // 2
+        writer.add_rope_dimension_sections([pairs // 4, pairs * 3 // 8,
+                                            pairs - pairs // 4 - pairs * 3 // 8, 0])
     writer.add_vocab_size(shape.n_vocab)
     _add_tokenizer(writer, tokenizer, shape.n_vocab)
     q8 = gguf.GGMLQuantizationType.Q8_0

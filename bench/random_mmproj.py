@@ -15,6 +15,12 @@ mtmd_init_from_file refuses the pair, so give that width or the text GGUF to rea
 
 Every image becomes `--tokens` image tokens (a square number): Gemma 3 resizes any image to
 image_size x image_size, cuts it into patches and average-pools them, so the count is fixed.
+
+`--type qwen2vl` writes Qwen2-VL's instead (its merger, for a text model of architecture
+qwen2vl): an image keeps its aspect, cut into 28-pixel squares (a token each), and its
+tokens take positions in two dimensions in the text model (M-RoPE), as Qwen2/2.5/3-VL's do:
+
+    python3 bench/random_mmproj.py /tmp/qwen-mmproj.gguf --type qwen2vl --n-embd 64
 """
 
 from __future__ import annotations
@@ -158,6 +164,67 @@ def write_mmproj(tower: Tower, n_embd_text: int, out: Path, seed: int = 0) -> No
     writer.close()
 
 
+def write_qwen2vl(n_embd_text: int, out: Path, seed: int = 0) -> None:
+    """Qwen2-VL's vision tower (two patch convolutions over a frame pair, LayerNorm blocks
+    whose attention turns by M-RoPE) and merger (2x2 patches into one token, an MLP into the
+    text model's width), narrow."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    d, n_ff, patch = _N_EMBD, _N_FF, 14
+    writer = gguf.GGUFWriter(out, "clip")
+    writer.add_name(f"random qwen2vl mmproj -> {n_embd_text}")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    writer.add_clip_has_vision_encoder(True)
+    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN2VL)
+    writer.add_vision_image_size(560)  # (what clip.cpp sizes its first buffers by)
+    writer.add_vision_patch_size(patch)
+    writer.add_vision_embedding_length(d)
+    writer.add_vision_feed_forward_length(n_ff)
+    writer.add_vision_block_count(_N_LAYER)
+    writer.add_vision_head_count(_N_HEAD)
+    writer.add_vision_attention_layernorm_eps(_EPS)
+    writer.add_vision_projection_dim(n_embd_text)
+    writer.add_vision_use_gelu(True)
+    writer.add_vision_image_mean([0.48145466, 0.4578275, 0.40821073])  # CLIP's, as Qwen's
+    writer.add_vision_image_std([0.26862954, 0.26130258, 0.27577711])
+
+    def matrix(tensor: str, rows: int, cols: int) -> None:
+        writer.add_tensor(tensor, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
+
+    def f32(tensor: str, *shape: int, fill: float | None = None) -> None:
+        data = (np.full(shape, fill) if fill is not None
+                else rng.standard_normal(shape) * 0.02)
+        writer.add_tensor(tensor, data.astype(np.float32))
+
+    # the converter splits Qwen's 3-D patch convolution (2 frames) into two 2-D kernels
+    f32("v.patch_embd.weight", d, 3, patch, patch)
+    f32("v.patch_embd.weight.1", d, 3, patch, patch)
+    for i in range(_N_LAYER):
+        blk = f"v.blk.{i}"
+        f32(f"{blk}.ln1.weight", d, fill=1.0)
+        f32(f"{blk}.ln1.bias", d, fill=0.0)
+        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            matrix(f"{blk}.{proj}.weight", d, d)
+            f32(f"{blk}.{proj}.bias", d)
+        f32(f"{blk}.ln2.weight", d, fill=1.0)
+        f32(f"{blk}.ln2.bias", d, fill=0.0)
+        matrix(f"{blk}.ffn_up.weight", n_ff, d)
+        f32(f"{blk}.ffn_up.bias", n_ff)
+        matrix(f"{blk}.ffn_down.weight", d, n_ff)
+        f32(f"{blk}.ffn_down.bias", d)
+    f32("v.post_ln.weight", d, fill=1.0)  # the merger's ln_q
+    f32("v.post_ln.bias", d, fill=0.0)
+    matrix("mm.0.weight", 4 * d, 4 * d)
+    f32("mm.0.bias", 4 * d)
+    matrix("mm.2.weight", n_embd_text, 4 * d)
+    f32("mm.2.bias", n_embd_text)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -173,9 +240,16 @@ def main() -> None:
                         help="Gemma 3's own tower widths (SigLIP-400M: 1152 wide, 16 heads, "
                         "ff 4304, 27 blocks; with --image-size 896 --tokens 256, its shape)")
     parser.add_argument("--layers", type=int, help="vision blocks [2; 27 with --gemma3]")
+    parser.add_argument("--type", choices=("gemma3", "qwen2vl"), default="gemma3",
+                        help="whose projector [gemma3]")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     n_embd_text = args.n_embd if args.n_embd is not None else text_n_embd(args.text_model)
+    if args.type == "qwen2vl":
+        write_qwen2vl(n_embd_text, args.out, args.seed)
+        print(f"{args.out}: Qwen2-VL's merger into width {n_embd_text}, "
+              f"{args.out.stat().st_size / 2**20:.1f} MiB")
+        return
     tower = make_tower(args.image_size, args.patch_size, args.tokens, args.gemma3, args.layers)
     write_mmproj(tower, n_embd_text, args.out, args.seed)
     print(f"{args.out}: {tower.n_tokens} tokens of width {n_embd_text} per image, "

@@ -31,6 +31,9 @@ CACHE = Path(os.environ.get("LOCALINFER_TEST_CACHE", Path.home() / ".cache" / "l
 # tests pads those ids): tool calls and thinking are words of their own there
 QWEN_ADDED = {151657: "<tool_call>", 151658: "</tool_call>", 151665: "<tool_response>",
               151666: "</tool_response>", 151667: "<think>", 151668: "</think>"}
+# Qwen2-VL's and its kin's vision marks, control tokens there
+QWEN_VL_ADDED = {**QWEN_ADDED, 151652: "<|vision_start|>", 151653: "<|vision_end|>",
+                 151654: "<|vision_pad|>", 151655: "<|image_pad|>"}
 # Qwen2.5-Coder's fill-in-the-middle and repository tokens (control tokens there)
 QWEN_CODER_ADDED = {**QWEN_ADDED, 151659: "<|fim_prefix|>", 151660: "<|fim_middle|>",
                     151661: "<|fim_suffix|>", 151662: "<|fim_pad|>", 151663: "<|repo_name|>",
@@ -74,13 +77,15 @@ def _unpack() -> None:
 
 
 def family_model(template: str | None, vocab: str = "qwen2",
-                 added: dict[int, str] | None = None, tag: str = "") -> Path:
+                 added: dict[int, str] | None = None, tag: str = "", arch: str = "llama"
+                 ) -> Path:
     """A one-layer random-weight GGUF with a real family's tokenizer and chat template
     (`models/templates/<template>.jinja`; None: none, as a base model's file); `added`:
     tokens put at their ids (`<|…|>` ones as control tokens); `tag` tells apart two models
-    of one template and vocabulary."""
+    of one template and vocabulary; `arch`: qwen2vl for Qwen2-VL's M-RoPE."""
     added = QWEN_ADDED if added is None and vocab.startswith("qwen") else (added or {})
-    out = CACHE / "models" / f"{template or 'base'}--{vocab}{tag}.gguf"
+    out = CACHE / "models" / (f"{template or 'base'}--{vocab}{tag}"
+                              f"{'' if arch == 'llama' else '--' + arch}.gguf")
     if out.exists():
         return out
     sys.path.insert(0, str(BENCH))
@@ -107,7 +112,7 @@ def family_model(template: str | None, vocab: str = "qwen2",
                               n_vocab=len(tokens), n_ctx_train=4096, tied_output=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
-    random_gguf.write_model(shape, partial, tokenizer, f"random {template}")
+    random_gguf.write_model(shape, partial, tokenizer, f"random {template}", arch=arch)
     os.replace(partial, out)
     return out
 

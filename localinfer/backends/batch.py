@@ -36,7 +36,7 @@ class StepBatch:
         output row is this token's."""
         n, b = self.n_tokens, self._batch
         b.token[n] = token
-        b.pos[n] = len(slot.cache)
+        b.pos[n] = len(slot.cache) - slot.deficit  # (less what M-RoPE images save)
         b.n_seq_id[n] = 1
         b.seq_id[n][0] = slot.id
         b.logits[n] = logits

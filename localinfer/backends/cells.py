@@ -56,6 +56,7 @@ class SplitCells:
         """Drop a slot's KV, whatever it held."""
         self.native.forget(slot.id)
         slot.cache.clear()
+        slot.deficit = 0
 
     MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
 
@@ -77,16 +78,19 @@ class SplitCells:
             return
         self.native.forget(slot.id)
         self.native.copy_cells(donor.id, slot.id)
-        self.native.forget(slot.id, shared)
+        self.native.forget(slot.id, donor.position(shared))
         slot.cache = list(prompt[:shared])
+        slot.spans.update(donor.spans)
+        slot.recount()
 
     def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:
         """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where
         llama.cpp cannot cut the sequence there)."""
-        if not self.native.forget(slot.id, n_keep):
+        if not self.native.forget(slot.id, slot.position(n_keep)):
             self.native.forget(slot.id)
             n_keep = 0
         del slot.cache[n_keep:]
+        slot.recount()
         return n_keep
 
     def reusable(self, slot: Slot, tokens: Sequence[int], limit: int,
@@ -131,8 +135,8 @@ class SplitCells:
         none within cells another sequence shares."""
         cache = slot.cache
         if (self.reuse_min <= 0 or n_past >= limit or len(cache) - n_past < self.reuse_min
-                or not self.native.can_shift()):
-            return []
+                or not self.native.can_shift() or slot.deficit):
+            return []  # (past an M-RoPE image an index is not a position)
         held = array.array("i", cache).tobytes()
         head_p = n_past  # where the prompt goes on, and where in the cache to look
         head_c = max(n_past, self._shared(slot, slots))

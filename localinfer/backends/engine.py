@@ -378,11 +378,16 @@ class Engine:
                 embeddings = future.result()  # (its copy stays: a rebuilt request reuses it)
             except CancelledError:
                 raise EngineError("the image's encode was cancelled") from None
-            self.projector.decode(pictures, place, embeddings, slot.id, start)
+            self.projector.decode(pictures, place, embeddings, slot.id, slot.position(start),
+                                  self.n_batch)
         except LocalinferError as exc:
             self.cells.forget(slot)  # (what the decode may have half-written)
             self._fail(slot, exc)
             return True
+        positions = pictures.positions[place]
+        if positions != size:  # (M-RoPE: its tokens share positions)
+            slot.spans[place] = (size, positions)
+            slot.deficit += size - positions
         slot.cache.extend(slot.to_read[start:start + size])
         slot.n_prompt_done = start + size
         self._counters["evaluated"] += size
@@ -472,6 +477,7 @@ class Engine:
                 # its KV may be half-written: forget it
                 self.native.forget(slot.id)
                 slot.cache.clear()
+                slot.deficit = 0
                 slot.release(self._clock())
                 task.close()
 

@@ -227,11 +227,12 @@ class NativeModel:
         """Decode rows of input embeddings (an image's, n_embd floats each, as one flat float32
         array) into sequence `seq` from position `start`, no logits; `causal` False lets them
         attend to each other both ways. llama_decode's return code."""
-        n = len(embd) // self.n_embd()
-        batch = llama_cpp.llama_batch_init(n, self.n_embd(), 1)
+        width = self.n_embd_inp()
+        n = len(embd) // width
+        batch = llama_cpp.llama_batch_init(n, width, 1)
         try:
             ctypes.memmove(batch.embd, numpy.ascontiguousarray(embd, numpy.float32).ctypes.data,
-                           n * self.n_embd() * 4)
+                           n * width * 4)
             for i in range(n):
                 batch.pos[i], batch.n_seq_id[i], batch.logits[i] = start + i, 1, False
                 batch.seq_id[i][0] = seq
@@ -246,8 +247,43 @@ class NativeModel:
         finally:
             llama_cpp.llama_batch_free(batch)
 
+    def decode_embeddings_mrope(self, embd, seq: int, positions, n_batch: int) -> int:
+        """Decode an M-RoPE model's image embeddings (rows of n_embd floats) into sequence
+        `seq`, each row at its four positions (`positions`: int32, shape (4, rows): time, row,
+        column, unused), `n_batch` rows a decode, no logits. Through llama.cpp's extended
+        batch, which takes several positions a row (its plain batch mishandles them past 64
+        rows here: the heap breaks)."""
+        n_embd = self.n_embd_inp()
+        rows = numpy.ascontiguousarray(embd, numpy.float32).reshape(-1, n_embd)
+        at = numpy.ascontiguousarray(numpy.asarray(positions, numpy.int32).T)  # (rows, 4)
+        float_p = ctypes.POINTER(ctypes.c_float)
+        pos_p = ctypes.POINTER(llama_cpp.llama_pos)
+        batch = llama_cpp.llama_batch_ext_init(self.ctx)
+        try:
+            for first in range(0, len(rows), n_batch):
+                llama_cpp.llama_batch_ext_clear(batch)
+                for i in range(first, min(first + n_batch, len(rows))):
+                    idx = llama_cpp.llama_batch_ext_add_embd(batch, seq, llama_cpp.llama_embd(
+                        rows[i].ctypes.data_as(float_p), 1, n_embd))
+                    if idx < 0 or not llama_cpp.llama_batch_ext_set_pos(
+                            batch, idx, at[i].ctypes.data_as(pos_p)):
+                        return -1
+                    llama_cpp.llama_batch_ext_set_output_logits(batch, idx, False)
+                rc = llama_cpp.llama_process(self.ctx, llama_cpp.LLAMA_PROCESS_TYPE_DECODE,
+                                             batch)
+                if rc != 0:
+                    return rc
+            return 0
+        finally:
+            llama_cpp.llama_batch_ext_free(batch)
+
     def n_embd(self) -> int:
         return llama_cpp.llama_model_n_embd(self.model)
+
+    def n_embd_inp(self) -> int:
+        """The width of an input embedding row: n_embd, or more where a projector feeds
+        layers besides the first (Qwen3-VL's deepstack)."""
+        return llama_cpp.llama_model_n_embd_inp(self.model)
 
     def logits(self):  # a ctypes float pointer: the output rows of the last decode, in order
         return llama_cpp.llama_get_logits(self.ctx)

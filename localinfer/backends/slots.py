@@ -76,6 +76,25 @@ class Slot:
     stop: StopMatcher | None = None
     draft: list[int] = field(default_factory=list)  # guesses in this step's batch
     draft_quality: float = 1.0  # moving share of guesses accepted for the current request
+    # Images whose tokens share positions (M-RoPE: Qwen-VL's take max(rows, columns) for
+    # rows x columns tokens): each one read, by placeholder, as (tokens, positions); and how
+    # many positions fewer than tokens the cache holds. Elsewhere a token's position is its
+    # index in the cache.
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    deficit: int = 0
+
+    def position(self, index: int) -> int:
+        """Where the cache's `index`-th token sits (its index, less what images before it
+        save)."""
+        return index - _deficit(self.cache[:index], self.spans) if self.deficit else index
+
+    def recount(self) -> None:
+        """After the cache was cut or replaced: what its images save again (and the spans of
+        images it no longer holds forgotten)."""
+        if self.spans:
+            held = set(self.cache)
+            self.spans = {p: span for p, span in self.spans.items() if p in held}
+        self.deficit = _deficit(self.cache, self.spans) if self.spans else 0
 
     @property
     def rebuilding(self) -> bool:
@@ -110,3 +129,21 @@ class Slot:
         self.state = SlotState.IDLE
         self.batch_index = -1
         self.last_used = now
+
+
+def _deficit(tokens: Sequence[int], spans: dict[int, tuple[int, int]]) -> int:
+    """Positions saved by the whole images in `tokens` (runs of one placeholder; the same
+    picture twice in a row is one run of twice its tokens)."""
+    saved, i, n = 0, 0, len(tokens)
+    while i < n:
+        token = tokens[i]
+        if token >= 0 or token not in spans:
+            i += 1
+            continue
+        j = i
+        while j < n and tokens[j] == token:
+            j += 1
+        size, positions = spans[token]
+        saved += (j - i) // size * (size - positions)
+        i = j
+    return saved

@@ -67,6 +67,8 @@ class Pictures:
     def __init__(self) -> None:
         self.chunks: dict[int, int] = {}  # placeholder → mtmd_input_chunk (a copy we own)
         self.sizes: dict[int, int] = {}  # placeholder → embeddings it becomes
+        # placeholder → positions they take (fewer than the embeddings with M-RoPE)
+        self.positions: dict[int, int] = {}
         self.encoding: dict[int, Future] = {}  # placeholder → its encode (Projector.encode)
         self._lock = threading.Lock()
         self._held = 0
@@ -129,13 +131,9 @@ class Projector:
         if not mtmd_cpp.mtmd_support_vision(self.ctx):
             self.close()
             raise ModelLoadFailed(f"{path} is not a vision projector")
-        if mtmd_cpp.mtmd_decode_use_mrope(self.ctx):
-            # (positions in two dimensions: the engine counts one position per cached token)
-            self.close()
-            raise ModelLoadFailed("this model's projector places image tokens in two "
-                                  "dimensions (Qwen-VL's M-RoPE), which localinfer does not "
-                                  "read yet — run it without images")
-        self.n_embd = native.n_embd()
+        # Qwen2/2.5/3-VL's: an image's tokens take positions in two dimensions (M-RoPE)
+        self.mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(self.ctx))
+        self.n_embd = native.n_embd_inp()  # what one image token's embedding row holds
         self._encoder = ThreadPoolExecutor(1, thread_name_prefix="image-encoder")
 
     # ------------------------------------------------------------ a request's thread
@@ -168,6 +166,7 @@ class Projector:
                     if place not in pictures.chunks:
                         pictures.chunks[place] = m.mtmd_input_chunk_copy(chunk)
                         pictures.sizes[place] = size
+                        pictures.positions[place] = m.mtmd_input_chunk_get_n_pos(chunk)
                     out += [place] * size
                 else:
                     raise InvalidRequest("this model's projector takes images only")
@@ -207,14 +206,32 @@ class Projector:
             pictures.release()
 
     def decode(self, pictures: Pictures, place: int, embd: numpy.ndarray, seq: int,
-               start: int) -> None:
-        """An encoded image's embeddings into sequence `seq` at positions [start, start + its
-        size): one llama_decode of embeddings, attention within the image both ways where
-        the family's is (Gemma 3)."""
-        non_causal = self._m.mtmd_decode_use_non_causal(self.ctx, pictures.chunks[place])
-        rc = self.native.decode_embeddings(embd, seq, start, causal=not non_causal)
+               start: int, n_batch: int) -> None:
+        """An encoded image's embeddings into sequence `seq` from position `start`: one
+        llama_decode of embeddings at positions [start, start + its size), attention within
+        the image both ways where the family's is (Gemma 3); with M-RoPE (Qwen-VL), at its
+        positions in two dimensions, `n_batch` a decode."""
+        chunk = pictures.chunks[place]
+        if self.mrope:
+            rc = self.native.decode_embeddings_mrope(embd, seq, self._positions(chunk, start),
+                                                     n_batch)
+        else:
+            non_causal = self._m.mtmd_decode_use_non_causal(self.ctx, chunk)
+            rc = self.native.decode_embeddings(embd, seq, start, causal=not non_causal)
         if rc != 0:
             raise EngineError(f"llama_decode of an image returned {rc}")
+
+    def _positions(self, chunk: int, start: int) -> numpy.ndarray:
+        """An M-RoPE image's positions from `start`: four rows (time, row, column, unused),
+        one value per token, as libmtmd gives them."""
+        m = self._m
+        tokens = m.mtmd_input_chunk_get_tokens_image(chunk)
+        n = m.mtmd_input_chunk_get_n_tokens(chunk)
+        out = numpy.empty((4, n), numpy.int32)
+        for i in range(n):
+            at = m.mtmd_image_tokens_get_decoder_pos(tokens, start, i)
+            out[:, i] = at.t, at.y, at.x, at.z
+        return out
 
     def close(self) -> None:
         self._encoder.shutdown(wait=True, cancel_futures=True)

@@ -5,6 +5,8 @@ non-causal decode longer than its micro-batch) — the model goes on serving."""
 
 from __future__ import annotations
 
+import llama_cpp
+import numpy
 import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
@@ -134,3 +136,81 @@ def test_a_request_cancelled_while_its_image_is_encoded_frees_it(slow_eye):
     tokens, again = slow_eye.start(GREEDY, _asking("image", "And now?"), images=[picture])
     again.text()
     assert again.stats.finish_reason == "length" and again.stats.prompt_tokens == len(tokens)
+
+
+@pytest.fixture(scope="module")
+def qwen_vl():
+    """A one-layer random Qwen2-VL (architecture qwen2vl: M-RoPE, MiMo-VL's template, Qwen's
+    vocabulary with its vision marks) and a random Qwen2-VL projector (bench/random_mmproj.py
+    --type qwen2vl): an image of 320x240 is 11x9 tokens over 11 positions."""
+    import subprocess
+    import sys
+
+    from ..families import BENCH, CACHE, QWEN_VL_ADDED, family_model
+
+    model = family_model("MiMo-VL", "qwen2", QWEN_VL_ADDED, arch="qwen2vl")
+    mmproj = CACHE / "models" / "mmproj--qwen2vl--64.gguf"
+    if not mmproj.exists():
+        subprocess.run([sys.executable, str(BENCH / "random_mmproj.py"), str(mmproj),
+                        "--type", "qwen2vl", "--n-embd", "64"], check=True, capture_output=True)
+    backend = LlamaCppBackend(model, LoadOptions(n_ctx=1024, n_slots=2, n_batch=64,
+                                                 projector=str(mmproj)))
+    yield backend
+    backend.close()
+
+
+def _mrope_reference(backend, messages, picture) -> tuple[numpy.ndarray, int]:
+    """The last token's logits as libmtmd's own helper reads the prompt (text, the image at
+    its positions in two dimensions, text) into sequence 1; and the position after it."""
+    import ctypes
+
+    from llama_cpp import mtmd_cpp
+
+    from localinfer.backends.vision import with_markers
+
+    projector = backend.projector
+    text = backend.apply_chat_template(with_markers(messages, projector.marker)).encode()
+    pixels = (ctypes.c_uint8 * len(picture.rgb)).from_buffer_copy(picture.rgb)
+    bitmap = mtmd_cpp.mtmd_bitmap_init(picture.width, picture.height, pixels)
+    chunks = mtmd_cpp.mtmd_input_chunks_init()
+    try:
+        spec = mtmd_cpp.mtmd_input_text(text, len(text), True, True)
+        assert mtmd_cpp.mtmd_tokenize(projector.ctx, chunks, ctypes.byref(spec),
+                                      (mtmd_cpp.mtmd_bitmap_p_ctypes * 1)(bitmap), 1) == 0
+        after = llama_cpp.llama_pos(0)
+        assert mtmd_cpp.mtmd_helper_eval_chunks(projector.ctx, backend.native.ctx, chunks, 0,
+                                                1, 64, True, ctypes.byref(after)) == 0
+        logits = numpy.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(backend.native.ctx, -1),
+                                          shape=(backend.native.n_vocab,)).copy()
+        return logits, after.value
+    finally:
+        mtmd_cpp.mtmd_input_chunks_free(chunks)
+        mtmd_cpp.mtmd_bitmap_free(bitmap)
+        backend.native.forget(1)
+
+
+def test_an_m_rope_image_takes_its_positions_in_two_dimensions(qwen_vl):
+    """Qwen-VL's image tokens share positions (rows x columns tokens over max(rows, columns)
+    positions): the engine reads the prompt as libmtmd's helper does — the same logits for
+    its last token, the text after the image at the position the helper gives it — and the
+    same picture asked about again is cached."""
+    picture = Image(bytes(range(256)) * (320 * 240 * 3 // 256), 320, 240)
+    messages = _asking("image", "What is in this picture, in a word?")
+    tokens, generation = qwen_vl.start(SamplingParams(temperature=0, max_tokens=1), messages,
+                                       images=[picture])
+    generation.text()
+    logits = numpy.ctypeslib.as_array(qwen_vl.native.logits(),
+                                      shape=(qwen_vl.native.n_vocab,)).copy()
+    slot = max(qwen_vl.engine.slots, key=lambda s: len(s.cache))
+    assert sum(1 for t in tokens if t < 0) == 99 and slot.deficit == 99 - 11
+    expected, after = _mrope_reference(qwen_vl, messages, picture)
+    assert slot.position(len(tokens)) == after  # the engine's next position is the helper's
+    assert numpy.abs(logits - expected).max() < 1e-3 * numpy.abs(expected).max()
+
+    again = qwen_vl.start(GREEDY, messages + [{"role": "assistant", "content": "A thing."},
+                                              {"role": "user", "content": "And its colour?"}],
+                          images=[picture])[1]
+    again.text()
+    assert again.stats.cached_tokens >= len(tokens) - 1
+    text_only = qwen_vl.generate(qwen_vl.tokenize("Plain text after it"), GREEDY)
+    assert text_only.text() is not None and text_only.stats.finish_reason == "length"
