@@ -20,7 +20,7 @@ from localinfer.errors import InvalidRequest, LocalinferError
 from localinfer.images import read as read_image
 
 __all__ = ["Reply", "answer_once", "fill_middle", "fit_to_context", "interactive", "reply_room",
-           "stream_reply", "user_message"]
+           "split_pictures", "stream_reply", "user_message"]
 
 HELP = """Commands:
   /image PATH [PATH …]   show the model pictures with your next message (a vision model)
@@ -99,7 +99,7 @@ class _Writer:
 def user_message(text: str, images: Sequence[Image] = ()) -> dict[str, Any]:
     """A user's turn: its text, and the pictures shown with it (before the text, as Ollama
     places them). The pictures ride in the message under "images" until it is sent
-    (`_pictures` takes them out)."""
+    (`split_pictures` takes them out)."""
     if not images:
         return {"role": "user", "content": text}
     return {"role": "user", "content": [*({"type": "image"} for _ in images),
@@ -107,7 +107,8 @@ def user_message(text: str, images: Sequence[Image] = ()) -> dict[str, Any]:
             "images": list(images)}
 
 
-def _pictures(messages: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[Image]]:
+def split_pictures(messages: Sequence[dict[str, Any]]
+                   ) -> tuple[list[dict[str, Any]], list[Image]]:
     """The messages as a backend takes them, and their pictures in order."""
     out, images = [], []
     for message in messages:
@@ -126,7 +127,7 @@ def stream_reply(backend: Backend, messages: list[dict[str, Any]], params: Sampl
     writer = _Writer(out, think)
     generation = reader = None
     try:
-        plain, images = _pictures(messages)
+        plain, images = split_pictures(messages)
         generation, reader = start_chat(backend, params, plain, think, images)
         for event in generation:
             if isinstance(event, TokenEvent):
@@ -156,7 +157,8 @@ def fit_to_context(backend: Backend, messages: list[dict[str, Any]], reserve: in
     budget = backend.info.n_ctx - reserve
     kept = list(messages)
     dropped = 0
-    while len(backend.prompt_tokens(_pictures(kept)[0], None, _pictures(kept)[1])) > budget:
+    while len(backend.prompt_tokens(split_pictures(kept)[0], None,
+                                    split_pictures(kept)[1])) > budget:
         oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
         if oldest is None:  # only the newest message is left: the engine says it is too long
             break

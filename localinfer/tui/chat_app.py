@@ -23,16 +23,18 @@ from localinfer.backends.metrics import Figures, RequestStats
 from localinfer.errors import LocalinferError, user_message
 from localinfer.files import write_atomically
 from localinfer.tui.client import ChatClient, Thought
+from localinfer.tui.pictures import MAX_IMAGES, Picture, attach, paths
 from localinfer.tui.screens import (ConversationDeleted, ConversationList, ModelPicker,
-                                    SettingsScreen)
+                                    SettingsScreen, TextPrompt)
 from localinfer.tui.conversations import (Conversation, ConversationStore, SaveFailed, StoredMessage,
                                   to_markdown)
-from localinfer.tui.widgets import MessageBox, PromptArea, StatusBar
+from localinfer.tui.widgets import AttachedPictures, MessageBox, PromptArea, StatusBar
 
 __all__ = ["ChatApp"]
 
 WELCOME = ("Type a message and press Enter (Ctrl+J for a new line). Esc stops a reply. "
-           "Ctrl+T models · Ctrl+O conversations · Ctrl+S settings · F1 keys · Ctrl+P commands")
+           "Ctrl+T models · Ctrl+O conversations · Ctrl+S settings · Ctrl+G a picture · "
+           "F1 keys · Ctrl+P commands")
 
 
 DRAW_INTERVAL = 0.08  # seconds between redraws of a streaming reply
@@ -54,6 +56,7 @@ class ChatApp(App):
         Binding("ctrl+l", "edit_last", "Edit last"),
         Binding("ctrl+b", "copy_last", "Copy reply"),
         Binding("f1", "toggle_help", "Keys"),
+        Binding("ctrl+g", "attach", "Picture"),  # (after Keys: a narrow footer keeps F1)
         Binding("f9", "toggle_theme", "Light/dark", show=False),
     ]
 
@@ -72,6 +75,7 @@ class ChatApp(App):
         self.loading = False
         self.replying = False
         self.prompt = PromptArea(id="prompt", placeholder="Message (Enter sends)")
+        self.attached = AttachedPictures(id="attached")  # pictures for the next message
         self.status_bar = StatusBar()
 
     # ---------------------------------------------------------------- layout
@@ -79,6 +83,7 @@ class ChatApp(App):
         yield Header(icon="◆")
         with VerticalScroll(id="messages"):
             yield Static(WELCOME, id="welcome", markup=False)
+        yield self.attached
         yield self.prompt
         yield self.status_bar
         yield Footer()
@@ -149,16 +154,20 @@ class ChatApp(App):
         return replace(SamplingParams(), **{k: p[k] for k in ("temperature", "top_p",
                                                               "max_tokens", "seed") if k in p})
 
-    def _messages_for_model(self) -> list[dict[str, str]]:
+    def _messages_for_model(self) -> list[dict[str, Any]]:
+        """The conversation as the client sends it: each user's message with the pictures
+        sent with it (those that can no longer be read, said on opening, left out)."""
         system = self._system()
         turns = [{"role": m.role, "content": m.content,
-                  **({"reasoning_content": m.reasoning} if m.reasoning else {})}
+                  **({"reasoning_content": m.reasoning} if m.reasoning else {}),
+                  **({"pictures": shown} if (shown := [p for p in m.pictures if p.available])
+                     else {})}
                  for m in self.history]
         return ([{"role": "system", "content": system}] if system else []) + turns
 
     async def _show(self, message: StoredMessage) -> MessageBox:
         box = MessageBox(message.role, message.content, message.figures, message.id,
-                         message.reasoning)
+                         message.reasoning, message.pictures)
         welcome = self.query("#welcome")
         if welcome:
             await welcome.remove()
@@ -182,18 +191,25 @@ class ChatApp(App):
             self.notify("No model is loaded — pick one with Ctrl+T.", severity="warning",
                         timeout=5)
             return  # the text stays in the prompt
+        pictures = self.attached.pictures
+        refusal = self._pictures_refused(pictures)
+        if refusal:  # the text and the pictures stay
+            self.notify(refusal, title="Not sent", severity="error", timeout=10)
+            return
         try:
             if self.conversation is None:
                 title = re.sub(r"\s+", " ", text)[:48]
                 self.conversation = self.store.create(self.model_name or "", title,
                                                       **self.pending_settings)
                 self.title = title
-            message = self.store.add(self.conversation.id, StoredMessage("user", text))
+            message = self.store.add(self.conversation.id,
+                                     StoredMessage("user", text, pictures=pictures))
         except SaveFailed as exc:  # nothing sent: the text stays in the prompt
             self.notify(f"{exc}. Your message stays in the prompt.", title="Not sent",
                         severity="error", timeout=10)
             return
         self.prompt.clear()
+        await self.attached.set_pictures([])
         self.history.append(message)
         await self._show(message)
         self.reply()
@@ -249,7 +265,7 @@ class ChatApp(App):
             await agen.aclose()
             await stream.stop()
             await box.remove()
-            self._fail_turn(str(exc))
+            await self._fail_turn(str(exc))
             return
         except asyncio.CancelledError:
             stopped = True
@@ -287,8 +303,9 @@ class ChatApp(App):
         self.status_bar.show_reply(figures)
         self.query_one("#messages", VerticalScroll).scroll_end(animate=False)
 
-    def _fail_turn(self, error: str) -> None:
-        """The reply failed: drop the question from the chat and give its text back."""
+    async def _fail_turn(self, error: str) -> None:
+        """The reply failed: drop the question from the chat and give its text (and its
+        pictures) back."""
         assert self.conversation is not None
         self.notify(error, title="Reply failed", severity="error", timeout=10)
         if self.history and self.history[-1].role == "user":
@@ -298,18 +315,31 @@ class ChatApp(App):
             if boxes:
                 boxes.last().remove()
             self.prompt.load_text(question.content)
+            await self.attached.set_pictures([p for p in question.pictures if p.available])
 
     async def open_conversation(self, conversation_id: int) -> None:
         conversation = self.store.get(conversation_id)
         if conversation is None:
             return
         await self._stop_reply()
+        history = self.store.messages(conversation_id)
+        # each kept picture read again (and its pixels held for the next turns); one that no
+        # longer reads is said, shown as not available, and goes to the model no more
+        missing = await asyncio.to_thread(
+            lambda: [p for m in history for p in m.pictures if not p.check()])
         self.conversation = conversation
-        self.history = self.store.messages(conversation_id)
+        self.history = history
         self.title = conversation.title
         await self._clear_messages()
         for message in self.history:
             await self._show(message)
+        if missing:
+            names = ", ".join(p.name for p in missing)
+            self.notify(f"{len(missing)} picture{'s' if len(missing) > 1 else ''} of this "
+                        f"conversation could not be read ({names}: {missing[0].missing}) — "
+                        f"the model is sent {'their turns' if len(missing) > 1 else 'its turn'}"
+                        f" without {'them' if len(missing) > 1 else 'it'}",
+                        title="Pictures", severity="warning", timeout=20)
         self.status_bar.show_reply(next((m.figures for m in reversed(self.history)
                                          if m.figures), None))
         wanted_ctx = conversation.params.get("n_ctx")
@@ -393,6 +423,10 @@ class ChatApp(App):
     async def action_regenerate(self) -> None:
         if self.replying or self.conversation is None or not self.history:
             return
+        refusal = self._pictures_refused([])
+        if refusal:
+            self.notify(refusal, title="Not regenerated", severity="error", timeout=10)
+            return
         if self.history[-1].role == "assistant":
             last = self.history[-1]
             if last.id is not None and not self.save(self.store.delete_from,
@@ -416,6 +450,62 @@ class ChatApp(App):
         for box in list(self.query(MessageBox))[index:]:
             await box.remove()
         self.prompt.load_text(question.content)
+        await self.attached.set_pictures([p for p in question.pictures if p.available])
+        self.prompt.focus()
+
+    # ---------------------------------------------------------------- pictures
+    def _takes_no_pictures(self) -> str | None:
+        """Why pictures cannot be attached now: no model loaded, or a text model."""
+        status = self.status_bar.model
+        if self.loading:
+            return "The model is still loading — attach pictures once it is ready"
+        if not self.model_ready.is_set() or status is None:
+            return "No model is loaded — pictures go to a vision model (Ctrl+T picks one)"
+        if status.vision is False:
+            return (f"{status.name} takes no pictures — pick a vision model (one pulled with "
+                    f"its projector) with Ctrl+T")
+        return None
+
+    def _pictures_refused(self, attached: list[Picture]) -> str | None:
+        """Why a turn with these pictures, or with the conversation's, cannot go to the
+        model in use (a text model); None while it is still loading (its answer decides)."""
+        status = self.status_bar.model
+        if not self.model_ready.is_set() or status is None or status.vision is not False:
+            return None
+        if attached:
+            return (f"{status.name} takes no pictures — pick a vision model with Ctrl+T, or "
+                    f"take the pictures off (Tab to one, then Delete)")
+        if any(p.available for m in self.history for p in m.pictures):
+            return (f"This conversation has pictures and {status.name} takes none — pick a "
+                    f"vision model with Ctrl+T, or start a new chat with Ctrl+N")
+        return None
+
+    def action_attach(self) -> None:
+        refusal = self._takes_no_pictures()
+        if refusal is None and len(self.attached.pictures) >= MAX_IMAGES:
+            refusal = f"{MAX_IMAGES} pictures are the most one message takes"
+        if refusal:
+            self.notify(refusal, title="Picture", severity="error", timeout=10)
+            return
+        self.push_screen(TextPrompt("Attach a picture: its path (PNG, JPEG, WebP, GIF, BMP)",
+                                    placeholder="~/Pictures/photo.jpg — several, quoted"),
+                         self._attach_paths)
+
+    @work(group="attach", exit_on_error=False)
+    async def _attach_paths(self, text: str | None) -> None:
+        """Read each picture off the UI thread; each one refused is one line."""
+        for path in paths(text or ""):
+            if len(self.attached.pictures) >= MAX_IMAGES:
+                self.notify(f"{MAX_IMAGES} pictures are the most one message takes",
+                            title="Picture", severity="error", timeout=10)
+                break
+            try:
+                picture = await asyncio.to_thread(attach, path)
+            except LocalinferError as exc:
+                self.notify(str(exc), title="Picture not attached", severity="error",
+                            timeout=10)
+                continue
+            await self.attached.add(picture)
         self.prompt.focus()
 
     def action_copy_last(self) -> None:
@@ -462,6 +552,8 @@ class ChatApp(App):
                             self.action_settings)
         yield SystemCommand("Export conversation", "Write this chat as Markdown",
                             self.export_conversation)
+        yield SystemCommand("Attach a picture", "Show a vision model a picture with your next "
+                            "message", self.action_attach)
         yield SystemCommand("Regenerate", "Write the last reply again", self.action_regenerate)
         yield SystemCommand("Toggle light/dark", "Switch the theme", self.action_toggle_theme)
 

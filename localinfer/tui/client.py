@@ -6,6 +6,10 @@ A reply streams as text pieces followed by its `Figures` — the engine's own in
 server's `timings` read back into them remotely — so the status bar and the saved
 conversation read one type, measured by the engine that produced the tokens. A thinking
 model's reasoning comes as `Thought` pieces, apart from its answer.
+
+A user's message may carry pictures (tui/pictures.Picture) under "pictures": in-process they
+go to the backend as its images, to a server as OpenAI `image_url` data URLs of the kept
+files. Whether the model takes any is `ModelStatus.vision`.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from localinfer.settings import DEFAULT_MODEL, Settings
 
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient", "Thought"]
 
-Messages = Sequence[Mapping[str, str]]
+Messages = Sequence[Mapping[str, Any]]  # role, content; "pictures" on a user's message
 
 
 class Thought(str):
@@ -43,7 +47,8 @@ Piece = str | Figures  # text (a Thought: reasoning), then the figures of the fi
 
 @dataclass(frozen=True)
 class ModelStatus:
-    """What the status bar shows about the loaded model; None where it is not known."""
+    """What the app knows about the loaded model (the status bar shows it); None where it
+    is not known."""
 
     name: str
     quant: str
@@ -53,6 +58,7 @@ class ModelStatus:
     kv_cells_used: int | None = None
     kv_cells_total: int | None = None
     memory_bytes: int | None = None  # resident memory of the process holding the model
+    vision: bool | None = None  # it takes pictures (a projector beside it)
 
 
 PullProgress = Callable[[int, "int | None"], None]
@@ -156,7 +162,8 @@ class LocalClient(ChatClient):
             f"{gpu.backend.upper() if gpu else 'GPU'} {min(layers, info.n_layer)}/{info.n_layer} "
             f"layers")
         kv = estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type).kv_cache
-        return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=kv)
+        return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=kv,
+                           vision=model.backend.info.vision)
 
     async def check_context(self, model: str, n_ctx: int) -> str | None:
         async with self._load_lock:  # (the pool's options are the load's meanwhile)
@@ -234,11 +241,16 @@ class LocalClient(ChatClient):
 
 def _chat_within_context(backend: Backend, messages: Messages, params: SamplingParams):
     """A conversation longer than the context leaves its oldest turns out (the system
-    prompt stays), as `localinfer run` does. The generation and its reply's parser."""
-    from localinfer.repl import fit_to_context, reply_room
+    prompt stays; a turn's pictures go with it), as `localinfer run` does. The generation
+    and its reply's parser."""
+    from localinfer.repl import fit_to_context, reply_room, split_pictures, user_message
 
-    fitted, _ = fit_to_context(backend, list(messages), reply_room(backend, params))
-    return start_chat(backend, params, fitted)
+    turns = [user_message(m["content"], [p.image() for p in m["pictures"]])
+             if m.get("pictures") else {k: v for k, v in m.items() if k != "pictures"}
+             for m in messages]
+    fitted, _ = fit_to_context(backend, turns, reply_room(backend, params))
+    plain, images = split_pictures(fitted)
+    return start_chat(backend, params, plain, None, images)
 
 
 # ---------------------------------------------------------------------------- remote
@@ -273,8 +285,18 @@ class RemoteClient(ChatClient):
         self.model = entry.get("name", model)
         self._static = ModelStatus(
             self.model, entry.get("details", {}).get("quantization_level", "?"),
-            "GPU" if entry.get("size_vram") else "CPU", entry.get("context_length") or 0)
+            "GPU" if entry.get("size_vram") else "CPU", entry.get("context_length") or 0,
+            vision=await self._vision(self.model))
         return await self.status() or self._static
+
+    async def _vision(self, model: str) -> bool | None:
+        """Whether the server's /api/show lists "vision" for the model (None: no answer)."""
+        try:
+            shown = (await self._call("POST", "/api/show", json={"model": model})).json()
+        except (LocalinferError, ValueError):
+            return None
+        capabilities = shown.get("capabilities") if isinstance(shown, dict) else None
+        return "vision" in capabilities if isinstance(capabilities, list) else None
 
     async def _server_model(self) -> str:
         """No model named (`localinfer chat --url URL`): the one the server has loaded, else
@@ -314,7 +336,7 @@ class RemoteClient(ChatClient):
         return None
 
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
-        body = {"model": self.model, "messages": list(messages), "stream": True,
+        body = {"model": self.model, "messages": [_openai(m) for m in messages], "stream": True,
                 "temperature": params.temperature, "top_p": params.top_p,
                 "max_tokens": params.max_tokens, "seed": params.seed}
         try:
@@ -361,6 +383,17 @@ class RemoteClient(ChatClient):
 
     async def close(self) -> None:
         await self.http.aclose()
+
+
+def _openai(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as OpenAI's chat takes it: pictures as `image_url` parts before the text
+    (data URLs of the kept files: the server decodes the same pixels)."""
+    out = {k: v for k, v in message.items() if k != "pictures"}
+    if message.get("pictures"):
+        out["content"] = [*({"type": "image_url", "image_url": {"url": p.data_url()}}
+                            for p in message["pictures"]),
+                          {"type": "text", "text": message["content"]}]
+    return out
 
 
 def _error_text(response: httpx.Response) -> str:

@@ -1,5 +1,10 @@
 """Saved conversations: one SQLite file under the user data dir.
 
+Pictures sent with a message are kept with it, in the `pictures` table: the file the model
+was shown (tui/pictures.py: at most 1,024 pixels a side, PNG, or JPEG for a photo), so a
+reopened conversation sends the same pictures again, whatever became of the files they came
+from. They go with their message (edit, regenerate) and their conversation.
+
 A file that is not a readable database is never deleted and never half-used: it is moved
 aside under a dated name, a fresh database takes its place, and `notice` says where the old
 one went so the app can tell the user. A write that fails (a full disk, a read-only file)
@@ -21,6 +26,7 @@ from typing import Any
 
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError
+from localinfer.tui.pictures import Picture
 
 __all__ = ["Conversation", "ConversationStore", "SaveFailed", "StoredMessage", "to_markdown"]
 
@@ -51,6 +57,18 @@ _MIGRATIONS = [
     "ALTER TABLE messages ADD COLUMN model TEXT;",
     # 3: a thinking model's reasoning, kept apart from its answer
     "ALTER TABLE messages ADD COLUMN reasoning TEXT;",
+    # 4: pictures sent with a message, as the model was shown them, in their order
+    """
+    CREATE TABLE IF NOT EXISTS pictures (
+        id INTEGER PRIMARY KEY,
+        message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+        name TEXT NOT NULL,
+        width INTEGER NOT NULL,
+        height INTEGER NOT NULL,
+        data BLOB NOT NULL
+    );
+    CREATE INDEX IF NOT EXISTS pictures_by_message ON pictures(message_id, id);
+    """,
 ]
 VERSION = len(_MIGRATIONS)
 
@@ -106,6 +124,7 @@ class StoredMessage:
     id: int | None = None
     model: str | None = None  # the model that wrote a reply
     reasoning: str = ""  # what a thinking model thought before its answer
+    pictures: list[Picture] = field(default_factory=list)  # sent with a user's message
 
 
 @dataclass
@@ -212,9 +231,15 @@ class ConversationStore:
     def messages(self, conversation_id: int) -> list[StoredMessage]:
         rows = self.db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY id",
                                (conversation_id,))
+        pictures: dict[int, list[Picture]] = {}
+        for p in self.db.execute(
+                "SELECT pictures.* FROM pictures JOIN messages ON messages.id = message_id"
+                " WHERE conversation_id = ? ORDER BY pictures.id", (conversation_id,)):
+            pictures.setdefault(p["message_id"], []).append(
+                Picture(p["name"], p["width"], p["height"], bytes(p["data"])))
         return [StoredMessage(r["role"], r["content"],
                               Figures.from_dict(json.loads(r["figures"])) if r["figures"] else None, r["id"],
-                              r["model"], r["reasoning"] or "")
+                              r["model"], r["reasoning"] or "", pictures.get(r["id"], []))
                 for r in rows]
 
     def add(self, conversation_id: int, message: StoredMessage) -> StoredMessage:
@@ -226,6 +251,10 @@ class ConversationStore:
                 (conversation_id, message.role, message.content,
                  json.dumps(message.figures.to_dict()) if message.figures else None, now,
                  message.model, message.reasoning or None))
+            self.db.executemany(
+                "INSERT INTO pictures (message_id, name, width, height, data)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [(cur.lastrowid, p.name, p.width, p.height, p.data) for p in message.pictures])
             self.db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?",
                             (now, conversation_id))
         message.id = cur.lastrowid
@@ -251,5 +280,8 @@ def to_markdown(conversation: Conversation, messages: list[StoredMessage]) -> st
         heading = "You" if message.role == "user" else "Assistant"
         if message.role == "assistant" and len(writers) > 1:
             heading += f" ({message.model or conversation.model})"
-        lines += ["", f"## {heading}", "", message.content]
+        lines += ["", f"## {heading}", ""]
+        lines += [f"*Picture: {p.name} ({p.width}×{p.height})*" for p in message.pictures]
+        lines += [""] if message.pictures else []
+        lines.append(message.content)
     return "\n".join(lines) + "\n"

@@ -1,18 +1,20 @@
-"""The chat screen's parts: a message, the prompt box and the status bar."""
+"""The chat screen's parts: a message, the prompt box, the pictures attached to it, and the
+status bar."""
 
 from __future__ import annotations
 
 from textual import events
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import HorizontalScroll, Vertical
 from textual.message import Message
 from textual.reactive import reactive
 from textual.widgets import Collapsible, Markdown, Static, TextArea
 
 from localinfer.backends.metrics import Figures
 from localinfer.tui.client import ModelStatus
+from localinfer.tui.pictures import Picture
 
-__all__ = ["MessageBox", "PromptArea", "StatusBar"]
+__all__ = ["AttachedPictures", "MessageBox", "PictureChip", "PromptArea", "StatusBar"]
 
 
 def _mib(n: int | None) -> str:
@@ -37,10 +39,12 @@ class MessageBox(Vertical, can_focus=True):
     MessageBox .figures { color: $text-muted; height: auto; }
     MessageBox Collapsible { border: none; padding: 0; margin: 0 0 1 0; }
     MessageBox .reasoning { color: $text-muted; text-style: italic; height: auto; }
+    MessageBox .pictures { color: $text-muted; height: auto; }
     """
 
     def __init__(self, role: str, content: str = "", figures: Figures | None = None,
-                 message_id: int | None = None, reasoning: str = ""):
+                 message_id: int | None = None, reasoning: str = "",
+                 pictures: list[Picture] | None = None):
         super().__init__(classes=role)
         self.role = role
         self.content = content
@@ -54,8 +58,14 @@ class MessageBox(Vertical, can_focus=True):
         self.reasoning_text = Static(reasoning, classes="reasoning", markup=False)
         self.thinking = Collapsible(self.reasoning_text, title="Reasoning", collapsed=True)
         self.thinking.display = bool(reasoning)
+        # the pictures sent with a user's message, as chips
+        self.pictures = list(pictures or [])
+        self.pictures_label = Static("   ".join(p.chip() for p in self.pictures),
+                                     classes="pictures", markup=False)
+        self.pictures_label.display = bool(self.pictures)
 
     def compose(self):
+        yield self.pictures_label
         yield self.thinking
         yield self.markdown
         yield self.figures_label
@@ -77,6 +87,64 @@ class MessageBox(Vertical, can_focus=True):
     def action_copy(self) -> None:
         self.app.copy_to_clipboard(self.content)
         self.app.notify("Copied the message.", timeout=2)
+
+
+class PictureChip(Static, can_focus=True):
+    """A picture attached to the next message. Focus it (Tab / Shift+Tab) and press Delete
+    or Backspace to take it off, or click it."""
+
+    BINDINGS = [Binding("delete,backspace", "remove_picture", "Remove picture")]
+    DEFAULT_CSS = """
+    PictureChip { width: auto; height: 1; padding: 0 1; margin: 0 1 0 0; background: $boost;
+                  color: $text; }
+    PictureChip:focus { background: $accent; color: $text-accent; text-style: bold; }
+    """
+
+    def __init__(self, picture: Picture):
+        super().__init__(f"{picture.chip()} ✕", markup=False)
+        self.picture = picture
+
+    async def action_remove_picture(self) -> None:
+        bar = self.parent
+        if isinstance(bar, AttachedPictures):
+            await bar.remove_picture(self)
+
+    async def on_click(self) -> None:
+        await self.action_remove_picture()
+
+
+class AttachedPictures(HorizontalScroll):
+    """The pictures that go with the next message, above the prompt; hidden when none."""
+
+    DEFAULT_CSS = """
+    AttachedPictures { height: auto; max-height: 2; padding: 0 1; display: none; }
+    AttachedPictures.some { display: block; }
+    """
+
+    @property
+    def pictures(self) -> list[Picture]:
+        return [chip.picture for chip in self.query(PictureChip)]
+
+    async def add(self, picture: Picture) -> None:
+        await self.mount(PictureChip(picture))
+        self.set_class(True, "some")
+
+    async def set_pictures(self, pictures: list[Picture]) -> None:
+        await self.remove_children()
+        if pictures:
+            await self.mount_all([PictureChip(p) for p in pictures])
+        self.set_class(bool(pictures), "some")
+
+    async def remove_picture(self, chip: PictureChip) -> None:
+        chips = list(self.query(PictureChip))
+        index = chips.index(chip)
+        await chip.remove()
+        chips.pop(index)
+        self.set_class(bool(chips), "some")
+        if chips:  # the next chip, else the one before, keeps the focus
+            chips[min(index, len(chips) - 1)].focus()
+        else:
+            self.app.query_one(PromptArea).focus()
 
 
 class PromptArea(TextArea):

@@ -157,7 +157,7 @@ def test_a_new_file_has_the_latest_schema_and_reopens_without_a_step(tmp_path: P
     store = ConversationStore(path)
     chat = store.create("smollm2:135m", "kept")
     store.add(chat.id, StoredMessage("assistant", "Paris.", model="smollm2:135m"))
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION == 3
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION == 4
     store.db.close()
     again = ConversationStore(path)
     assert [m.model for m in again.messages(chat.id)] == ["smollm2:135m"]
@@ -198,3 +198,60 @@ def test_a_file_of_the_latest_shape_from_before_versions_gets_its_number_and_no_
     assert store.notice is None
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == VERSION
     assert [m.model for m in store.messages(1)] == ["gemma3:270m"]
+
+
+def _picture(name: str, colour: tuple[int, int, int], tmp_path: Path):
+    from PIL import Image
+
+    from localinfer.tui.pictures import attach
+
+    path = tmp_path / name
+    Image.new("RGB", (64, 48), colour).save(path)
+    return attach(path)
+
+
+def test_pictures_are_kept_with_their_message_and_go_with_it(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ConversationStore(path)
+    chat = store.create("gemma3-vision", "Pictures")
+    red, blue = _picture("red.png", (200, 30, 30), tmp_path), _picture("blue.jpg", (0, 0, 200),
+                                                                       tmp_path)
+    asked = store.add(chat.id, StoredMessage("user", "Which is red?", pictures=[red, blue]))
+    store.add(chat.id, StoredMessage("assistant", "The first."))
+    store.add(chat.id, StoredMessage("user", "Sure?"))
+    store.close()
+
+    again = ConversationStore(path)
+    first, _, last = again.messages(chat.id)
+    assert [(p.name, p.width, p.height) for p in first.pictures] == [
+        ("red.png", 64, 48), ("blue.jpg", 64, 48)]  # in their order
+    assert [p.image() for p in first.pictures] == [red.image(), blue.image()]
+    assert last.pictures == []
+    text = to_markdown(again.get(chat.id), again.messages(chat.id))
+    assert "## You\n\n*Picture: red.png (64×48)*\n*Picture: blue.jpg (64×48)*\n\nWhich is red?" \
+        in text
+    again.delete_from(chat.id, asked.id)  # an edit takes the message's pictures with it
+    assert again.db.execute("SELECT COUNT(*) FROM pictures").fetchone()[0] == 0
+    again.add(chat.id, StoredMessage("user", "Again", pictures=[red]))
+    again.delete(chat.id)  # and so does deleting the conversation
+    assert again.db.execute("SELECT COUNT(*) FROM pictures").fetchone()[0] == 0
+
+
+def test_a_file_from_before_pictures_opens_and_keeps_them_from_then_on(tmp_path: Path):
+    path = tmp_path / "chats.db"
+    store = ConversationStore(path)
+    chat = store.create("smollm2:135m", "old")
+    store.add(chat.id, StoredMessage("user", "Hi", model=None))
+    store.add(chat.id, StoredMessage("assistant", "Hello.", reasoning="greet"))
+    with store.db:  # the file as version 3 left it
+        store.db.executescript("DROP TABLE pictures; PRAGMA user_version = 3;")
+    store.close()
+
+    again = ConversationStore(path)
+    assert again.notice is None
+    assert again.db.execute("PRAGMA user_version").fetchone()[0] == VERSION
+    assert [(m.content, m.reasoning, m.pictures) for m in again.messages(chat.id)] == [
+        ("Hi", "", []), ("Hello.", "greet", [])]
+    again.add(chat.id, StoredMessage("user", "This?",
+                                     pictures=[_picture("red.png", (200, 30, 30), tmp_path)]))
+    assert [len(m.pictures) for m in again.messages(chat.id)] == [0, 0, 1]

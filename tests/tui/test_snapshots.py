@@ -97,6 +97,32 @@ async def _header_drawn_over_its_rows(pilot, tries: int = 40) -> None:
     await pilot.pause(0.2)
 
 
+def test_pictures(snap_compare, _private_home, tmp_path):
+    """A message sent with two pictures, one of them kept damaged, and two more attached to
+    the next message, the second focused (the footer offers to remove it)."""
+    from PIL import Image
+
+    from localinfer.tui.pictures import Picture, attach
+
+    for name, size in {"cat.jpg": (640, 480), "chart.png": (1600, 900),
+                       "scan.png": (300, 420)}.items():
+        Image.new("RGB", size, (90, 120, 200)).save(tmp_path / name)
+    app = _app(_private_home)
+    lost = Picture("photo.png", 800, 600, b"\x89PNG\r\n\x1a\n damaged")
+    app.store.add(1, StoredMessage("user", "Which of these is a chart?",
+                                   pictures=[attach(tmp_path / "chart.png"), lost]))
+
+    async def attached(pilot) -> None:
+        await _opened(pilot)
+        await app.attached.set_pictures([attach(tmp_path / "cat.jpg"),
+                                         attach(tmp_path / "scan.png")])
+        app.attached.query("PictureChip").last().focus()
+        app.clear_notifications()  # (the damaged one's notice: tests/tui/test_pictures.py)
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(80, 24), run_before=attached)
+
+
 @pytest.mark.parametrize("key", ["ctrl+o", "ctrl+s"], ids=["conversations", "settings"])
 def test_dialog(snap_compare, _private_home, key):
     async def dialog(pilot) -> None:
