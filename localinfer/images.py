@@ -28,7 +28,7 @@ MAX_IMAGES = 16  # in one request
 
 def decode(data: bytes) -> Image:
     """A picture file's pixels, bounded; InvalidRequest with one line when it is none."""
-    from PIL import Image as Pil, UnidentifiedImageError
+    from PIL import Image as Pil, ImageOps, UnidentifiedImageError
 
     if len(data) > MAX_BYTES:
         raise InvalidRequest(f"an image is over {MAX_BYTES >> 20} MB — use a smaller one")
@@ -39,7 +39,9 @@ def decode(data: bytes) -> Image:
                 raise InvalidRequest(f"an image of {width}×{height} pixels is more than "
                                      f"{MAX_PIXELS // 1_000_000} million — use a smaller one")
             picture.draft("RGB", (MAX_SIDE, MAX_SIDE))  # a JPEG decodes at a lower scale
-            picture = picture.convert("RGB")
+            # upright as it is shown: a phone stores its photos sideways, with an EXIF tag
+            # that says how to turn them
+            picture = ImageOps.exif_transpose(picture).convert("RGB")
             if max(picture.size) > MAX_SIDE:
                 picture.thumbnail((MAX_SIDE, MAX_SIDE))
             return Image(picture.tobytes(), *picture.size)
