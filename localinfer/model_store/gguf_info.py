@@ -347,12 +347,7 @@ def read_projector_info(path: str | os.PathLike[str]) -> ProjectorInfo:
 
 def read_projector_header(data: bytes, path: Path, file_size: int) -> ProjectorInfo:
     """The same, from a file's first bytes (a range request to the hub)."""
-    if data[:4] != _MAGIC:
-        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
-    try:
-        header = _read_header(data, file_size)
-    except _DAMAGE as exc:
-        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
+    header = _first_bytes_header(data, path, file_size)
     return _projector(path, _info_from_header(path, file_size, header), header.meta)
 
 
@@ -374,16 +369,21 @@ def _projector(path: Path, info: GGUFInfo, meta: dict[str, Any]) -> ProjectorInf
 
 def read_gguf_header(data: bytes, path: Path, file_size: int) -> GGUFInfo:
     """The same, from the first bytes of a file elsewhere (a range request to the hub)."""
-    if data[:4] != _MAGIC:
-        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
-    try:
-        header = _read_header(data, file_size)
-    except _DAMAGE as exc:
-        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
+    header = _first_bytes_header(data, path, file_size)
     if file_size and header.data_end > file_size:
         raise InvalidModelFile(str(path), f"its tensors need {header.data_end:,} bytes but the "
                                           f"file has {file_size:,}")
     return _info_from_header(path, file_size, header)
+
+
+def _first_bytes_header(data: bytes, path: Path, file_size: int) -> _Header:
+    """The header read from a file's first bytes; InvalidModelFile where they hold none."""
+    if data[:4] != _MAGIC:
+        raise InvalidModelFile(str(path), f"it does not start with the GGUF magic (found {data[:4]!r})")
+    try:
+        return _read_header(data, file_size)
+    except _DAMAGE as exc:
+        raise InvalidModelFile(str(path), f"the header is damaged or cut short ({exc})") from exc
 
 
 def _array_length(value: Any) -> int:
