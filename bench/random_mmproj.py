@@ -93,75 +93,98 @@ def make_tower(image_size: int, patch_size: int, n_tokens: int, real: bool = Fal
                  n_layer or _N_LAYER)
 
 
+class _Writer:
+    """A projector GGUF being written: its header keys, then random tensors as the
+    converters type them (matrices f16, the rest f32)."""
+
+    def __init__(self, out: Path, name: str, kind, image_size: int, patch_size: int, d: int,
+                 n_ff: int, n_layer: int, n_head: int, n_embd_text: int, seed: int,
+                 mean: list[float], std: list[float]):
+        import gguf
+
+        self.rng = np.random.default_rng(seed)
+        self.gguf = writer = gguf.GGUFWriter(out, "clip")
+        writer.add_name(name)
+        writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+        writer.add_clip_has_vision_encoder(True)
+        writer.add_clip_projector_type(kind)
+        writer.add_vision_image_size(image_size)
+        writer.add_vision_patch_size(patch_size)
+        writer.add_vision_embedding_length(d)
+        writer.add_vision_feed_forward_length(n_ff)
+        writer.add_vision_block_count(n_layer)
+        writer.add_vision_head_count(n_head)
+        writer.add_vision_attention_layernorm_eps(_EPS)
+        # required by clip.cpp even where a family reads its output width off a tensor
+        writer.add_vision_projection_dim(n_embd_text)
+        # SigLIP's MLP is gelu-tanh; without this key clip.cpp would use quick-gelu
+        writer.add_vision_use_gelu(True)
+        # clip.cpp refuses a vision model without mean/std
+        writer.add_vision_image_mean(mean)
+        writer.add_vision_image_std(std)
+
+    def matrix(self, tensor: str, rows: int, cols: int) -> None:
+        # numpy's (rows, cols) is ggml's ne = [cols, rows]: `cols` inputs, `rows` outputs
+        self.gguf.add_tensor(tensor, (self.rng.standard_normal((rows, cols)) * 0.02
+                                      ).astype(np.float16))
+
+    def f32(self, tensor: str, *shape: int, fill: float | None = None) -> None:
+        data = (np.full(shape, fill) if fill is not None
+                else self.rng.standard_normal(shape) * 0.02)
+        self.gguf.add_tensor(tensor, data.astype(np.float32))
+
+    def layer_norm(self, prefix: str, width: int) -> None:
+        self.f32(f"{prefix}.weight", width, fill=1.0)
+        self.f32(f"{prefix}.bias", width, fill=0.0)
+
+    def blocks(self, n_layer: int, d: int, n_ff: int) -> None:
+        """The vision tower's blocks: LayerNorm, attention with biases, LayerNorm, an MLP."""
+        for i in range(n_layer):
+            blk = f"v.blk.{i}"
+            self.layer_norm(f"{blk}.ln1", d)
+            for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
+                self.matrix(f"{blk}.{proj}.weight", d, d)
+                self.f32(f"{blk}.{proj}.bias", d)
+            self.layer_norm(f"{blk}.ln2", d)
+            # clip.cpp swaps up/down for some families when ffn_down's input width equals
+            # n_embd (old converters named them backwards); n_ff != n_embd keeps them
+            self.matrix(f"{blk}.ffn_up.weight", n_ff, d)
+            self.f32(f"{blk}.ffn_up.bias", n_ff)
+            self.matrix(f"{blk}.ffn_down.weight", d, n_ff)
+            self.f32(f"{blk}.ffn_down.bias", d)
+
+    def close(self) -> None:
+        self.gguf.write_header_to_file()
+        self.gguf.write_kv_data_to_file()
+        self.gguf.write_tensors_to_file()
+        self.gguf.close()
+
+
 def write_mmproj(tower: Tower, n_embd_text: int, out: Path, seed: int = 0) -> None:
     import gguf
 
-    rng = np.random.default_rng(seed)
-    writer = gguf.GGUFWriter(out, "clip")
-    writer.add_name(f"random gemma3 mmproj {tower.n_tokens} tokens -> {n_embd_text}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
-    writer.add_vision_image_size(tower.image_size)
-    writer.add_vision_patch_size(tower.patch_size)
-    writer.add_vision_embedding_length(tower.n_embd)
-    writer.add_vision_feed_forward_length(tower.n_ff)
-    writer.add_vision_block_count(tower.n_layer)
-    writer.add_vision_head_count(tower.n_head)
-    writer.add_vision_attention_layernorm_eps(_EPS)
-    # required by clip.cpp although Gemma 3 reads its output width off the projection tensor
-    writer.add_vision_projection_dim(n_embd_text)
-    # SigLIP's MLP is gelu-tanh; without this key clip.cpp would use quick-gelu
-    writer.add_vision_use_gelu(True)
-    # clip.cpp refuses a vision model without mean/std; these are Gemma 3's (pixels to [-1, 1])
-    writer.add_vision_image_mean([0.5, 0.5, 0.5])
-    writer.add_vision_image_std([0.5, 0.5, 0.5])
+    d = tower.n_embd
+    # Gemma 3's mean/std take pixels to [-1, 1]
+    w = _Writer(out, f"random gemma3 mmproj {tower.n_tokens} tokens -> {n_embd_text}",
+                gguf.VisionProjectorType.GEMMA3, tower.image_size, tower.patch_size, d,
+                tower.n_ff, tower.n_layer, tower.n_head, n_embd_text, seed,
+                [0.5, 0.5, 0.5], [0.5, 0.5, 0.5])
     # clip.cpp defaults the pool to 4 for gemma3 and reads this key to override it, as
     # llama.cpp's tinygemma3 test model does; written always so the file says what it does
-    writer.add_vision_projector_scale_factor(tower.n_merge)
-
-    def matrix(tensor: str, rows: int, cols: int) -> None:
-        # numpy's (rows, cols) is ggml's ne = [cols, rows]: `cols` inputs, `rows` outputs
-        writer.add_tensor(tensor, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
-
-    def f32(tensor: str, *shape: int, fill: float | None = None) -> None:
-        data = (np.full(shape, fill) if fill is not None
-                else rng.standard_normal(shape) * 0.02)
-        writer.add_tensor(tensor, data.astype(np.float32))
-
-    def layer_norm(prefix: str, width: int) -> None:
-        f32(f"{prefix}.weight", width, fill=1.0)
-        f32(f"{prefix}.bias", width, fill=0.0)
-
-    d = tower.n_embd
+    w.gguf.add_vision_projector_scale_factor(tower.n_merge)
     # f32 as the converter forces for SigLIP's embeddings (patch conv kernel, positions):
     # real files have them so, and the graph adds the positions to f32 activations
-    f32("v.patch_embd.weight", d, 3, tower.patch_size, tower.patch_size)
-    f32("v.patch_embd.bias", d)
-    f32("v.position_embd.weight", tower.patches_per_side ** 2, d)
-    for i in range(tower.n_layer):
-        blk = f"v.blk.{i}"
-        layer_norm(f"{blk}.ln1", d)
-        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            matrix(f"{blk}.{proj}.weight", d, d)
-            f32(f"{blk}.{proj}.bias", d)
-        layer_norm(f"{blk}.ln2", d)
-        # clip.cpp swaps up/down for gemma3 when ffn_down's input width equals n_embd
-        # (old converters named them backwards); n_ff != n_embd keeps these as written
-        matrix(f"{blk}.ffn_up.weight", tower.n_ff, d)
-        f32(f"{blk}.ffn_up.bias", tower.n_ff)
-        matrix(f"{blk}.ffn_down.weight", d, tower.n_ff)
-        f32(f"{blk}.ffn_down.bias", d)
-    layer_norm("v.post_ln", d)
+    w.f32("v.patch_embd.weight", d, 3, tower.patch_size, tower.patch_size)
+    w.f32("v.patch_embd.bias", d)
+    w.f32("v.position_embd.weight", tower.patches_per_side ** 2, d)
+    w.blocks(tower.n_layer, d, tower.n_ff)
+    w.layer_norm("v.post_ln", d)
     # Gemma3RMSNorm multiplies by (1 + w); the converter stores 1 + w, so ones is a no-op
-    f32("mm.soft_emb_norm.weight", d, fill=1.0)
+    w.f32("mm.soft_emb_norm.weight", d, fill=1.0)
     # ne = [n_embd_text, d]: clip_n_mmproj_embd returns ne[0], which mtmd checks against the
     # text model. f16 as the converter forces (llama.cpp issue 13025)
-    matrix("mm.input_projection.weight", d, n_embd_text)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    w.matrix("mm.input_projection.weight", d, n_embd_text)
+    w.close()
 
 
 def write_qwen2vl(n_embd_text: int, out: Path, seed: int = 0) -> None:
@@ -170,59 +193,22 @@ def write_qwen2vl(n_embd_text: int, out: Path, seed: int = 0) -> None:
     text model's width), narrow."""
     import gguf
 
-    rng = np.random.default_rng(seed)
     d, n_ff, patch = _N_EMBD, _N_FF, 14
-    writer = gguf.GGUFWriter(out, "clip")
-    writer.add_name(f"random qwen2vl mmproj -> {n_embd_text}")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_clip_has_vision_encoder(True)
-    writer.add_clip_projector_type(gguf.VisionProjectorType.QWEN2VL)
-    writer.add_vision_image_size(560)  # (what clip.cpp sizes its first buffers by)
-    writer.add_vision_patch_size(patch)
-    writer.add_vision_embedding_length(d)
-    writer.add_vision_feed_forward_length(n_ff)
-    writer.add_vision_block_count(_N_LAYER)
-    writer.add_vision_head_count(_N_HEAD)
-    writer.add_vision_attention_layernorm_eps(_EPS)
-    writer.add_vision_projection_dim(n_embd_text)
-    writer.add_vision_use_gelu(True)
-    writer.add_vision_image_mean([0.48145466, 0.4578275, 0.40821073])  # CLIP's, as Qwen's
-    writer.add_vision_image_std([0.26862954, 0.26130258, 0.27577711])
-
-    def matrix(tensor: str, rows: int, cols: int) -> None:
-        writer.add_tensor(tensor, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
-
-    def f32(tensor: str, *shape: int, fill: float | None = None) -> None:
-        data = (np.full(shape, fill) if fill is not None
-                else rng.standard_normal(shape) * 0.02)
-        writer.add_tensor(tensor, data.astype(np.float32))
-
+    # (image size: what clip.cpp sizes its first buffers by; CLIP's mean and std, as Qwen's)
+    w = _Writer(out, f"random qwen2vl mmproj -> {n_embd_text}",
+                gguf.VisionProjectorType.QWEN2VL, 560, patch, d, n_ff, _N_LAYER, _N_HEAD,
+                n_embd_text, seed, [0.48145466, 0.4578275, 0.40821073],
+                [0.26862954, 0.26130258, 0.27577711])
     # the converter splits Qwen's 3-D patch convolution (2 frames) into two 2-D kernels
-    f32("v.patch_embd.weight", d, 3, patch, patch)
-    f32("v.patch_embd.weight.1", d, 3, patch, patch)
-    for i in range(_N_LAYER):
-        blk = f"v.blk.{i}"
-        f32(f"{blk}.ln1.weight", d, fill=1.0)
-        f32(f"{blk}.ln1.bias", d, fill=0.0)
-        for proj in ("attn_q", "attn_k", "attn_v", "attn_out"):
-            matrix(f"{blk}.{proj}.weight", d, d)
-            f32(f"{blk}.{proj}.bias", d)
-        f32(f"{blk}.ln2.weight", d, fill=1.0)
-        f32(f"{blk}.ln2.bias", d, fill=0.0)
-        matrix(f"{blk}.ffn_up.weight", n_ff, d)
-        f32(f"{blk}.ffn_up.bias", n_ff)
-        matrix(f"{blk}.ffn_down.weight", d, n_ff)
-        f32(f"{blk}.ffn_down.bias", d)
-    f32("v.post_ln.weight", d, fill=1.0)  # the merger's ln_q
-    f32("v.post_ln.bias", d, fill=0.0)
-    matrix("mm.0.weight", 4 * d, 4 * d)
-    f32("mm.0.bias", 4 * d)
-    matrix("mm.2.weight", n_embd_text, 4 * d)
-    f32("mm.2.bias", n_embd_text)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    w.f32("v.patch_embd.weight", d, 3, patch, patch)
+    w.f32("v.patch_embd.weight.1", d, 3, patch, patch)
+    w.blocks(_N_LAYER, d, n_ff)
+    w.layer_norm("v.post_ln", d)  # the merger's ln_q
+    w.matrix("mm.0.weight", 4 * d, 4 * d)
+    w.f32("mm.0.bias", 4 * d)
+    w.matrix("mm.2.weight", n_embd_text, 4 * d)
+    w.f32("mm.2.bias", n_embd_text)
+    w.close()
 
 
 def main() -> None:
