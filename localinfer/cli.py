@@ -322,7 +322,8 @@ def show(
             projector = pick_projector(projectors, min(files, key=lambda f: f.size))
             projector = projector and remote_projector(remote.repo, projector)
         # a vision model's projector loads beside it, where its layers go: planned with it
-        machine = less_memory(machine, projector_memory(projector) if projector else 0)
+        vision_bytes = projector_memory(projector) if projector else 0
+        machine = less_memory(machine, vision_bytes)
         try:
             n_ctx = ctx or default_context(info, settings)
             chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
@@ -351,7 +352,7 @@ def show(
                  "projector": projector and {
                      "file": projector.path.name, "type": projector.projector_type,
                      "quant": projector.quant, "file_size": projector.file_size,
-                     "memory_bytes": projector_memory(projector)}}
+                     "memory_bytes": vision_bytes}}
         if as_json:
             print(json.dumps(facts, indent=2))
             return
@@ -366,7 +367,7 @@ def show(
                   "rather than answering (chats use a generic turn format)")
         if projector:
             print(f"  vision: {projector.path.name} ({projector.projector_type}, "
-                  f"{projector.quant}): {projector_memory(projector) / 2**20:,.0f} MiB with "
+                  f"{projector.quant}): {vision_bytes / 2**20:,.0f} MiB with "
                   f"an image's compute buffer, on the model's GPU or in RAM, kept free by "
                   f"the plan below")
         print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")

@@ -157,8 +157,10 @@ def fit_to_context(backend: Backend, messages: list[dict[str, Any]], reserve: in
     budget = backend.info.n_ctx - reserve
     kept = list(messages)
     dropped = 0
-    while len(backend.prompt_tokens(split_pictures(kept)[0], None,
-                                    split_pictures(kept)[1])) > budget:
+    while True:
+        plain, images = split_pictures(kept)
+        if len(backend.prompt_tokens(plain, None, images)) <= budget:
+            break
         oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
         if oldest is None:  # only the newest message is left: the engine says it is too long
             break
