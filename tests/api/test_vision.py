@@ -172,6 +172,19 @@ def pictures_online():
                 self.send_response(302)
                 self.send_header("Location", "/yellow.png")
                 self.end_headers()
+            elif self.path == "/round":  # a redirect to itself, for ever
+                self.send_response(302)
+                self.send_header("Location", "/round")
+                self.end_headers()
+            elif self.path == "/huge.png":  # more than a picture may be, sent without a length
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.end_headers()
+                try:
+                    for _ in range(22):
+                        self.wfile.write(bytes(1 << 20))
+                except OSError:
+                    pass  # (the server stopped reading: as it should)
             else:
                 self.send_error(404)
 
@@ -207,6 +220,10 @@ def test_image_urls_are_fetched_only_as_the_setting_allows(vision, tmp_path, pic
         assert moved.usage.prompt_tokens_details.cached_tokens >= IMAGE_TOKENS
         with pytest.raises(openai.BadRequestError, match="answered 404"):
             _by_url(client, name, pictures_online + "/missing.png")
+        with pytest.raises(openai.BadRequestError, match="redirected more than 3 times"):
+            _by_url(client, name, pictures_online + "/round")
+        with pytest.raises(openai.BadRequestError, match="over 20 MB"):
+            _by_url(client, name, pictures_online + "/huge.png")
         claude = anthropic.Anthropic(base_url=anywhere.url, api_key="unused", max_retries=0)
         seen = claude.messages.create(model=name, max_tokens=2, messages=[{
             "role": "user", "content": [
