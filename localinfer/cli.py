@@ -556,7 +556,9 @@ def serve(
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models,
             "image_urls": image_urls})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
-        options = LoadOptions.from_settings(settings, n_ctx=ctx, n_slots=settings.parallel)
+        # --ctx here is each model's context within what it was trained on (as Ollama caps
+        # it): a server serves many models, and 32,768 must not break an 8K-trained one
+        options = LoadOptions.from_settings(settings, n_slots=settings.parallel)
         run_server(settings, options, settings.model, verbose)
 
 

@@ -109,6 +109,7 @@ class PromptTooLong(ContextError):
         """at_least: counted from its size, before tokenizing it (it is at least that long)."""
         self.n_prompt = n_prompt
         self.n_ctx = n_ctx
+        self.at_least = at_least
         super().__init__(
             f"prompt is {'at least ' if at_least else ''}{n_prompt} tokens but the context "
             f"holds {n_ctx} — raise --ctx or shorten the prompt"

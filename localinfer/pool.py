@@ -28,8 +28,8 @@ from localinfer.backends.replicas import Replicas
 from localinfer.model_store.hardware import Hardware
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import (BackendFactory, Prepared, less_gpu_memory, prepare, ram_available,
-                                runner_backend, warm_runner)
+from localinfer.service import (BackendFactory, Prepared, default_context, less_gpu_memory,
+                                prepare, ram_available, runner_backend, warm_runner)
 from localinfer.settings import Settings, default
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -207,8 +207,8 @@ class ModelPool:
         caller has just made it (`plan`), not to read the header twice. n_ctx: as `use`."""
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
-        if known is not None and n_ctx and not known.backend.ended:
-            wanted = min(n_ctx, known.info.n_ctx_train or n_ctx)
+        if known is not None and not known.backend.ended:
+            wanted = self._context(known.info, n_ctx)
             if known.options.n_ctx != wanted:
                 while known.active and not known.backend.ended:  # its requests finish first
                     await asyncio.sleep(0.05)
@@ -241,6 +241,14 @@ class ModelPool:
         model = await asyncio.shield(task)
         model.claimed = True  # (use() marks it busy before anything else runs)
         return model
+
+    def _context(self, info: GGUFInfo, n_ctx: int | None) -> int:
+        """The context a request gets: what it asks for (Ollama's num_ctx) within what the
+        model was trained on, else the server's own — not what the last client asked for,
+        which would hold for every client after it (as Ollama goes back to its default)."""
+        if n_ctx:
+            return min(n_ctx, info.n_ctx_train or n_ctx)
+        return self.options.n_ctx or default_context(info, self.settings)
 
     async def plan(self, ref: str | None, n_ctx: int | None = None) -> Prepared:
         """The fit check for `ref` beside the loaded models, loading nothing. Planned first

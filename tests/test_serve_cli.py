@@ -47,8 +47,19 @@ def test_an_unknown_startup_model_is_one_clear_line():
     _one_line_error(_serve("--model", "no-such-model"), "not found")
 
 
-def test_a_context_the_startup_model_cannot_take_is_refused_before_serving():
-    _one_line_error(_serve("--model", "smollm2:135m", "--ctx", "99999"), "8192", "--ctx")
+@pytest.mark.slow
+def test_a_context_past_what_a_model_was_trained_on_is_capped_for_that_model(tmp_path):
+    """A server runs many models: --ctx 99999 gives an 8K-trained one 8,192, as Ollama caps
+    it, where it made every request to such a model a 400."""
+    from .api.conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", "--model", "smollm2:135m", "--ctx", "99999",
+                          "--parallel", "1")
+    try:
+        models = server.get("/api/ps").json()["models"]
+        assert [m["context_length"] for m in models] == [8192]
+    finally:
+        stop_server(server)
 
 
 def test_a_step_budget_of_one_or_less_is_refused():

@@ -2,21 +2,28 @@
 path (`core.start`), streamed as Anthropic's events.
 
 What it takes: `system` (a string or text blocks), `messages` whose content is a string or
-blocks — text, `tool_use`, `tool_result`, `thinking` — `tools` (name, description,
+blocks — text, images, `tool_use`, `tool_result`, `thinking` — `tools` (name, description,
 input_schema) with `tool_choice` (auto, any, tool, none), `thinking` (enabled or disabled:
-the template's thinking on or off), `max_tokens` (required, as Anthropic requires it),
-`temperature`, `top_p`, `top_k`, `stop_sequences`, `stream`. A reply is `thinking`, `text`
-and `tool_use` blocks in the order the model wrote them (stop_reason `tool_use` when it
-called). Images and documents are refused with a 400 naming them. Errors have Anthropic's
-shape (`errors.error_response`).
+the template's thinking on or off; adaptive: the template's default), `max_tokens`
+(required, as Anthropic requires it), `temperature`, `top_p`, `top_k`, `stop_sequences`,
+`stream`. A reply is `thinking`, `text` and `tool_use` blocks in the order the model wrote
+them (stop_reason `tool_use` when it called). Errors have Anthropic's shape and wording
+(`errors.error_response`), which its clients recover by.
+
+What real clients send beyond the documented API: Claude Code puts `system` messages inside
+`messages` (after the first user turn) for models not its own; their text joins the system
+prompt, in order, so every chat template can render it. Tools that Anthropic's servers run
+(web search, code execution: a `type` and no `input_schema`) cannot run here and are left
+out, as a model behind a gateway without them would see it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Optional, Union
+from typing import Any, Optional, Union
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -31,6 +38,8 @@ from localinfer.backends.chat_format import Piece, arguments_object
 
 __all__ = ["router"]
 
+log = logging.getLogger("localinfer.api")
+
 router = APIRouter(prefix="/v1", tags=["anthropic"])
 
 
@@ -40,7 +49,7 @@ class Block(core.Lenient):
 
 
 class Message(core.Lenient):
-    role: Literal["user", "assistant"]
+    role: str = Field(max_length=64)  # user, assistant; system as Claude Code sends it
     content: Union[str, list[Block]]
 
 
@@ -68,9 +77,10 @@ class MessagesRequest(core.Lenient):
     def tool_spec(self) -> ToolSpec | None:
         functions = []
         for i, tool in enumerate(self.tools or ()):
-            if tool.get("type") not in (None, "custom"):
-                raise ApiError(400, f"tools[{i}]: only client tools are supported, not "
-                                    f"{tool.get('type')!r}")
+            if tool.get("type") not in (None, "custom") and "input_schema" not in tool:
+                log.info("tools[%d] (%.60s) runs on Anthropic's servers, not here: left out",
+                         i, tool.get("type"))
+                continue
             functions.append({"name": tool.get("name"), "description": tool.get("description", ""),
                               "parameters": tool.get("input_schema") or {"type": "object"}})
         kind = (self.tool_choice or {}).get("type", "auto")
@@ -110,14 +120,32 @@ def _image(extra: dict[str, Any], where: str) -> bytes | images.Remote:
                         f"or a url")
 
 
+def _system(body: MessagesRequest) -> list[dict[str, Any]]:
+    """The system prompt as one message: `system`, then the text of each system message in
+    `messages`, in order (Claude Code's mid-conversation system messages)."""
+    texts = [_text(body.system, "system")] if body.system else []
+    for i, message in enumerate(body.messages):
+        if message.role == "system":
+            texts.append(_text(message.content, f"messages[{i}]"))
+        elif message.role not in ("user", "assistant"):
+            raise ApiError(400, f"messages[{i}]: Unexpected role \"{message.role[:40]}\". The "
+                                f"input message role must be user or assistant; the system "
+                                f"prompt is the top-level `system` parameter")
+    texts = [t for t in texts if t]
+    return [{"role": "system", "content": "\n\n".join(texts)}] if texts else []
+
+
 def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list]:
     """Anthropic's turns as chat messages, and their images' files in order: tool_use
     blocks are the assistant's calls, tool_result blocks tool messages, thinking blocks the
-    assistant's reasoning, image blocks a user turn's pictures where they stand."""
-    out = [{"role": "system", "content": _text(body.system, "system")}] if body.system else []
+    assistant's reasoning, image blocks a user turn's pictures where they stand; system
+    messages join the system prompt (`_system`)."""
+    out = _system(body)
     files: list[bytes | images.Remote] = []
     for i, message in enumerate(body.messages):
         where = f"messages[{i}]"
+        if message.role == "system":
+            continue
         if isinstance(message.content, str):
             out.append({"role": message.role, "content": message.content})
             continue

@@ -137,7 +137,8 @@ async def start(
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
-    capped); its reply still ends sooner if the context fills. plain_without_template:
+    capped); its reply still ends sooner if the context fills, as does one whose limit is
+    past the context. plain_without_template:
     a model whose file has no chat template (a base model) gets the messages' text as it
     is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
     began = time.monotonic()
@@ -149,10 +150,8 @@ async def start(
         was_loaded = {m.name for m in pool.loaded()}
         loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive,
                                                           n_ctx))
-        backend = loaded.backend
-        if max_tokens_too_big(params, loaded):
-            raise ApiError(400, f"max_tokens {params.max_tokens} is more than the context "
-                                f"({backend.info.n_ctx} tokens) — ask for fewer")
+        backend = loaded.backend  # (a max_tokens past the context is taken, as llama-server
+        # takes it: the reply ends when the context fills; agents ask for 32,000 or 64,000)
         if (messages is not None and plain_without_template and not pictures
                 and not backend.info.has_chat_template):  # (images need the turn format's place)
             messages, prompt = None, "\n\n".join(m["content"] for m in messages)
@@ -310,7 +309,3 @@ def _texts(content: Any) -> list[str]:
         return [p["text"] for p in content if isinstance(p.get("text"), str)]
     return []
 
-
-def max_tokens_too_big(params: SamplingParams, loaded: LoadedModel) -> bool:
-    return (params.max_tokens is not None and not params.context_shift
-            and params.max_tokens > loaded.backend.info.n_ctx)

@@ -1,4 +1,9 @@
-"""Errors as each dialect spells them, with the status code each kind deserves."""
+"""Errors as each dialect spells them, with the status code each kind deserves.
+
+A prompt that does not fit the context is worded as each API words it, because agents
+recover from it by that wording: Claude Code compacts its conversation on Anthropic's
+"prompt is too long: N tokens > M maximum", Codex and the OpenAI SDKs read the code
+`context_length_exceeded`."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ from localinfer.errors import (
     ModelError,
     ModelFileMissing,
     ModelNotFound,
+    PromptTooLong,
     RunnerDied,
     user_message,
 )
@@ -58,6 +64,10 @@ def is_openai(request: Request) -> bool:
     return request.url.path.startswith("/v1/")
 
 
+def is_anthropic(request: Request) -> bool:
+    return request.url.path.startswith("/v1/messages")
+
+
 # Anthropic's error types by status (its clients raise by status and show the message)
 _ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error",
               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
@@ -65,17 +75,41 @@ _ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error",
 
 
 def error_response(request: Request, status: int, message: str,
-                   kind: str = "invalid_request_error") -> JSONResponse:
-    """OpenAI: {"error": {"message", "type", ...}}; Anthropic (/v1/messages): {"type":
-    "error", "error": {"type", "message"}}; Ollama and the rest: {"error": "..."}."""
-    if request.url.path == "/v1/messages":
+                   kind: str = "invalid_request_error", code: str | None = None,
+                   param: str | None = None) -> JSONResponse:
+    """OpenAI: {"error": {"message", "type", "param", "code"}}; Anthropic (/v1/messages):
+    {"type": "error", "error": {"type", "message"}}; Ollama and the rest: {"error": "..."}."""
+    if is_anthropic(request):
         body = {"type": "error", "error": {"type": _ANTHROPIC.get(status, "api_error"),
                                            "message": message}}
     elif is_openai(request):
-        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
+        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     else:
         body = {"error": message}
     return JSONResponse(body, status_code=status)
+
+
+def too_long_message(path: str, exc: PromptTooLong) -> tuple[str, str | None, str | None]:
+    """A prompt past the context as the API at `path` words it: the message, and OpenAI's
+    code and param."""
+    n, limit = exc.n_prompt, exc.n_ctx
+    if path.startswith("/v1/messages"):  # Anthropic's own words (Claude Code compacts on them)
+        return f"prompt is too long: {n} tokens > {limit} maximum", None, None
+    if path.startswith("/v1/responses"):
+        return (f"Your input exceeds the context window of this model: {n} tokens > {limit}. "
+                f"Please adjust your input and try again.", "context_length_exceeded", "input")
+    if path.startswith("/v1/"):
+        return (f"This model's maximum context length is {limit} tokens. However, your "
+                f"{'messages' if 'chat' in path else 'prompt'} resulted in "
+                f"{'at least ' if exc.at_least else ''}{n} tokens. Please reduce the length "
+                f"of the {'messages' if 'chat' in path else 'prompt'}.",
+                "context_length_exceeded", "messages" if "chat" in path else "prompt")
+    return str(exc), None, None
+
+
+def too_long(request: Request, exc: PromptTooLong) -> JSONResponse:
+    message, code, param = too_long_message(request.url.path, exc)
+    return error_response(request, 400, message, code=code, param=param)
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -93,6 +127,8 @@ def install_handlers(app) -> None:
 
     @app.exception_handler(LocalinferError)
     async def _domain_error(request: Request, exc: LocalinferError) -> JSONResponse:
+        if isinstance(exc, PromptTooLong):
+            return too_long(request, exc)
         status, kind = status_for(exc)
         return error_response(request, status, str(exc), kind)
 

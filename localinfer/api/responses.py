@@ -7,15 +7,25 @@ What it takes: `input` (a string, or items: messages with text parts, `function_
 (`store`, on by default) continues, its input and output before the new input — within the
 server's lifetime, the last `MAX_STORED` responses and at most `MAX_STORED_BYTES` of them.
 Output items are the reply's reasoning, its message and its function calls, in the order
-the model wrote them, each streamed as the API's events. Images and built-in tools
-(web search, file search, …) are refused with a 400 naming them.
+the model wrote them, each streamed as the API's events; a reply cut at its limit ends with
+`response.incomplete`.
+
+Tools as Codex sends them: `function` tools; `namespace` groups of function tools (its
+multi-agent and MCP tools), offered to the model as one function each named
+`<namespace>__<name>` (or `<namespace><name>` where the namespace ends in `_`, as MCP's
+`mcp__server__` do) and returned as a `function_call` with its `namespace` and `name`
+apart; `custom` (free-form) tools, offered as a function of one string `input` and returned
+as a `custom_tool_call`. Tools that OpenAI's servers run (web search, file search, code
+interpreter, …) cannot run here and are left out, as a provider without them would.
 """
 
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import json
+import logging
 import threading
 import time
 import uuid
@@ -35,6 +45,8 @@ from localinfer.backends.chat_format import Piece
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 
 __all__ = ["router"]
+
+log = logging.getLogger("localinfer.api")
 
 router = APIRouter(prefix="/v1", tags=["responses"])
 
@@ -177,16 +189,20 @@ def _messages(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
             if role == "assistant" and reasoning:
                 message["reasoning_content"], reasoning = reasoning, ""
             out.append(message)
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
+            name = str(item.get("name") or "")
+            if item.get("namespace"):
+                name = _flat(str(item["namespace"]), name)
+            arguments = (str(item.get("arguments") or "{}") if kind == "function_call" else
+                         json.dumps({"input": str(item.get("input") or "")}, ensure_ascii=False))
             call = {"id": str(item.get("call_id") or item.get("id") or ""), "type": "function",
-                    "function": {"name": str(item.get("name") or ""),
-                                 "arguments": str(item.get("arguments") or "{}")}}
+                    "function": {"name": name, "arguments": arguments}}
             if not out or out[-1]["role"] != "assistant":
                 out.append({"role": "assistant", "content": ""})
                 if reasoning:
                     out[-1]["reasoning_content"], reasoning = reasoning, ""
             out[-1].setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             out.append({"role": "tool", "tool_call_id": str(item.get("call_id") or ""),
                         "content": output if isinstance(output, str)
@@ -199,18 +215,63 @@ def _messages(items: Union[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     return out
 
 
-def _tools(body: ResponsesRequest) -> ToolSpec | None:
-    functions = []
+@dataclasses.dataclass(frozen=True)
+class _Origin:
+    """What a function offered to the model is to the client: a namespace's member, or a
+    custom (free-form) tool."""
+
+    name: str
+    namespace: str | None = None
+    custom: bool = False
+
+
+def _flat(namespace: str, name: str) -> str:
+    """A namespace member's name as the model sees it: `ns__name`, or `ns` + `name` where the
+    namespace ends in `_` (MCP's `mcp__server__`)."""
+    return f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}"
+
+
+_CUSTOM_INPUT = {"type": "object", "required": ["input"], "additionalProperties": False,
+                 "properties": {"input": {"type": "string"}}}
+
+
+def _function(tool: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in tool.items() if k in ("name", "description", "parameters")}
+
+
+def _tools(body: ResponsesRequest) -> tuple[ToolSpec | None, dict[str, _Origin]]:
+    """The tools as functions the model is offered, and the client's view of those that are
+    not plain functions (by the name the model calls)."""
+    functions: list[dict[str, Any]] = []
+    origin: dict[str, _Origin] = {}
     for i, tool in enumerate(body.tools or ()):
-        if tool.get("type") != "function":
-            raise ApiError(400, f"tools[{i}]: only function tools are supported, not "
-                                f"{tool.get('type')!r} (no built-in tools here)")
-        functions.append({k: v for k, v in tool.items() if k in ("name", "description",
-                                                                   "parameters")})
+        kind = tool.get("type")
+        if kind == "function":
+            functions.append(_function(tool))
+        elif kind == "namespace":
+            namespace = str(tool.get("name") or "")
+            members = tool.get("tools")
+            if not namespace or not isinstance(members, list):
+                raise ApiError(400, f"tools[{i}]: a namespace needs a name and a list of tools")
+            for member in members:
+                if not isinstance(member, dict) or member.get("type", "function") != "function":
+                    raise ApiError(400, f"tools[{i}]: a namespace holds function tools only")
+                flat = _flat(namespace, str(member.get("name") or ""))
+                functions.append({**_function(member), "name": flat})
+                origin[flat] = _Origin(str(member.get("name")), namespace)
+        elif kind == "custom":
+            name = str(tool.get("name") or "")
+            functions.append({"name": name, "description": str(tool.get("description") or ""),
+                              "parameters": _CUSTOM_INPUT})
+            origin[name] = _Origin(name, custom=True)
+        else:  # web_search, file_search, code_interpreter, …: OpenAI's servers run them
+            log.info("tools[%d] (%.60s) runs on OpenAI's servers, not here: left out", i, kind)
     choice = body.tool_choice
     if isinstance(choice, dict):
-        choice = {"function": {"name": choice.get("name")}}
-    return ToolSpec.from_request(functions, choice)
+        name = str(choice.get("name") or "")
+        choice = {"function": {"name": _flat(str(choice["namespace"]), name)
+                               if choice.get("namespace") else name}}
+    return ToolSpec.from_request(functions, choice), origin
 
 
 def _grammar(body: ResponsesRequest) -> str | None:
@@ -232,23 +293,27 @@ def _grammar(body: ResponsesRequest) -> str | None:
 class _Output:
     """The response's output items as the reply's pieces arrive, and the events that say so."""
 
-    def __init__(self, response: dict[str, Any]):
+    def __init__(self, response: dict[str, Any], origin: dict[str, _Origin] | None = None):
         self.response = response
         self.items: list[dict[str, Any]] = response["output"]
         self.open: dict[str, Any] | None = None
         self.calls: dict[int, dict[str, Any]] = {}
+        self.origin = origin or {}
+        self.custom: dict[str, str] = {}  # a custom call's arguments so far, by item id
         self.sequence = 0
 
     def event(self, kind: str, **data: Any) -> dict[str, Any]:
+        """One event, holding a copy of what it shows: an item sent as added is not
+        changed by the deltas after it (a client appends them to it)."""
         self.sequence += 1
-        return {"type": kind, "sequence_number": self.sequence - 1, **data}
+        return {"type": kind, "sequence_number": self.sequence - 1, **copy.deepcopy(data)}
 
     def _start(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         events = self._close()
         self.items.append(item)
         self.open = item
         events.append(self.event("response.output_item.added", output_index=len(self.items) - 1,
-                                 item=dict(item)))
+                                 item=item))
         if item["type"] == "message":
             item["content"].append({"type": "output_text", "text": "", "annotations": []})
             events.append(self.event("response.content_part.added", item_id=item["id"],
@@ -271,18 +336,22 @@ class _Output:
                                   output_index=index, content_index=0, text=part["text"],
                                   logprobs=[]),
                        self.event("response.content_part.done", item_id=item["id"],
-                                  output_index=index, content_index=0, part=dict(part))]
+                                  output_index=index, content_index=0, part=part)]
         elif item["type"] == "reasoning":
             events.append(self.event("response.reasoning_text.done", item_id=item["id"],
                                      output_index=index, content_index=0,
                                      text=item["content"][0]["text"]))
+        elif item["type"] == "custom_tool_call":
+            item["input"] = _custom_input(self.custom.pop(item["id"], ""))
+            events.append(self.event("response.custom_tool_call_input.done",
+                                     item_id=item["id"], output_index=index,
+                                     input=item["input"]))
         else:
             events.append(self.event("response.function_call_arguments.done",
                                      item_id=item["id"], output_index=index,
                                      arguments=item["arguments"]))
         item["status"] = "completed"
-        events.append(self.event("response.output_item.done", output_index=index,
-                                 item=dict(item)))
+        events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
 
     def add(self, piece: Piece) -> list[dict[str, Any]]:
@@ -306,17 +375,28 @@ class _Output:
                                      output_index=len(self.items) - 1, content_index=0,
                                      delta=piece.text, logprobs=[]))
         elif piece.kind == "call":
+            origin = self.origin.get(piece.name) or _Origin(piece.name)
             item = {"type": "function_call", "id": f"fc_{uuid.uuid4().hex}",
-                    "call_id": piece.id, "name": piece.name, "arguments": "",
+                    "call_id": piece.id, "name": origin.name, "arguments": "",
                     "status": "in_progress"}
+            if origin.namespace is not None:
+                item["namespace"] = origin.namespace
+            if origin.custom:  # (its input is the arguments' one string, given at its end)
+                item = {"type": "custom_tool_call", "id": f"ctc_{uuid.uuid4().hex}",
+                        "call_id": piece.id, "name": origin.name, "input": "",
+                        "status": "in_progress"}
+                self.custom[item["id"]] = ""
             self.calls[piece.index] = item
             events += self._start(item)
         elif piece.kind == "arguments":
             item = self.calls[piece.index]
-            item["arguments"] += piece.text
-            events.append(self.event("response.function_call_arguments.delta",
-                                     item_id=item["id"], output_index=self.items.index(item),
-                                     delta=piece.text))
+            if item["type"] == "custom_tool_call":
+                self.custom[item["id"]] += piece.text
+            else:
+                item["arguments"] += piece.text
+                events.append(self.event("response.function_call_arguments.delta",
+                                         item_id=item["id"], output_index=self.items.index(item),
+                                         delta=piece.text))
         return events
 
     def finish(self, stats: RequestStats, job: core.Job, reasoning: int) -> list[dict[str, Any]]:
@@ -345,11 +425,24 @@ class _Output:
             elif item["type"] == "reasoning":
                 message["reasoning_content"] = (message.get("reasoning_content", "")
                                                 + item["content"][0]["text"])
-            else:
+            else:  # (as the model wrote it: the name it was offered, the arguments' JSON)
+                name = (_flat(item["namespace"], item["name"]) if item.get("namespace")
+                        else item["name"])
+                arguments = (item["arguments"] if item["type"] == "function_call" else
+                             json.dumps({"input": item["input"]}, ensure_ascii=False))
                 message.setdefault("tool_calls", []).append({
                     "id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}})
+                    "function": {"name": name, "arguments": arguments}})
         return message
+
+
+def _custom_input(arguments: str) -> str:
+    """A custom tool's input from the arguments the model wrote for its one parameter."""
+    try:
+        value = json.loads(arguments)
+    except ValueError:
+        return arguments
+    return str(value.get("input", "")) if isinstance(value, dict) else str(value)
 
 
 def _response(body: ResponsesRequest, model: str, response_id: str) -> dict[str, Any]:
@@ -372,7 +465,7 @@ async def responses(body: ResponsesRequest, request: Request):
     history = store.get(body.previous_response_id) if body.previous_response_id else []
     conversation = history + _messages(body.input)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
-    tools = _tools(body)
+    tools, origin = _tools(body)
     params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
                             max_tokens=body.max_output_tokens,
                             grammar=_grammar(body) or body.grammar)
@@ -382,7 +475,7 @@ async def responses(body: ResponsesRequest, request: Request):
                            messages=turns, tools=tools, images=files,
                            template_args={"reasoning_effort": effort} if effort else None)
     response_id = f"resp_{uuid.uuid4().hex}"
-    output = _Output(_response(body, job.model.name, response_id))
+    output = _Output(_response(body, job.model.name, response_id), origin)
 
     def keep() -> None:
         if body.store:
@@ -405,9 +498,9 @@ def _sse(event: dict[str, Any]) -> str:
 
 async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
     """The Responses API's events: created, in_progress, each item's added / deltas / done,
-    then completed (or failed, with the error)."""
-    yield _sse(output.event("response.created", response=dict(output.response)))
-    yield _sse(output.event("response.in_progress", response=dict(output.response)))
+    then completed (incomplete for a reply cut at its limit; failed, with the error)."""
+    yield _sse(output.event("response.created", response=output.response))
+    yield _sse(output.event("response.in_progress", response=output.response))
     reader = job.parser()
     async for event in job.events():
         if isinstance(event, ErrorEvent):
@@ -423,7 +516,8 @@ async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
             for item in output.finish(event.stats, job, reader.reasoning_tokens):
                 yield _sse(item)
             keep()
-            yield _sse(output.event("response.completed", response=output.response))
+            yield _sse(output.event(f"response.{output.response['status']}",
+                                    response=output.response))
             return
         for piece in reader.feed(event.text):
             for item in output.add(piece):

@@ -68,6 +68,7 @@ def test_capabilities_say_what_each_model_does_and_num_ctx_reloads_it(tmp_path):
                         options={"num_predict": 1, "num_ctx": 1 << 20})
         assert [m.context_length for m in client.ps().models] == [8192]
         client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 1})
-        assert [m.context_length for m in client.ps().models] == [8192]  # none asked: kept
+        # none asked: the server's own again, not the last client's (as Ollama)
+        assert [m.context_length for m in client.ps().models] == [256]
     finally:
         stop_server(server)
