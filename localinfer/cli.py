@@ -562,6 +562,34 @@ def serve(
         run_server(settings, options, settings.model, verbose)
 
 
+@commands.command(context_settings={"allow_extra_args": True,
+                                     "ignore_unknown_options": True})
+def launch(
+    context: typer.Context,
+    agent: Annotated[str, typer.Argument(
+        help="claude (Claude Code), codex, opencode or qwen (Qwen Code); what follows "
+             "(after --) goes to the agent.")],
+    model: Annotated[Optional[str], typer.Option(
+        "--model", "-m", help="The model it uses [the largest installed one whose template "
+                              "takes tools, with the context the agent needs].")] = None,
+    ctx: Annotated[Optional[int], typer.Option(
+        min=256, help="The context a server started here gives the model [what the agent "
+                      "needs: 32768 for Claude Code, 16384 for OpenCode].")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log requests and llama.cpp.")
+                       ] = False,
+) -> None:
+    """A coding agent on your models: the local server (started for this run if none is
+    running), the model, and the agent's own settings for this run only."""
+    from localinfer.launch import find, launch as run_agent
+
+    _setup_logging(verbose)
+    logging.getLogger("localinfer.launch").setLevel(logging.INFO if verbose else logging.WARNING)
+    with _user_errors():
+        chosen = find(agent)
+        settings = Settings.read()
+        raise typer.Exit(run_agent(chosen, settings, model, context.args, ctx, verbose))
+
+
 @commands.command(name="app")
 def desktop_app(
     model: Annotated[Optional[str], typer.Argument(

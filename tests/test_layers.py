@@ -19,7 +19,8 @@ LAYERS = [
                   "localinfer.model_rows", "localinfer.bench", "localinfer.worker",
                   "localinfer.images"]),
     ("front ends", ["localinfer.api", "localinfer.tui", "localinfer.web"]),
-    ("commands", ["localinfer.cli", "localinfer.desktop", "localinfer.__main__"]),
+    ("commands", ["localinfer.cli", "localinfer.desktop", "localinfer.launch",
+                  "localinfer.__main__"]),
 ]
 # front ends of one layer that stay apart: each stands on the services alone (the server
 # serves the web page: api may import web)
