@@ -227,6 +227,18 @@ async def messages(body: MessagesRequest, request: Request):
             "usage": _usage(stats, job)}
 
 
+class CountRequest(MessagesRequest):
+    max_tokens: Optional[int] = Field(None, ge=1)  # (not asked for by count_tokens)
+
+
+@router.post("/messages/count_tokens")
+async def count_tokens(body: CountRequest, request: Request) -> dict[str, int]:
+    """The tokens a request's prompt takes, rendered as /v1/messages renders it."""
+    turns, files = _messages(body)
+    return {"input_tokens": await core.count(request.app.state.pool, body.model, turns,
+                                             body.tool_spec(), body.template_args(), files)}
+
+
 def _event(kind: str, data: dict[str, Any]) -> str:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **data}, ensure_ascii=False)}\n\n"
 

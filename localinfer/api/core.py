@@ -34,7 +34,7 @@ from localinfer.backends.vision import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_model_name", "start"]
+__all__ = ["Job", "Lenient", "check_model_name", "count", "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
@@ -177,6 +177,31 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+async def count(pool: ModelPool, model: str | None, messages: Sequence[Mapping[str, Any]],
+                tools: ToolSpec | None = None, template_args: Mapping[str, Any] | None = None,
+                images: Sequence[bytes | Remote] = ()) -> int:
+    """How many tokens the messages take as a request's prompt: the same template, tools
+    and pictures as `start` renders them (Anthropic's count_tokens, OpenAI's input_tokens)."""
+    pictures = await decode_all(images, pool.settings.image_urls)
+    async with pool.use(check_model_name(model)) as loaded:
+        backend = loaded.backend
+        if pictures and not backend.info.vision:
+            raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
+                                f"vision model")
+        fmt = chat_format(backend)
+
+        def counted() -> int:
+            args = with_thinking(fmt, template_args) or {}
+            turns = messages
+            if tools is not None:
+                turns, _, more = tools.prepare(messages, SamplingParams(), fmt,
+                                               bool(args.get("enable_thinking")))
+                args.update(more)
+            return len(backend.prompt_tokens(turns, args or None, pictures))
+
+        return await asyncio.get_running_loop().run_in_executor(_STARTS, counted)
 
 
 def sse(data: Mapping[str, Any] | str) -> str:

@@ -492,6 +492,19 @@ async def responses(body: ResponsesRequest, request: Request):
     return output.response
 
 
+@router.post("/responses/input_tokens")
+async def input_tokens(body: ResponsesRequest, request: Request) -> dict[str, Any]:
+    """The tokens a response's input takes, rendered as /v1/responses renders it (with the
+    stored conversation of previous_response_id)."""
+    history = _store(request).get(body.previous_response_id) if body.previous_response_id else []
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    turns, files = _files(system + history + _messages(body.input))
+    effort = body.effort()
+    n = await core.count(request.app.state.pool, body.model or None, turns, _tools(body)[0],
+                         {"reasoning_effort": effort} if effort else None, files)
+    return {"object": "response.input_tokens", "input_tokens": n}
+
+
 def _sse(event: dict[str, Any]) -> str:
     return f"event: {event['type']}\ndata: {json.dumps(event, ensure_ascii=False)}\n\n"
 

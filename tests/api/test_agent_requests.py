@@ -240,3 +240,24 @@ def test_one_clients_num_ctx_does_not_hold_for_the_next(tmp_path):
         assert [m.context_length for m in aider.ps().models] == [1024]
     finally:
         stop_server(server)
+
+
+def test_counted_tokens_are_what_the_request_then_takes(server):
+    """Anthropic's count_tokens and OpenAI's input_tokens render the prompt as the request
+    does: its system prompt, tools and template."""
+    tools = [{"name": "find", "description": "Find a note.", "input_schema": {
+        "type": "object", "properties": {"word": {"type": "string"}}}}]
+    asked = dict(model=MODEL, system="Be brief.", tools=tools,
+                 messages=[{"role": "user", "content": "Find the note about cats."}])
+    client = _anthropic(server)
+    counted = client.messages.count_tokens(**asked)
+    reply = client.messages.create(**asked, max_tokens=1)
+    assert counted.input_tokens == reply.usage.input_tokens > 20
+    bare = client.messages.count_tokens(model=MODEL, messages=asked["messages"])
+    assert bare.input_tokens < counted.input_tokens  # (the tools and the system prompt)
+    oai = _openai(server)
+    question = dict(model=MODEL, input="Find the note about cats.", instructions="Be brief.",
+                    tools=[NAMESPACE])
+    n = oai.responses.input_tokens.count(**question)
+    response = oai.responses.create(**question, max_output_tokens=1)
+    assert n.input_tokens == response.usage.input_tokens > 20
