@@ -9,6 +9,14 @@ control tokens to the shape's vocabulary, so the output layer has its real size.
     python3 bench/random_gguf.py llama3.1-8b /tmp/l8b.gguf --tokenizer tok.gguf
     python3 bench/random_gguf.py --tokenizer-only tok.gguf   # a few MiB to carry elsewhere
     python3 bench/random_gguf.py fast-step /tmp/fast.gguf    # 5 MiB, ~1 ms a step on a CPU
+
+Tiny models of other architectures than llama's, each with the keys, tensor names and F32
+tensors that llama.cpp's converter and llama-quantize give it: Gated DeltaNet layers with one
+of attention in four (qwen35), a pure state-space model (mamba2), short convolutions with
+attention (lfm2), sliding-window attention (gemma3) and a mixture of experts (qwen3moe).
+Their vocabulary is the tokenizer's own, unpadded:
+
+    python3 bench/random_gguf.py qwen35-tiny /tmp/q35.gguf --tokenizer ggml-vocab-qwen2.gguf
 """
 
 from __future__ import annotations
@@ -157,6 +165,234 @@ def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int =
     writer.close()
 
 
+@dataclass(frozen=True)
+class ArchShape:
+    """A model of one of llama.cpp's other architectures (`arch`, its name there). The fields
+    an architecture does not have stay 0. head_dim: per attention head (key_length); n_rot: the
+    rotated dimensions (0: all); n_head_kv: one count, or one per layer (lfm2: 0 on a
+    convolution layer); ssm_*: the recurrent layers' conv_kernel, inner_size, state_size,
+    time_step_rank, group_count as llama.cpp's ssm.* keys name them."""
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int = 0
+    n_head: int = 0
+    n_head_kv: int | tuple[int, ...] = 0
+    head_dim: int = 0
+    n_rot: int = 0
+    n_ctx_train: int = 32768
+    rope_base: float = 1e6
+    rope_sections: tuple[int, ...] = ()
+    rms_eps: float = 1e-6
+    sliding_window: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    ssm_conv: int = 0
+    ssm_inner: int = 0
+    ssm_state: int = 0
+    ssm_dt_rank: int = 0
+    ssm_groups: int = 0
+    full_attention_interval: int = 0
+    shortconv_l_cache: int = 0
+
+    def kv_heads(self, layer: int) -> int:
+        return self.n_head_kv if isinstance(self.n_head_kv, int) else self.n_head_kv[layer]
+
+    def is_recurrent(self, layer: int) -> bool:
+        if self.arch == "mamba2":
+            return True
+        if self.arch == "qwen35":
+            return (layer + 1) % self.full_attention_interval != 0
+        if self.arch == "lfm2":
+            return self.kv_heads(layer) == 0
+        return False
+
+
+ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow width
+    # Qwen3.5: three Gated DeltaNet layers to one of gated full attention (interleaved
+    # M-RoPE on a quarter of each head), q/k heads 2, v heads 4
+    "qwen35-tiny": ArchShape("qwen35", 4, 128, n_ff=384, n_head=4, n_head_kv=2, head_dim=64,
+                             n_rot=16, n_ctx_train=262144, rope_base=1e7,
+                             rope_sections=(3, 3, 2, 0), ssm_conv=4, ssm_inner=128,
+                             ssm_state=32, ssm_dt_rank=4, ssm_groups=2,
+                             full_attention_interval=4),
+    # Mamba-2: d_inner 2 × n_embd, heads of 64, one group
+    "mamba2-tiny": ArchShape("mamba2", 2, 128, n_ctx_train=1 << 20, rms_eps=1e-5,
+                             ssm_conv=4, ssm_inner=256, ssm_state=64, ssm_dt_rank=4,
+                             ssm_groups=1),
+    # LFM2: short convolutions (L_cache 3) and attention, the first layer a convolution
+    "lfm2-tiny": ArchShape("lfm2", 4, 128, n_ff=384, n_head=4, n_head_kv=(0, 2, 0, 2),
+                           n_ctx_train=128000, rms_eps=1e-5, shortconv_l_cache=3),
+    # Gemma 3: five sliding-window layers to one global (llama.cpp's default pattern of 6)
+    "gemma3-tiny": ArchShape("gemma3", 6, 64, n_ff=256, n_head=4, n_head_kv=1, head_dim=32,
+                             n_ctx_train=131072, sliding_window=64),
+    # Qwen3 MoE: 8 experts, 2 a token, no shared expert
+    "qwen3moe-tiny": ArchShape("qwen3moe", 2, 128, n_ff=256, n_head=4, n_head_kv=2,
+                               head_dim=32, n_ctx_train=40960, n_expert=8, n_expert_used=2,
+                               n_ff_exp=64),
+}
+
+
+def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: int = 0) -> None:
+    """A random-weight GGUF of `shape`'s architecture that llama.cpp loads and decodes, with
+    `tokenizer`'s vocabulary (unpadded) and the output tied to the token embeddings. Matrices
+    are Q8_0; norms, convolution kernels, biases, routers and the state-space scalars F32, as
+    llama-quantize leaves them."""
+    import gguf
+
+    arch = shape.arch
+    if arch not in ("qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe"):
+        raise ValueError(f"no writer for the architecture {arch!r}")
+    rng = np.random.default_rng(seed)
+    n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
+    writer = gguf.GGUFWriter(out, arch)
+    writer.add_name(name)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_block_count(shape.n_layer)
+    writer.add_context_length(shape.n_ctx_train)
+    writer.add_embedding_length(shape.n_embd)
+    writer.add_feed_forward_length(shape.n_ff)
+    writer.add_head_count(shape.n_head)
+    if shape.n_head:
+        writer.add_head_count_kv(shape.n_head_kv if isinstance(shape.n_head_kv, int)
+                                 else list(shape.n_head_kv))
+        writer.add_rope_freq_base(shape.rope_base)
+    if shape.head_dim:
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
+    if shape.n_rot:
+        writer.add_rope_dimension_count(shape.n_rot)
+    if shape.rope_sections:
+        writer.add_rope_dimension_sections(list(shape.rope_sections))
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if shape.ssm_conv:
+        writer.add_ssm_conv_kernel(shape.ssm_conv)
+        writer.add_ssm_inner_size(shape.ssm_inner)
+        writer.add_ssm_state_size(shape.ssm_state)
+        writer.add_ssm_time_step_rank(shape.ssm_dt_rank)
+        writer.add_ssm_group_count(shape.ssm_groups)
+    if shape.full_attention_interval:
+        # both, as the converter writes a config with layer_types (llama.cpp reads the array
+        # first, the interval where it is missing)
+        writer.add_full_attention_interval(shape.full_attention_interval)
+        writer.add_key_value(f"{arch}.attention.recurrent_layers",
+                             [shape.is_recurrent(i) for i in range(shape.n_layer)],
+                             gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.BOOL)
+    if shape.shortconv_l_cache:
+        writer.add_shortconv_l_cache(shape.shortconv_l_cache)
+    if shape.sliding_window:
+        writer.add_sliding_window(shape.sliding_window)
+        writer.add_rope_freq_base_swa(10000.0)
+    if shape.n_expert:
+        writer.add_expert_count(shape.n_expert)
+        writer.add_expert_used_count(shape.n_expert_used)
+        writer.add_expert_feed_forward_length(shape.n_ff_exp)
+    writer.add_vocab_size(n_vocab)
+    _add_tokenizer(writer, tokenizer, None)
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    e, hd = shape.n_embd, shape.head_dim or (shape.n_embd // shape.n_head if shape.n_head else 0)
+
+    def matrix(tensor: str, rows: int, cols: int, experts: int = 0) -> None:
+        """A Q8_0 matrix of llama.cpp's shape {cols, rows} (× experts)."""
+        data = _q8_0(rng, rows * max(experts, 1), cols)
+        if experts:
+            data = data.reshape(experts, rows, data.shape[-1])
+        writer.add_tensor(tensor, data, raw_dtype=q8)
+
+    def f32(tensor: str, data: np.ndarray) -> None:
+        writer.add_tensor(tensor, np.ascontiguousarray(data, dtype=np.float32))
+
+    def ones(tensor: str, n: int) -> None:
+        f32(tensor, np.ones(n))
+
+    def random(tensor: str, *numpy_shape: int, scale: float = 0.02) -> None:
+        f32(tensor, rng.normal(0.0, scale, size=numpy_shape))
+
+    def attention(i: int, q_rows: int, norms: bool = True) -> None:
+        kv = shape.kv_heads(i) * hd
+        matrix(f"blk.{i}.attn_q.weight", q_rows, e)
+        matrix(f"blk.{i}.attn_k.weight", kv, e)
+        matrix(f"blk.{i}.attn_v.weight", kv, e)
+        matrix(f"blk.{i}.attn_output.weight", e, shape.n_head * hd)
+        if norms:
+            ones(f"blk.{i}.attn_q_norm.weight", hd)
+            ones(f"blk.{i}.attn_k_norm.weight", hd)
+
+    def ffn(i: int) -> None:
+        matrix(f"blk.{i}.ffn_gate.weight", shape.n_ff, e)
+        matrix(f"blk.{i}.ffn_up.weight", shape.n_ff, e)
+        matrix(f"blk.{i}.ffn_down.weight", e, shape.n_ff)
+
+    def decay(n: int) -> np.ndarray:  # A = -exp(A_log), A_log ~ log U(1, 16)
+        return -rng.uniform(1.0, 16.0, size=n)
+
+    def dt_bias(n: int) -> np.ndarray:  # softplus⁻¹ of dt ~ log U(0.001, 0.1)
+        dt = np.exp(rng.uniform(np.log(0.001), np.log(0.1), size=n))
+        return dt + np.log(-np.expm1(-dt))
+
+    matrix("token_embd.weight", n_vocab, e)
+    for i in range(shape.n_layer):
+        ones(f"blk.{i}.attn_norm.weight", e)
+        if arch == "qwen35":
+            ones(f"blk.{i}.post_attention_norm.weight", e)
+            if shape.is_recurrent(i):  # Gated DeltaNet
+                key_dim = shape.ssm_state * shape.ssm_groups
+                value_dim = shape.ssm_inner
+                matrix(f"blk.{i}.attn_qkv.weight", 2 * key_dim + value_dim, e)
+                matrix(f"blk.{i}.attn_gate.weight", value_dim, e)
+                random(f"blk.{i}.ssm_conv1d.weight", 2 * key_dim + value_dim, shape.ssm_conv,
+                       scale=0.3)
+                f32(f"blk.{i}.ssm_dt.bias", dt_bias(shape.ssm_dt_rank))
+                f32(f"blk.{i}.ssm_a", decay(shape.ssm_dt_rank))
+                matrix(f"blk.{i}.ssm_beta.weight", shape.ssm_dt_rank, e)
+                matrix(f"blk.{i}.ssm_alpha.weight", shape.ssm_dt_rank, e)
+                ones(f"blk.{i}.ssm_norm.weight", shape.ssm_state)
+                matrix(f"blk.{i}.ssm_out.weight", e, value_dim)
+            else:  # the query projection carries the output gate too
+                attention(i, 2 * shape.n_head * hd)
+            ffn(i)
+        elif arch == "mamba2":
+            conv_dim = shape.ssm_inner + 2 * shape.ssm_groups * shape.ssm_state
+            matrix(f"blk.{i}.ssm_in.weight", shape.ssm_inner + conv_dim + shape.ssm_dt_rank, e)
+            random(f"blk.{i}.ssm_conv1d.weight", conv_dim, shape.ssm_conv, scale=0.3)
+            f32(f"blk.{i}.ssm_conv1d.bias", np.zeros(conv_dim))
+            f32(f"blk.{i}.ssm_dt.bias", dt_bias(shape.ssm_dt_rank))
+            f32(f"blk.{i}.ssm_a", decay(shape.ssm_dt_rank).reshape(-1, 1))
+            f32(f"blk.{i}.ssm_d", np.ones((shape.ssm_dt_rank, 1)))
+            f32(f"blk.{i}.ssm_norm.weight",
+                np.ones((shape.ssm_groups, shape.ssm_inner // shape.ssm_groups)))
+            matrix(f"blk.{i}.ssm_out.weight", e, shape.ssm_inner)
+        elif arch == "lfm2":
+            ones(f"blk.{i}.ffn_norm.weight", e)
+            ffn(i)
+            if shape.is_recurrent(i):  # the gated short convolution
+                random(f"blk.{i}.shortconv.conv.weight", e, shape.shortconv_l_cache, scale=0.3)
+                matrix(f"blk.{i}.shortconv.in_proj.weight", 3 * e, e)
+                matrix(f"blk.{i}.shortconv.out_proj.weight", e, e)
+            else:
+                attention(i, shape.n_head * hd)
+        elif arch == "gemma3":
+            attention(i, shape.n_head * hd)
+            ones(f"blk.{i}.post_attention_norm.weight", e)
+            ones(f"blk.{i}.ffn_norm.weight", e)
+            ffn(i)
+            ones(f"blk.{i}.post_ffw_norm.weight", e)
+        elif arch == "qwen3moe":
+            attention(i, shape.n_head * hd)
+            ones(f"blk.{i}.ffn_norm.weight", e)
+            random(f"blk.{i}.ffn_gate_inp.weight", shape.n_expert, e)
+            matrix(f"blk.{i}.ffn_gate_exps.weight", shape.n_ff_exp, e, shape.n_expert)
+            matrix(f"blk.{i}.ffn_up_exps.weight", shape.n_ff_exp, e, shape.n_expert)
+            matrix(f"blk.{i}.ffn_down_exps.weight", e, shape.n_ff_exp, shape.n_expert)
+    # LFM2's final norm has the name of an input norm in its converter's table
+    ones("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", e)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def fast_step_model(folder: Path) -> Path:
     """The fast-step shape with smollm2's tokenizer, written into `folder` (a second)."""
     path = folder / "fast-step.gguf"
@@ -178,7 +414,7 @@ def write_tokenizer_only(out: Path, tokenizer: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES))
+    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES) + sorted(ARCH_SHAPES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--tokenizer", type=Path, help="GGUF to copy the tokenizer from "
                                                        "[the embedded smollm2]")
@@ -189,6 +425,8 @@ def main() -> None:
         write_tokenizer_only(args.out, tokenizer)
     elif args.shape is None:
         parser.error("name a shape, or pass --tokenizer-only")
+    elif args.shape in ARCH_SHAPES:
+        write_arch(ARCH_SHAPES[args.shape], args.out, tokenizer, f"random {args.shape} Q8_0")
     else:
         write_model(SHAPES[args.shape], args.out, tokenizer, f"random {args.shape} Q8_0")
 

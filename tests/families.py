@@ -1,11 +1,13 @@
 """Real model families without real weights: llama.cpp's own copies of the families' chat
 templates and tokenizers, from the llama-cpp-python source release of the installed version
 (pip's cache has it where pip built the wheel here; else the package index), and small
-random-weight GGUFs made with them (bench/random_gguf.py). What a model says is noise, so
-a test that needs a given text forces it with a grammar; how the reply is taken apart, and
-how the template renders tools and reasoning, is the family's own. A grammar allows a text in
-many tokenizations, and which one a random model picks depends on the floats of its batch:
-leave room for a token a character.
+random-weight GGUFs made with them (bench/random_gguf.py): one-layer llama-shaped ones
+(family_model), and tiny ones of other architectures — hybrid, recurrent, sliding-window,
+mixture of experts (arch_model). What a model says is noise, so a test that needs a given
+text forces it with a grammar; how the reply is taken apart, and how the template renders
+tools and reasoning, is the family's own. A grammar allows a text in many tokenizations, and
+which one a random model picks depends on the floats of its batch: leave room for a token a
+character.
 
 Everything is kept in a cache of its own, per llama-cpp-python version: the first run
 downloads the source (~60 MB) once and writes each model once (a few seconds each).
@@ -88,18 +90,75 @@ def family_model(template: str | None, vocab: str = "qwen2",
                               f"{'' if arch == 'llama' else '--' + arch}.gguf")
     if out.exists():
         return out
+    random_gguf = _random_gguf()
+    tokenizer = _tokenizer(random_gguf, template, vocab, added)
+    shape = random_gguf.Shape(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128,
+                              n_vocab=len(tokenizer["tokenizer.ggml.tokens"][0]),
+                              n_ctx_train=4096, tied_output=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_model(shape, partial, tokenizer, f"random {template}", arch=arch)
+    os.replace(partial, out)
+    return out
+
+
+# each architecture's family: its chat template (None: a base model's file), vocabulary and
+# added tokens. Gemma 3's turn marks sit at the ids Gemma 4's vocabulary has its own at;
+# Mamba-2 was trained on GPT-NeoX's vocabulary; LFM2's template is ChatML's.
+ARCH_FAMILIES = {
+    "qwen35": ("Qwen3.5-4B", "qwen2", QWEN_ADDED),
+    "qwen3moe": ("Qwen-Qwen3-0.6B", "qwen2", QWEN_ADDED),
+    "lfm2": ("LFM2.5-Instruct", "qwen2", QWEN_ADDED),
+    "gemma3": ("google-gemma-2-2b-it", "gemma-4", {105: "<start_of_turn>",
+                                                    106: "<end_of_turn>"}),
+    "mamba2": (None, "gpt-neox", {}),
+}
+
+
+def arch_model(arch: str, template: str | None | bool = True, vocab: str | None = None,
+               added: dict[int, str] | None = None, tag: str = "") -> Path:
+    """A random-weight GGUF of another architecture than llama's, `<arch>-tiny` of
+    bench/random_gguf.py's ARCH_SHAPES (qwen35, mamba2, lfm2, gemma3, qwen3moe), with its
+    family's tokenizer and chat template (ARCH_FAMILIES). `template`: True, the family's; a
+    name of `models/templates/`; None, none. `vocab`, `added`: in place of the family's;
+    `tag` tells apart two files of one architecture and tokenizer."""
+    family_template, family_vocab, family_added = ARCH_FAMILIES[arch]
+    template = family_template if template is True else template
+    vocab = vocab or family_vocab
+    added = family_added if added is None else added
+    out = CACHE / "models" / f"{arch}-tiny--{template or 'base'}--{vocab}{tag}.gguf"
+    if out.exists():
+        return out
+    random_gguf = _random_gguf()
+    tokenizer = _tokenizer(random_gguf, template, vocab, added)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_arch(random_gguf.ARCH_SHAPES[f"{arch}-tiny"], partial, tokenizer,
+                           f"random {arch}-tiny {template or 'base'}")
+    os.replace(partial, out)
+    return out
+
+
+def _random_gguf():
     sys.path.insert(0, str(BENCH))
     try:
         import random_gguf
     finally:
         sys.path.remove(str(BENCH))
+    return random_gguf
+
+
+def _tokenizer(random_gguf, template: str | None, vocab: str, added: dict[int, str]) -> dict:
+    """`models/ggml-vocab-<vocab>.gguf`'s tokenizer with `added` at their ids and `template`
+    as its chat template."""
     tokenizer = random_gguf.read_tokenizer(llama_cpp_file(f"models/ggml-vocab-{vocab}.gguf"))
     tokens, *token_kind = tokenizer["tokenizer.ggml.tokens"]
     types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
     tokens, types = list(tokens), list(types)
     for token_id, text in added.items():
-        tokens[token_id] = text
-        types[token_id] = _CONTROL if text.startswith("<|") else _USER_DEFINED
+        tokens[token_id] = text  # a control token stays one (Gemma's turn marks)
+        control = text.startswith("<|") or types[token_id] == _CONTROL
+        types[token_id] = _CONTROL if control else _USER_DEFINED
     tokenizer["tokenizer.ggml.tokens"] = (tokens, *token_kind)
     tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
     import gguf
@@ -108,13 +167,7 @@ def family_model(template: str | None, vocab: str = "qwen2",
     if template is not None:
         source = llama_cpp_file(f"models/templates/{template}.jinja").read_text()
         tokenizer["tokenizer.chat_template"] = (source, gguf.GGUFValueType.STRING, None)
-    shape = random_gguf.Shape(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128,
-                              n_vocab=len(tokens), n_ctx_train=4096, tied_output=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    partial = out.with_suffix(".partial")
-    random_gguf.write_model(shape, partial, tokenizer, f"random {template}", arch=arch)
-    os.replace(partial, out)
-    return out
+    return tokenizer
 
 
 def install(home: Path, path: Path, name: str, projector: Path | None = None) -> str:
