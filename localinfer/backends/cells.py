@@ -76,17 +76,24 @@ class SplitCells:
         shared = min(donor.common_prefix(prompt), len(prompt) - 1)
         if shared < own + self.MIN_SHARED:
             return
+        if self.native.stateful and shared < len(donor.cache):
+            return  # a recurrent state is copied whole, and cannot be cut back to `shared`
         self.native.forget(slot.id)
         self.native.copy_cells(donor.id, slot.id)
-        self.native.forget(slot.id, donor.position(shared))
+        if not self.native.forget(slot.id, donor.position(shared)):
+            self.forget(slot)  # (the copy holds more than the prompt shares: none of it)
+            return
         slot.cache = list(prompt[:shared])
         slot.spans.update(donor.spans)
         slot.recount()
 
     def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:
         """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where
-        llama.cpp cannot cut the sequence there)."""
-        if not self.native.forget(slot.id, slot.position(n_keep)):
+        llama.cpp cannot cut the sequence there). A recurrent state is never cut short of
+        its end: llama.cpp says yes to cuts within its snapshots that leave it wrong."""
+        cut = n_keep < len(slot.cache)
+        if (cut and self.native.stateful) or not self.native.forget(slot.id,
+                                                                    slot.position(n_keep)):
             self.native.forget(slot.id)
             n_keep = 0
         del slot.cache[n_keep:]

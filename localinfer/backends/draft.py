@@ -56,6 +56,11 @@ class DraftModel:
                                   n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_outputs=1,
                                   main_gpu=main_gpu)
         try:
+            if self.native.stateful:  # it reads its guesses one at a time, and would have to
+                # forget the rejected ones: a recurrent state cannot be cut back
+                raise ModelLoadFailed("the draft model keeps a recurrent state, which cannot "
+                                      "be rolled back to a rejected guess — pick a "
+                                      "transformer of the same family")
             _check_same_vocabulary(self.native, target)
         except ModelLoadFailed:
             self.native.close()
@@ -72,7 +77,9 @@ class DraftModel:
             return []
         # keep what it has seen, but read at least the last token again for its logits
         keep = min(common_prefix(self.cache, tokens), len(tokens) - 1)
-        self.native.forget(0, keep)
+        if not self.native.forget(0, keep):
+            self.native.forget_all()
+            keep = 0
         del self.cache[keep:]
         for start in range(keep, len(tokens), self.n_batch):
             if not self._decode(tokens[start:start + self.n_batch], last_logits=True):

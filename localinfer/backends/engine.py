@@ -81,7 +81,16 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
         self.budget = StepBudget(step_budget)
-        # a lone stream also decodes guesses with its next token (speculator.py)
+        # a lone stream also decodes guesses with its next token (speculator.py); a
+        # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
+        # does only for hybrids, and as many tokens as it keeps snapshots for
+        if draft_tokens and native.stateful and native.rollback < draft_tokens:
+            log.warning("speculative decoding is off for this model: its recurrent state "
+                        "cannot be rolled back to a rejected guess")
+            draft_tokens = 0
+            if drafter is not None:
+                drafter.close()
+                drafter = None
         self.speculator = Speculator(draft_tokens, drafter)
         # how the slots share the context's cells: a fixed share each, or one pool that
         # admits and preempts requests by free cells (cells.py); past a request's cached
@@ -298,7 +307,9 @@ class Engine:
         best = self.batch.greedy_picks(self.slots)
         for slot in self.slots:
             if slot.task and slot.draft:
-                self.speculator.verify(slot, self._sample, self._on_token, self.native.forget)
+                if not self.speculator.verify(slot, self._sample, self._on_token,
+                                              self.native.forget):
+                    self._lost(slot, "llama.cpp could not drop the guesses it rejected")
             elif slot.task and slot.batch_index >= 0:
                 if best is not None and slot.sampler.argmax:
                     token = int(best[slot.output_row])
@@ -468,6 +479,15 @@ class Engine:
         self._counters["finished"] += 1
         slot.release(self._clock())
         task.close()
+
+    def _lost(self, slot: Slot, why: str) -> None:
+        """The slot's sequence no longer holds what the slot says (llama.cpp refused a cut):
+        its request ends with an error rather than go on from a wrong state, and the
+        sequence is dropped."""
+        log.error("slot %d: %s", slot.id, why)
+        if slot.task:
+            self._fail(slot, EngineError(f"generation stopped: {why}"))
+        self.cells.forget(slot)
 
     def _fail_active(self, error: LocalinferError) -> None:
         for slot in self.slots:

@@ -75,9 +75,13 @@ class NativeModel:
                  n_threads: int, n_gpu_layers: int = 0, kv_type: KvType = KvType.F16,
                  flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0,
                  split_mode: str = "none", main_gpu: int = 0,
-                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False):
+                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False,
+                 rollback: int = 0):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
-        abort the process, so the engine checks before each decode."""
+        abort the process, so the engine checks before each decode. rollback: how many of
+        a decode's last tokens must be droppable again (speculative decoding's guesses):
+        on a hybrid model, llama.cpp keeps that many snapshots of the recurrent state
+        (`n_rs_seq`); a transformer's KV needs none."""
         route_llama_log()
         ensure_loaded()
         llama_cpp.llama_backend_init()
@@ -87,10 +91,18 @@ class NativeModel:
         if not self.model:
             raise ModelLoadFailed(f"llama.cpp could not load '{path}' — run with --verbose to see why")
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        # a recurrent state (Mamba, RWKV; a hybrid's Gated DeltaNet or convolution layers)
+        # holds a whole sequence in one cell: it cannot be cut back to an earlier token
+        self.recurrent = bool(llama_cpp.llama_model_is_recurrent(self.model))
+        self.hybrid = bool(llama_cpp.llama_model_is_hybrid(self.model))
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = n_ctx_total
         cparams.n_batch = n_batch
         cparams.n_ubatch = n_batch
+        if rollback and self.hybrid:  # (a pure recurrent model keeps no snapshots)
+            cparams.n_rs_seq = rollback
+            # llama.cpp aborts a decode whose ubatch is not longer than the snapshots + 1
+            cparams.n_batch = cparams.n_ubatch = max(n_batch, rollback + 2)
         cparams.n_seq_max = n_slots
         # llama.cpp reserves one per sequence at least, and aborts when given fewer
         n_outputs = max(n_outputs, n_slots) if n_outputs else 0
@@ -114,6 +126,9 @@ class NativeModel:
                 f"llama.cpp could not create a context of {n_ctx_total} tokens — lower --ctx"
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        # how many of the last decode's tokens (all but its first) may be dropped again
+        # with a correct state left: llama.cpp's snapshots of a hybrid's recurrent state
+        self.rollback = llama_cpp.llama_n_rs_seq(self.ctx) if self.stateful else 0
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self._heads: frozenset[str] | None = None
         self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
@@ -129,6 +144,13 @@ class NativeModel:
         self._longest: int | None = None
 
     # -- model facts
+    @property
+    def stateful(self) -> bool:
+        """Whether the model keeps a recurrent state (recurrent or hybrid): its sequence
+        cannot be cut at an earlier token (only dropped whole, or rolled back within
+        `rollback` tokens of its last decode), nor a middle part removed, nor moved."""
+        return self.recurrent or self.hybrid
+
     def n_cells(self) -> int:
         """The context's KV cells, all slots' together (LoadOptions.n_ctx is one slot's)."""
         return llama_cpp.llama_n_ctx(self.ctx)
@@ -188,7 +210,12 @@ class NativeModel:
     # -- the KV cache: one sequence per slot, positions [start, end), -1 for an open end
     def forget(self, seq: int, start: int = -1, end: int = -1) -> bool:
         """Drop a sequence's cells in [start, end); False where llama.cpp cannot cut the
-        sequence there (a recurrent model's state), and nothing was dropped."""
+        sequence there (a recurrent model's state), and nothing was dropped.
+
+        A recurrent state answers True to what it cannot do, leaving the state wrong: a
+        middle part removed (it stays in the state; a hybrid drops only its attention
+        cells), and a cut within its snapshots past what the last decode allows. Callers
+        cut a stateful model's sequence only at its end or whole (see `stateful`)."""
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, end))
 
     def forget_all(self) -> None:
@@ -199,7 +226,10 @@ class NativeModel:
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)
 
     def can_shift(self) -> bool:
-        return bool(llama_cpp.llama_memory_can_shift(self.memory))
+        """Whether cells may be moved to other positions (a context shift, cached runs put
+        into place). Never for a recurrent state, whose llama.cpp says it can: moving
+        follows a removal in the middle, which its state does not forget."""
+        return not self.stateful and bool(llama_cpp.llama_memory_can_shift(self.memory))
 
     def shift(self, seq: int, start: int, end: int, delta: int) -> None:
         """Move a sequence's cells in [start, end) by `delta` positions."""

@@ -76,6 +76,7 @@ class LlamaCppBackend(Backend):
             main_gpu=main_gpu,
             tensor_split=split,
             output_on_cpu=output_on_cpu,
+            rollback=options.guesses,  # (a hybrid's rejected guesses are rolled back)
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

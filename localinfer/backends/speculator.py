@@ -73,13 +73,15 @@ class Speculator:
         slot.batch_index, slot.output_row = index, row  # the real next token's come first
 
     def verify(self, slot: Slot, sample: Callable[[Slot, int], int | None],
-               emit: Callable[[Slot, int], None], forget: Callable[[int, int], object]) -> None:
+               emit: Callable[[Slot, int], None], forget: Callable[[int, int], bool]) -> bool:
         """Sample the real next token, then each guess's successor while the guesses hold.
 
         Every emitted token is sampled by the request's own sampler from logits computed
         with exactly the tokens before it, so the output is what plain decoding would give.
         `sample` is the engine's (None: the request failed), `emit` hands a token on, and
-        `forget(seq, from)` drops the rejected guesses' KV.
+        `forget(seq, from)` drops the rejected guesses' KV (a hybrid's recurrent state:
+        rolled back to a snapshot). False where llama.cpp refused to drop them: the
+        sequence no longer holds what the slot says it holds.
         """
         draft, slot.draft = slot.draft, []
         task = slot.task
@@ -87,8 +89,7 @@ class Speculator:
         task.stats.draft_tokens += len(draft)
         token = sample(slot, slot.batch_index)
         if token is None:  # failed: the guesses' KV goes all the same
-            forget(slot.id, len(slot.cache))
-            return
+            return forget(slot.id, len(slot.cache))
         slot.state = SlotState.GENERATING
         emit(slot, token)
         accepted = 0
@@ -101,7 +102,7 @@ class Speculator:
             emit(slot, token)
         task.stats.accepted_tokens += accepted
         self.record(slot, accepted, len(draft))
-        forget(slot.id, len(slot.cache))  # the rejected guesses' KV goes
+        return forget(slot.id, len(slot.cache))  # the rejected guesses' KV goes
 
     @staticmethod
     def record(slot: Slot, accepted: int, guessed: int) -> None:

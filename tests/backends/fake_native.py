@@ -56,6 +56,9 @@ class FakeSampler:
 
 
 class FakeNative:
+    stateful = False  # a transformer's KV: cells cut anywhere (llama_native.NativeModel)
+    rollback = 0
+
     def __init__(self, n_ctx: int = 256, n_ctx_train: int = 4096, n_outputs: int = 64):
         self._n_ctx, self._n_ctx_train = n_ctx, n_ctx_train
         self.n_vocab, self.n_outputs = N_VOCAB, n_outputs

@@ -1,0 +1,177 @@
+"""Recurrent and hybrid models keep a recurrent state per sequence, which llama.cpp cannot cut
+at an earlier token: it says no to most such cuts, and yes to some it cannot do (a middle
+part removed, a cut within its snapshots past what the last decode allows), leaving the
+state wrong. Speculative decoding, cached prefixes and cache reuse must still give what a
+fresh decode of the prompt gives (the reference, tests/greedy.py), and never report cached
+what was read again. Random-weight models of Qwen3.5's hybrid (Gated DeltaNet, one attention
+layer in four), LFM2's (short convolutions) and Mamba2's shapes (tests/families.py)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import llama_cpp
+import numpy
+import pytest
+
+from localinfer.backends.base import LoadOptions, SamplingParams
+from localinfer.backends.llamacpp import LlamaCppBackend
+
+from ..families import ARCH_FAMILIES, arch_model, family_model
+from ..greedy import Reference
+
+pytestmark = pytest.mark.numerics
+
+GREEDY = SamplingParams(temperature=0, max_tokens=40)
+TEXT = ("The river rose in the spring and the town moved its market up the hill, where the "
+        "old church stood. Every year after that the traders came back to the same square, "
+        "and the songs they sang about the flood were taught to children who never saw it. ")
+
+
+@pytest.fixture(scope="module", params=["qwen35", "lfm2", "mamba2"])
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def path(arch):
+    return arch_model(arch)
+
+
+@pytest.fixture(scope="module")
+def reference(path):
+    reference = Reference(path)
+    yield reference
+    reference.close()
+
+
+def _backend(path, **options) -> LlamaCppBackend:
+    return LlamaCppBackend(path, LoadOptions(**{"n_ctx": 1024, **options}), name="model")
+
+
+def test_what_the_model_is_is_read_from_it(path, arch):
+    with _backend(path) as backend:
+        native = backend.native
+        assert (native.recurrent, native.hybrid) == {
+            "qwen35": (False, True), "lfm2": (False, True), "mamba2": (True, False)}[arch]
+        assert native.stateful and not native.can_shift()
+
+
+def _drafter(arch: str) -> str | None:
+    """A llama-shaped random model of the same tokenizer (a pure recurrent model gets prompt
+    lookup, and refuses it)."""
+    if arch == "mamba2":
+        return None
+    template, vocab, added = ARCH_FAMILIES[arch]
+    return str(family_model(template, vocab, added))
+
+
+def _sampled(path, **options) -> tuple[str, object]:
+    """A sampled reply: a random model's greedy text repeats one token, which every guess
+    gets right; sampled, most guesses are wrong and must be rolled back."""
+    with _backend(path, **options) as backend:
+        generation = backend.generate(backend.tokenize(TEXT * 3),
+                                      SamplingParams(temperature=1.5, seed=7, max_tokens=40))
+        return generation.text(), generation.stats
+
+
+def test_speculative_decoding_gives_plain_decodings_reply(path, arch, caplog):
+    """It crashed at the first rejected guess ("llama_decode returned -1"): the guesses
+    stayed in the state. A hybrid rolls them back by llama.cpp's snapshots of its state;
+    a pure recurrent model keeps none, so it decodes plainly, saying so once. Each token is
+    drawn by the request's own sampler from logits of exactly the tokens before it: the
+    reply is plain decoding's, draw for draw."""
+    plain, _ = _sampled(path)
+    with caplog.at_level(logging.WARNING, "localinfer.engine"):
+        fast, stats = _sampled(path, draft_tokens=4, draft_model=_drafter(arch))
+    assert fast == plain
+    if arch == "mamba2":
+        assert stats.draft_tokens == 0
+        assert "speculative decoding is off" in caplog.text
+    else:
+        assert stats.draft_tokens > stats.accepted_tokens  # (rolled back, the most of them)
+
+
+def _logits_after(backend: LlamaCppBackend, tokens: list[int]):
+    """A request's prompt read, and the logits it left for its first token (the engine's
+    last decode, once the request is done), with its numbers."""
+    generation = backend.generate(tokens, SamplingParams(temperature=0, max_tokens=1))
+    generation.text()
+    row = llama_cpp.llama_get_logits_ith(backend.native.ctx, -1)
+    return numpy.ctypeslib.as_array(row, shape=(backend.native.n_vocab,)).copy(), \
+        generation.stats
+
+
+def _fresh(reference: Reference, tokens: list[int]) -> numpy.ndarray:
+    llama_cpp.llama_memory_clear(reference.model.memory, True)
+    return reference._decode(tokens)
+
+
+def _close(got: numpy.ndarray, want: numpy.ndarray, wrong: numpy.ndarray) -> None:
+    """`got` is the fresh decode's logits (`want`), well within how far the wrong state's
+    (`wrong`) are from them."""
+    off = float(numpy.abs(want - wrong).max())
+    assert float(numpy.abs(got - want).max()) < max(0.2 * off, 1e-4), (off,)
+
+
+def test_a_prompt_that_drops_a_middle_chunk_is_read_again_not_answered_from_the_old(
+        path, reference):
+    """With cache reuse on, a prompt without the cached prompt's middle chunk was answered
+    as if the chunk were there (a removal in the middle is a yes that does nothing to a
+    recurrent state) and reported its last chunk cached."""
+    with _backend(path, cache_reuse=8) as backend:
+        first, middle, last = (backend.tokenize(TEXT * 2, add_special=False)[:60],
+                               backend.tokenize("A list of numbers: " + " ".join(
+                                   str(n) for n in range(40)), add_special=False)[:60],
+                               backend.tokenize(TEXT[::-1], add_special=False)[:60])
+        more = backend.tokenize(" And the rest.", add_special=False)
+        _logits_after(backend, first + middle + last)
+        got, stats = _logits_after(backend, first + last + more)
+    assert stats.cached_tokens <= len(first)
+    _close(got, _fresh(reference, first + last + more),
+           _fresh(reference, first + middle + last + more))
+
+
+def test_a_conversation_whose_reply_came_back_otherwise_is_read_again(path, reference):
+    """The next turn holds the cached prompt and then another reply text than the one
+    cached (a client that trimmed it): the state cannot be cut back to the prompt."""
+    with _backend(path, draft_tokens=4) as backend:  # (a hybrid keeps snapshots: its cuts
+        # within them are a yes that may leave it wrong)
+        prompt = backend.tokenize(TEXT)
+        reply = backend.generate(prompt, SamplingParams(temperature=1.5, seed=1,
+                                                        max_tokens=3))
+        reply.text()
+        again = prompt + backend.tokenize(" A different reply. And then?", add_special=False)
+        got, stats = _logits_after(backend, again)
+    assert stats.cached_tokens in (0, len(prompt))
+    _close(got, _fresh(reference, again), _fresh(reference, prompt[:-2] + again[-8:]))
+
+
+def test_a_prefix_held_by_a_busy_slot_is_not_borrowed_past_what_it_shares(path, reference):
+    """Another slot's longer state holding the same start was copied and "cut" back to the
+    shared prefix: the cut is refused, and the copy held the other request's text too."""
+    with _backend(path, n_slots=2) as backend:
+        start = backend.tokenize(TEXT)
+        busy = backend.generate(start + backend.tokenize(" One way.", add_special=False),
+                                SamplingParams(temperature=0, max_tokens=400))
+        writing = threading.Event()
+
+        def read() -> None:
+            for _ in busy:
+                writing.set()
+
+        first = threading.Thread(target=read)
+        first.start()
+        assert writing.wait(60)  # (its prompt is in its slot's state)
+        other = start + backend.tokenize(" Another way, longer.", add_special=False)
+        generation = backend.generate(other, GREEDY)
+        text = generation.text()
+        busy.cancel()
+        first.join()
+    assert generation.stats.cached_tokens == 0
+    # (a random model writes bytes that are no UTF-8 now and then, shown as U+FFFD: the
+    # reply is judged up to the first)
+    valid = text.split("\ufffd")[0]
+    finish = generation.stats.finish_reason if valid == text else None
+    assert reference.follows(other, valid, finish) >= min(len(valid), 10)
