@@ -22,6 +22,7 @@ Their vocabulary is the tokenizer's own, unpadded:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from dataclasses import dataclass
@@ -112,9 +113,10 @@ def _q8_0(rng: np.random.Generator, rows: int, cols: int) -> np.ndarray:
 
 
 def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int = 0,
-                arch: str = "llama") -> None:
+                arch: str = "llama", fixed: dict[str, np.ndarray] | None = None) -> None:
     """`arch` qwen2vl: the same tensors, with Qwen2-VL's rope in sections (M-RoPE: time,
-    height, width), as its images' positions need."""
+    height, width), as its images' positions need. `fixed`: Q8_0 blocks for some matrices
+    (by tensor name) instead of random ones (`write_talker`)."""
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -140,7 +142,8 @@ def write_model(shape: Shape, out: Path, tokenizer: dict, name: str, seed: int =
     head_dim = shape.n_embd // shape.n_head
 
     def matrix(tensor: str, rows: int, cols: int) -> None:
-        writer.add_tensor(tensor, _q8_0(rng, rows, cols), raw_dtype=q8)
+        blocks = _q8_0(rng, rows, cols)  # (drawn all the same: the others stay as they were)
+        writer.add_tensor(tensor, (fixed or {}).get(tensor, blocks), raw_dtype=q8)
 
     def norm(tensor: str) -> None:
         writer.add_tensor(tensor, np.ones(shape.n_embd, dtype=np.float32))
@@ -391,6 +394,50 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+
+
+def _q8_0_row(values: dict[int, float], cols: int) -> np.ndarray:
+    """One Q8_0 row of zeros but for the weights `values` gives (by column)."""
+    scale = max([abs(v) for v in values.values()] + [1.0]) / 127
+    blocks = np.zeros((cols // _Q8_BLOCK, 2 + _Q8_BLOCK), dtype=np.uint8)
+    blocks[:, :2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+    weights = np.zeros(cols, dtype=np.int8)
+    for column, value in values.items():
+        weights[column] = round(value / scale)
+    blocks[:, 2:] = weights.reshape(-1, _Q8_BLOCK).view(np.uint8)
+    return blocks.reshape(-1)
+
+
+TALKER = Shape(n_layer=1, n_embd=64, n_head=2, n_head_kv=2, n_ff=128, n_vocab=0,
+               n_ctx_train=32768, tied_output=False)
+
+
+def write_talker(out: Path, tokenizer: dict, words: list[int], stop: int, end: int,
+                 name: str = "random talker Q8_0") -> None:
+    """A one-layer random model that says a few words and ends its turn: each reply is one or
+    more of `words` (token ids), then the `stop` token (a full stop), then `end` (an end of
+    turn), sampled or greedy alike. For what must take a turn quickly and end it — a coding
+    agent's, whose first request is 19,000 tokens — where a random model would write until
+    its context is full.
+
+    How: every token's embedding holds 1.0 in column 0, the words' also in column 2 and the
+    stop's in column 1; the layer's random weights add only noise of ~0.03. The output layer
+    reads those columns: a word's row 3.0 at column 0 (its logit ~+24 after any token, far
+    above the ~0 of every other), the stop's 3.0 at column 2 (a rival of the words only
+    after a word, so a reply never starts with it), the end's 4.5 at column 1 (first by far
+    after the stop)."""
+    n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
+    width = TALKER.n_embd // _Q8_BLOCK * (2 + _Q8_BLOCK)
+    embeddings = np.tile(_q8_0_row({0: 1.0}, TALKER.n_embd), (n_vocab, 1))
+    output = np.zeros((n_vocab, width), dtype=np.uint8)
+    for word in words:
+        embeddings[word] = _q8_0_row({0: 1.0, 2: 1.0}, TALKER.n_embd)
+        output[word] = _q8_0_row({0: 3.0}, TALKER.n_embd)
+    embeddings[stop] = _q8_0_row({0: 1.0, 1: 1.0}, TALKER.n_embd)
+    output[stop] = _q8_0_row({2: 3.0}, TALKER.n_embd)
+    output[end] = _q8_0_row({1: 4.5}, TALKER.n_embd)
+    write_model(dataclasses.replace(TALKER, n_vocab=n_vocab), out, tokenizer, name,
+                fixed={"token_embd.weight": embeddings, "output.weight": output})
 
 
 def fast_step_model(folder: Path) -> Path:

@@ -68,8 +68,8 @@ def _claude(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], lis
            "ANTHROPIC_API_KEY": "", "ANTHROPIC_MODEL": model,
            "ANTHROPIC_SMALL_FAST_MODEL": model, "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
            "ANTHROPIC_DEFAULT_SONNET_MODEL": model, "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
-           # it compacts its conversation by the window it is told, not its own models' 200K
-           "CLAUDE_CODE_AUTO_COMPACT_WINDOW": str(n_ctx),
+           # its window, not its own models' (it warns of an unknown model's and takes 1M)
+           "CLAUDE_CODE_MAX_CONTEXT_TOKENS": str(n_ctx),
            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", **_QUIET}
     return env, []
 
@@ -237,6 +237,8 @@ def launch(agent: Agent, settings: Settings, model: str | None, args: Sequence[s
             log.warning("%s gets a %d-token context on %s, and %s's first request is about "
                         "%d tokens — start the server with --ctx %d", model, window, server.url,
                         agent.title, agent.prompt_tokens, agent.context)
+        log.info("%s on %s with %s, a %d-token context", agent.title, server.url, model,
+                 window)
         command, env = agent_command(agent, server, model, window, args)
         if started is None:  # the server lives on without us: the agent takes our place
             os.execvpe(command[0], command, env)

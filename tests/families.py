@@ -139,6 +139,30 @@ def arch_model(arch: str, template: str | None | bool = True, vocab: str | None 
     return out
 
 
+# what the talker says (Qwen 2's tokens), before a full stop and the end of its turn
+TALKER_WORDS = ("Hello", "there", "I", "can", "help", "you")
+
+
+def talker_model() -> Path:
+    """A one-layer random model of Qwen 2.5's family (its template, which writes tools, and
+    its tokenizer; a 32K context) that says a few of TALKER_WORDS, a full stop, and ends its
+    turn (bench/random_gguf.py `write_talker`): a coding agent's turn, quickly."""
+    out = CACHE / "models" / "talker--Qwen-Qwen2.5-7B-Instruct--qwen2.gguf"
+    if out.exists():
+        return out
+    random_gguf = _random_gguf()
+    tokenizer = _tokenizer(random_gguf, "Qwen-Qwen2.5-7B-Instruct", "qwen2", QWEN_ADDED)
+    tokens = tokenizer["tokenizer.ggml.tokens"][0]
+    words = [tokens.index(("" if i == 0 else "Ġ") + word)
+             for i, word in enumerate(TALKER_WORDS)]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_talker(partial, tokenizer, words, stop=tokens.index("."),
+                             end=tokens.index("<|im_end|>"))
+    os.replace(partial, out)
+    return out
+
+
 def _random_gguf():
     sys.path.insert(0, str(BENCH))
     try:

@@ -17,6 +17,7 @@ import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.errors import ModelLoadFailed
 
 from ..families import ARCH_FAMILIES, arch_model, family_model
 from ..greedy import Reference
@@ -175,3 +176,10 @@ def test_a_prefix_held_by_a_busy_slot_is_not_borrowed_past_what_it_shares(path, 
     valid = text.split("\ufffd")[0]
     finish = generation.stats.finish_reason if valid == text else None
     assert reference.follows(other, valid, finish) >= min(len(valid), 10)
+
+
+def test_a_recurrent_draft_model_is_refused_in_one_line(smollm2_path, path):
+    """A draft model reads its guesses one at a time and must forget the rejected ones,
+    which a recurrent state cannot."""
+    with pytest.raises(ModelLoadFailed, match="recurrent state"):
+        LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=256, draft_model=str(path)))

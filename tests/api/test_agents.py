@@ -1,0 +1,136 @@
+"""The coding agents themselves, unmodified, on `localinfer launch`: Claude Code 2.1, Codex
+0.169 and OpenCode 1.18 (from npm), each run non-interactively for one turn against a real
+server; every request answered 2xx, the model's text printed, the server healthy after.
+
+Their first requests are 8,000 to 19,000 tokens (their system prompts and tools), past
+what the embedded models were trained on, and a real model reads that slowly on two
+cores: the model here is a random-weight one-layer model of Qwen 2.5's family (its real
+template, which writes tools, and tokenizer; a 32K context) whose output layer says one of
+a few words until "." and then ends its turn (tests/families.py `talker_model`). It shows
+that the agents' requests are taken and answered and their replies read; it cannot show
+that a model uses their tools well.
+
+.ci/run installs the agents (LOCALINFER_AGENTS names the folder of their commands) and sets
+LOCALINFER_REQUIRE_AGENTS, so there they run rather than skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ..families import TALKER_WORDS, install, talker_model
+from .conftest import free_port, start_server, stop_server
+
+pytestmark = pytest.mark.slow
+
+# one turn, non-interactively, as each agent's own docs run it in scripts
+TURN = {"claude": ["-p", "Say hello."],
+        "codex": ["exec", "--skip-git-repo-check", "Say hello."],
+        "opencode": ["run", "Say hello."]}
+
+
+def _agents_folder() -> str | None:
+    """Where the agents' commands are: LOCALINFER_AGENTS, else the PATH."""
+    folder = os.environ.get("LOCALINFER_AGENTS")
+    if folder and all(Path(folder, name).exists() for name in TURN):
+        return folder
+    found = [shutil.which(name) for name in TURN]
+    if all(found):
+        return str(Path(found[0]).parent)
+    return None
+
+
+@pytest.fixture(scope="module")
+def agents() -> str:
+    folder = _agents_folder()
+    if folder is None:
+        why = ("the coding agents are not installed: npm install @anthropic-ai/claude-code "
+               "@openai/codex opencode-ai, and name their .bin folder in LOCALINFER_AGENTS")
+        if os.environ.get("LOCALINFER_REQUIRE_AGENTS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory) -> Path:
+    home = tmp_path_factory.mktemp("agents-home")
+    assert install(home, talker_model(), "talker") == TALKER
+    return home
+
+
+TALKER = "hf.co/testorg/talker:Q8_0"  # (as a pulled model is named)
+
+
+def _launch(agent: str, home: Path, folder: str, tmp_path: Path, port: int,
+            *extra: str) -> subprocess.CompletedProcess:
+    project = tmp_path / "project"
+    project.mkdir(exist_ok=True)
+    env = {**os.environ, "HOME": str(tmp_path / "user"), "LOCALINFER_HOME": str(home),
+           "LOCALINFER_PORT": str(port), "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}",
+           "NO_COLOR": "1"}
+    env.pop("LOCALINFER_API_KEY", None)
+    return subprocess.run([sys.executable, "-m", "localinfer", "launch", agent, *extra, "--",
+                           *TURN[agent]], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600, stdin=subprocess.DEVNULL)
+
+
+def _said(output: str) -> bool:
+    """Whether the model's words are in what the agent printed."""
+    return any(re.search(rf"\b{word}\b", output) for word in TALKER_WORDS)
+
+
+@pytest.fixture(scope="module")
+def server(home):
+    server = start_server(home, "--ctx", "32768", "--parallel", "2", "--verbose")
+    yield server
+    stop_server(server)
+
+
+def _statuses(log: str) -> list[int]:
+    """The status of every request the server answered (its access log)."""
+    return [int(code) for code in re.findall(r'HTTP/1\.1" (\d{3})', log)]
+
+
+@pytest.mark.parametrize("agent", sorted(TURN))
+def test_an_agent_takes_a_turn_on_the_running_server(agent, agents, home, server, tmp_path):
+    before = len(_statuses(server.log.read_text()))
+    port = int(server.url.rsplit(":", 1)[1])
+    done = _launch(agent, home, agents, tmp_path, port, "--model", TALKER)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    statuses = _statuses(server.log.read_text())[before:]
+    assert statuses and all(200 <= s < 300 for s in statuses), (statuses, output)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_launch_starts_a_server_for_the_run_and_picks_the_model(agents, home, tmp_path):
+    """No server running: launch serves the run itself, on loopback with a key of its own,
+    and picks the installed model that can serve the agent (talker: tools, a 32K context;
+    the embedded ones cannot), and stops the server when the agent ends."""
+    port = free_port()
+    done = _launch("codex", home, agents, tmp_path, port, "--verbose")
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    assert f"with {TALKER}" in output  # (the model it chose, in its log)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+
+
+def test_an_agent_not_installed_is_one_line_naming_its_package(home, tmp_path):
+    env = {**os.environ, "PATH": os.path.dirname(sys.executable), "LOCALINFER_HOME": str(home)}
+    done = subprocess.run([sys.executable, "-m", "localinfer", "launch", "claude"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip() == ("Error: Claude Code is not installed — install it with "
+                                   "`npm install -g @anthropic-ai/claude-code`")
