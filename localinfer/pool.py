@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import contextlib
 import logging
+import math
 import re
 import threading
 import time
@@ -39,13 +40,18 @@ log = logging.getLogger("localinfer.pool")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 CLAIM_SECONDS = 10.0  # a model loaded for callers that all gave up becomes unloadable
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+# Ollama's "forever" is Go's longest duration (2**63 ns, 292 years): a longer keep-alive, an
+# infinite one included, is forever too (it would not fit a date, nor Ollama's duration)
+_FOREVER = 2**63 / 1e9
 
 
 def parse_keep_alive(value: str | float | int | None, default: float | None) -> float | None:
     """Seconds to keep a model after its last request; None is forever (Ollama's rules).
 
     Numbers are seconds; strings are Go-style durations ("5m", "1h30m", "10s"); anything
-    negative means forever and 0 means unload as soon as the request ends.
+    negative, infinite or longer than Ollama's longest duration (292 years) means forever,
+    and 0 means unload as soon as the request ends. NaN is no duration (Ollama's JSON
+    reader refuses it): a 400, not a model unloaded at its first idle second.
     """
     if value is None:
         return default
@@ -57,7 +63,10 @@ def parse_keep_alive(value: str | float | int | None, default: float | None) -> 
         seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(value.strip()))
     else:
         raise InvalidRequest(f"keep_alive {value!r} is not a duration — use e.g. 5m, 30s or -1")
-    return None if seconds < 0 else seconds
+    if math.isnan(seconds):
+        raise InvalidRequest(f"keep_alive {value!r} is not a number of seconds — use e.g. 5m, "
+                             f"30s or -1")
+    return None if seconds < 0 or seconds >= _FOREVER else seconds
 
 
 

@@ -149,6 +149,38 @@ def test_ps_command_asks_the_running_server(server):
     assert gone.returncode == 1 and "localinfer serve" in gone.stderr
 
 
+def test_an_endless_keep_alive_is_forever_and_nan_is_refused(server):
+    """An infinite or huge keep_alive made /api/ps a 500 (OverflowError) for as long as the
+    model stayed; NaN passed and unloaded the model at its first idle second. As Ollama: a
+    negative or huge one is forever, and NaN is no duration (a 400)."""
+    import subprocess
+    import sys
+
+    def load(keep_alive: str):
+        return server.post("/api/generate", content=(
+            '{"model": "smollm2:135m", "keep_alive": %s}' % keep_alive).encode())
+
+    try:
+        for endless in ("1e309", "Infinity", '"99999999999999999999h"', "-1e309"):
+            assert load(endless).status_code == 200, endless
+            ps = server.get("/api/ps")
+            assert ps.status_code == 200, ps.text
+            entry = next(m for m in ps.json()["models"] if m["name"] == "smollm2:135m")
+            assert entry["expires_at"].startswith("2318-"), entry  # Ollama's "forever"
+        shown = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", server.url],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "2318-01-01" in shown.stdout, shown.stderr
+        for nan in ("NaN", '"nan"'):
+            refused = load(nan)
+            assert refused.status_code == 400 and "keep_alive" in refused.json()["error"]
+            assert "Traceback" not in refused.text
+        entry = next(m for m in server.get("/api/ps").json()["models"]
+                     if m["name"] == "smollm2:135m")
+        assert entry["expires_at"].startswith("2318-")  # the refused requests changed nothing
+    finally:
+        assert load('"5m"').status_code == 200  # as the other tests found it
+
+
 def test_num_predict_beyond_the_context_shifts_instead_of_refusing(client, server):
     """As Ollama: the context (512 here) is not a cap on the reply; the older half is dropped."""
     counting = ", ".join(str(i) for i in range(1, 41)) + ","
