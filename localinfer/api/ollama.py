@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from localinfer import __version__
 from localinfer.api import core, images
@@ -45,7 +45,20 @@ router = APIRouter(prefix="/api", tags=["ollama"])
 NDJSON = "application/x-ndjson"
 
 
-class Options(core.Lenient):
+class _Body(core.Lenient):
+    """A part of a request as Ollama reads it: a null is as if the field were not sent (Go's
+    JSON reader leaves such a field at its default), so a client that sends every option,
+    its unset ones as null (LangChain's), gets the defaults rather than a 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_unsent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class Options(_Body):
     temperature: float = Field(0.8, ge=0, le=2)
     top_k: int = Field(40, ge=0)
     top_p: float = Field(0.9, gt=0, le=1)
@@ -79,7 +92,7 @@ class Options(core.Lenient):
         )
 
 
-class ChatMessage(core.Lenient):
+class ChatMessage(_Body):
     role: str
     content: str = ""
     images: Optional[list[str]] = None
@@ -105,7 +118,7 @@ def _message(m: ChatMessage, files: list[bytes]) -> dict[str, Any]:
     return out
 
 
-class _Base(core.Lenient):
+class _Base(_Body):
     model: str = Field(min_length=1, max_length=200)
     stream: bool = True
     format: Union[str, dict[str, Any], None] = None
@@ -143,7 +156,7 @@ class GenerateRequest(_Base):
     suffix: Optional[str] = None
 
 
-class NameRequest(core.Lenient):
+class NameRequest(_Body):
     model: Optional[str] = Field(None, max_length=200)
     name: Optional[str] = Field(None, max_length=200)  # the older spelling
 
@@ -155,7 +168,7 @@ class NameRequest(core.Lenient):
         return value
 
 
-class EmbedRequest(core.Lenient):
+class EmbedRequest(_Body):
     model: str = Field(min_length=1, max_length=200)
     input: Union[str, list[str], None] = None
     prompt: Optional[str] = None  # /api/embeddings, the older route

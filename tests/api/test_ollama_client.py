@@ -119,6 +119,24 @@ def test_pull_of_an_embedded_model_succeeds(client):
     assert statuses[-1] == "success"
 
 
+# every option LangChain's OllamaEmbeddings and ChatOllama send, unset ones as null
+LANGCHAIN_OPTIONS = dict.fromkeys(
+    ["mirostat", "mirostat_eta", "mirostat_tau", "num_ctx", "num_gpu", "num_thread",
+     "repeat_last_n", "repeat_penalty", "temperature", "stop", "tfs_z", "top_k", "top_p",
+     "seed", "num_predict"])
+
+
+def test_null_options_are_as_if_unsent(client):
+    """Ollama ignores a null option; they were a 400 ("Input should be a valid number")."""
+    embedded = client.embed(model="smollm2:135m", input=["hello"], options=LANGCHAIN_OPTIONS)
+    assert len(embedded.embeddings) == 1
+    short = {**LANGCHAIN_OPTIONS, "num_predict": 2}
+    reply = client.chat(model="smollm2:135m", messages=QUESTION, options=short)
+    assert reply.done and 1 <= reply.eval_count <= 2
+    generated = client.generate(model="smollm2:135m", prompt="Hi", options=short)
+    assert generated.done and 1 <= generated.eval_count <= 2
+
+
 def test_unknown_model_raises_response_error(client):
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model="no-such-model", messages=QUESTION)
