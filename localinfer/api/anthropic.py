@@ -49,9 +49,9 @@ class MessagesRequest(core.Lenient):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: Union[str, list[Block], None] = None
-    temperature: float = Field(1.0, ge=0, le=1)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    temperature: float = core.sampling_field("temperature", 1.0)
+    top_p: float = core.sampling_field("top_p", 1.0)
+    top_k: int = core.sampling_field("top_k", 0)
     stop_sequences: Optional[list[str]] = Field(None, max_length=64)
     stream: bool = False
     tools: Optional[list[dict[str, Any]]] = None

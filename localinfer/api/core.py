@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from localinfer.api.errors import ApiError
 from localinfer.api.images import Remote, decode_all
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
-                                     SamplingParams)
+from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
+                                     Generation, SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
                                              opens_reasoning, parser, with_thinking)
 from localinfer.backends.fim import Infill, infill_prompt
@@ -34,12 +34,21 @@ from localinfer.backends.vision import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_model_name", "start"]
+__all__ = ["Job", "Lenient", "check_model_name", "sampling_field", "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def sampling_field(name: str, default: Any) -> Any:
+    """A request's field for the sampling parameter `name`, under its one rule
+    (`SAMPLING_BOUNDS`), the same in every dialect: out of it, a 400 naming the field."""
+    bound = SAMPLING_BOUNDS[name]
+    low = {"gt": bound.low} if bound.above else {"ge": bound.low}
+    finite = {} if bound.whole else {"allow_inf_nan": False}
+    return Field(default, le=bound.high, description=bound.means or None, **low, **finite)
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")

@@ -59,14 +59,14 @@ class _Body(core.Lenient):
 
 
 class Options(_Body):
-    temperature: float = Field(0.8, ge=0, le=2)
-    top_k: int = Field(40, ge=0)
-    top_p: float = Field(0.9, gt=0, le=1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    repeat_penalty: float = Field(1.1, gt=0)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: Optional[int] = Field(None, ge=0, lt=2**32)
+    temperature: float = core.sampling_field("temperature", 0.8)
+    top_k: int = core.sampling_field("top_k", 40)
+    top_p: float = core.sampling_field("top_p", 0.9)
+    min_p: float = core.sampling_field("min_p", 0.0)
+    repeat_penalty: float = core.sampling_field("repeat_penalty", 1.1)
+    presence_penalty: float = core.sampling_field("presence_penalty", 0.0)
+    frequency_penalty: float = core.sampling_field("frequency_penalty", 0.0)
+    seed: Optional[int] = core.sampling_field("seed", None)
     num_predict: Optional[int] = Field(None, ge=-2)
     num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None

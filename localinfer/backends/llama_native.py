@@ -431,7 +431,7 @@ class SamplerChain:
             else:
                 self._candidates = _Candidates(native.n_vocab)
         if penalised:
-            keep = 1 if params.greedy else params.top_k
+            keep = 1 if params.greedy else min(params.top_k, native.n_vocab)
             only_lower = (params.repeat_penalty >= 1 and params.frequency_penalty >= 0
                           and params.presence_penalty >= 0)
             if self.shortcuts and keep and only_lower:
@@ -447,8 +447,8 @@ class SamplerChain:
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
             return
-        if params.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_k > 0:  # (within llama.cpp's int32: a cut past the vocabulary is none)
+            add(llama_cpp.llama_sampler_init_top_k(min(params.top_k, native.n_vocab)))
         add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(llama_cpp.llama_sampler_init_temp(params.temperature))

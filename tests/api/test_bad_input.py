@@ -110,6 +110,43 @@ def test_oversized_body_is_413(server):
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+# one rule per sampling parameter, whichever dialect carries it: (parameter, value, status)
+RULES = [
+    ("temperature", 2.5, 400), ("temperature", 1.5, 200), ("temperature", "NaN", 400),
+    ("top_p", 0, 400), ("top_p", 1.5, 400),
+    ("top_k", -1, 200), ("top_k", 1, 200), ("top_k", 2**70, 400), ("top_k", 2**31, 400),
+    ("min_p", 1.5, 400), ("repeat_penalty", "1e309", 400), ("repeat_penalty", 0, 400),
+    ("repeat_penalty", 1.2, 200), ("presence_penalty", 3, 400), ("seed", -1, 200),
+    ("seed", 2**32, 400),
+]
+# where each dialect takes them: the route, a body around them, and those it reads
+DIALECTS = {
+    "openai": ("/v1/chat/completions", '{"model": "smollm2:135m", "max_tokens": 1, '
+               '"messages": [{"role": "user", "content": "hi"}], %s}', None),
+    "ollama": ("/api/chat", '{"model": "smollm2:135m", "stream": false, "messages": [{"role": '
+               '"user", "content": "hi"}], "options": {"num_predict": 1, %s}}', None),
+    "anthropic": ("/v1/messages", '{"model": "smollm2:135m", "max_tokens": 1, "messages": '
+                  '[{"role": "user", "content": "hi"}], %s}', {"temperature", "top_p", "top_k"}),
+    "responses": ("/v1/responses", '{"model": "smollm2:135m", "max_output_tokens": 1, '
+                  '"input": "hi", "store": false, %s}', {"temperature", "top_p"}),
+}
+
+
+@pytest.mark.parametrize("name,value,status", RULES, ids=[f"{r[0]}={r[1]}" for r in RULES])
+def test_one_rule_per_sampling_parameter_in_every_dialect(server, name, value, status):
+    """OpenAI's top_k -1 passed (unread) where Ollama's was a 400, and Ollama's top_k 2**70
+    and repeat_penalty 1e309 were taken silently: each parameter now has one rule."""
+    seen = {}
+    for dialect, (path, body, reads) in DIALECTS.items():
+        if reads is None or name in reads:
+            response = server.post(path, content=(body % f'"{name}": {value}').encode())
+            seen[dialect] = response.status_code
+            if response.status_code == 400:
+                error = response.json()["error"]
+                assert name in (error if isinstance(error, str) else error["message"])
+    assert set(seen.values()) == {status}, seen
+
+
 @pytest.mark.parametrize("host", ["evil.example", "attacker.com:11435", "192.168.1.10"])
 def test_foreign_host_header_is_refused(server, host):
     response = server.post("/api/chat", json=OLLAMA_CHAT, headers={"Host": host})
