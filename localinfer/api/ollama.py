@@ -34,7 +34,8 @@ from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, has_fim_tokens, read_gguf_info
 from localinfer.model_store import pulled
-from localinfer.model_store.sources import delete_model, digest, installed_models, is_embedded
+from localinfer.model_store.sources import (delete_model, digest, installed_models, is_embedded,
+                                            packaged_header)
 from localinfer.model_store.pulled import Manifest
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
@@ -395,16 +396,19 @@ async def tags(request: Request) -> dict[str, Any]:
         known = installed.get(name)
         path = loaded[name].resolved.path if name in loaded else known and known.path
         stat = path.stat() if path and path.exists() else None
-        # the file's own header, loaded or not, so a model's family does not change on load
+        # the file's own header, loaded or not, so a model's family does not change on load;
+        # an embedded one not unpacked yet: its package's (header, size and sha256 as the
+        # file will have them), so it lists the same before its first use and after
         info = (loaded[name].info if name in loaded else
-                await asyncio.to_thread(_header, path) if stat else None)
+                await asyncio.to_thread(_header, path) if stat else
+                await asyncio.to_thread(_packaged_header, name, models_dir) if known else None)
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
             "size": stat.st_size if stat else known and known.size or 0,  # (not unpacked yet)
             "digest": await asyncio.to_thread(digest, path, models_dir, known and known.sha256)
-            if stat else "",
+            if stat else known and known.sha256 or "",
             "details": _details(name, info, known and known.quant),
         })
     return {"models": models}
@@ -414,6 +418,13 @@ def _header(path: Path) -> GGUFInfo | None:
     try:
         return read_gguf_info(path)
     except LocalinferError:  # a damaged file still gets listed, without details
+        return None
+
+
+def _packaged_header(name: str, models_dir: Path) -> GGUFInfo | None:
+    try:
+        return packaged_header(name, models_dir)
+    except (LocalinferError, OSError):  # a package missing a part: listed, without details
         return None
 
 
