@@ -181,6 +181,9 @@ async def start(
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
                                                          tools, context, fmt, template_args,
                                                          pictures)
+        if pool.closing:  # a shutdown began as it was queued, after its engine was told
+            generation.cancel()
+            pool.check_open()
     except BaseException:
         await stack.aclose()
         raise
