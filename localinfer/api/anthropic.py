@@ -265,10 +265,10 @@ async def _stream(job: core.Job, message_id: str) -> AsyncIterator[str]:
             yield _event("error", {"error": {"type": "api_error", "message": str(event.error)}})
             return
         if isinstance(event, DoneEvent):
-            observe(job, event.stats)
             for piece in reader.close():
                 for line in blocks.add(piece):
                     yield line
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             if blocks.index < 0:  # an empty reply is one empty text block
                 yield _event("content_block_start", {"index": 0, "content_block": {
                     "type": "text", "text": ""}})

@@ -77,13 +77,26 @@ class Job:
     prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
     fmt: ChatFormat | None = None  # how the model writes calls and reasoning (a chat)
     reasoning: bool = False  # the prompt opened a reasoning block the reply continues
+    # TTFT as the client sees it (backends/metrics.py): the token of the last event read,
+    # and the first token whose text, or a piece parsed from it, went out
+    _token: int = 0
+    _shown: int | None = None
 
     def parser(self) -> ReplyParser | None:
         """A parser of this chat's reply into content, reasoning and calls (None for a
-        plain completion, whose text is all content)."""
+        plain completion, whose text is all content). What it gives out first marks the
+        token the client was first shown."""
         if self.fmt is None:
             return None
-        return parser(self.fmt, self.tools.by_name if self.tools else None, self.reasoning)
+        return _Shown(parser(self.fmt, self.tools.by_name if self.tools else None,
+                             self.reasoning), self)
+
+    def shown(self) -> None:
+        """The client is shown something of the reply now (the first time counts)."""
+        if self._shown is None:
+            self._shown = self._token
+            if self.stats is not None:  # (shown only as the reply ended)
+                self.stats.shown_from = self._shown
 
     async def events(self) -> AsyncIterator[Event]:
         finished = False
@@ -91,9 +104,15 @@ class Job:
             async for event in self.generation.events():
                 if isinstance(event, DoneEvent):
                     self.stats = event.stats
+                    if self._shown is not None:
+                        self.stats.shown_from = self._shown
                     finished = True
                 elif isinstance(event, ErrorEvent):
                     finished = True
+                elif event.index >= 0:
+                    self._token = event.index
+                    if self.fmt is None and event.text:  # a completion's text goes out as is
+                        self.shown()
                 yield event
         finally:
             if not finished:
@@ -190,6 +209,28 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+class _Shown:
+    """A reply's parser that tells its job when it first gives something out."""
+
+    def __init__(self, reader: ReplyParser, job: Job):
+        self._reader, self._job = reader, job
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._reader.reasoning_tokens
+
+    def feed(self, text: str) -> list[Piece]:
+        return self._said(self._reader.feed(text))
+
+    def close(self) -> list[Piece]:
+        return self._said(self._reader.close())
+
+    def _said(self, pieces: list[Piece]) -> list[Piece]:
+        if pieces:
+            self._job.shown()
+        return pieces
 
 
 def sse(data: Mapping[str, Any] | str) -> str:

@@ -278,7 +278,7 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
             if reader is not None:
                 for line in lines(reader.close()):
                     yield line
-            observe(job, event.stats)
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             final = {"model": job.model.name, "created_at": _now(), **_final(job, event.stats)}
             if key == "response":  # the conversation as tokens, to send back as `context`
                 final["context"] = [*job.prompt_ids, *reply_ids]

@@ -207,8 +207,9 @@ async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
                 yield core.sse({"error": {"message": str(event.error), "type": "server_error"}})
                 break
             if isinstance(event, DoneEvent):
+                chunks = shape.finish(event.stats)  # (the parser's last pieces first: TTFT)
                 observe(job, event.stats)
-                for chunk in shape.finish(event.stats):
+                for chunk in chunks:
                     yield core.sse(chunk)
             elif event.text:
                 for chunk in shape.deltas(event.text):  # none while a marker may be starting

@@ -416,10 +416,10 @@ async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
             yield _sse(output.event("response.failed", response=output.response))
             return
         if isinstance(event, DoneEvent):
-            observe(job, event.stats)
             for piece in reader.close():
                 for item in output.add(piece):
                     yield _sse(item)
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             for item in output.finish(event.stats, job, reader.reasoning_tokens):
                 yield _sse(item)
             keep()

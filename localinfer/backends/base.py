@@ -258,6 +258,9 @@ class ModelInfo:
 class TokenEvent:
     text: str
     token: int
+    # the reply's token it came with: its place in RequestStats.token_times (text held back
+    # a while, by a stop string's first characters, comes with a later token); -1: unknown
+    index: int = -1
 
 
 @dataclass(frozen=True)

@@ -428,7 +428,7 @@ class Engine:
             return self._finish(slot, "stop")
         text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
         if text:
-            task.generation.put(TokenEvent(text, token))
+            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1))
         if slot.stop.stopped:
             task.stats.stop_string = slot.stop.matched
             return self._finish(slot, "stop")
@@ -454,7 +454,7 @@ class Engine:
         # are dropped, not sent as U+FFFD
         tail = slot.stop.flush()
         if tail and reason != "cancelled":
-            task.generation.put(TokenEvent(tail, -1))
+            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1))
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
         slot.release(self._clock())  # first: whoever sees the end may count on a free slot
