@@ -107,6 +107,7 @@ class Engine:
         # and once it has stopped: every event of the pass has been put by then (a runner
         # process sends them to its parent in one message)
         self.after_pass: Callable[[], None] = lambda: None
+        self._freed = False
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -162,17 +163,30 @@ class Engine:
             threads=self.native.threads(),
         )
 
+    @property
+    def steps(self) -> int:
+        """Steps so far: a counter, safe from any thread, before and after close."""
+        return self._counters["steps"]
+
     def cancel_all(self) -> None:
         """End every request submitted so far within a step (a server shutting down): each
         gets its DoneEvent, so its stream closes properly. Safe from any thread."""
         self.queue.put(CANCEL_ALL)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The engine's thread ends: every request ends (EngineClosed), its sampler freed;
+        nothing runs on the model afterwards. (close frees what the engine holds.)"""
         if self._closed:
             return
         self._closed = True
         self.queue.put(CLOSE)
         self._thread.join()
+
+    def close(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        self.stop()
         self.batch.free()
         self.speculator.close()
         self.native.close()

@@ -114,6 +114,11 @@ class NativeModel:
                 f"llama.cpp could not create a context of {n_ctx_total} tokens — lower --ctx"
             )
         self.memory = llama_cpp.llama_get_memory(self.ctx)
+        # read once: asked later of a freed context (a close racing a question), llama.cpp
+        # reads through a null pointer
+        self._n_cells = llama_cpp.llama_n_ctx(self.ctx)
+        self._n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self._threads = llama_cpp.llama_n_threads(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self._heads: frozenset[str] | None = None
         self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
@@ -131,11 +136,11 @@ class NativeModel:
     # -- model facts
     def n_cells(self) -> int:
         """The context's KV cells, all slots' together (LoadOptions.n_ctx is one slot's)."""
-        return llama_cpp.llama_n_ctx(self.ctx)
+        return self._n_cells
 
     def n_batch(self) -> int:
         """The most tokens one llama_decode takes: llama.cpp lowers n_batch to a small context."""
-        return llama_cpp.llama_n_batch(self.ctx)
+        return self._n_batch
 
     def n_ctx_train(self) -> int:
         return llama_cpp.llama_model_n_ctx_train(self.model)
@@ -289,10 +294,12 @@ class NativeModel:
         return llama_cpp.llama_get_logits(self.ctx)
 
     def threads(self) -> int:
-        return llama_cpp.llama_n_threads(self.ctx) if self.ctx else 0
+        """(As last set: asked of llama.cpp, it could be a freed context's.)"""
+        return self._threads if self.ctx else 0
 
     def set_threads(self, count: int) -> None:
         llama_cpp.llama_set_n_threads(self.ctx, count, count)
+        self._threads = count
 
     # -- text
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
