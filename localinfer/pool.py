@@ -5,7 +5,9 @@ not run out; a request for a model that is still loading waits for that load. Wh
 new model would not fit beside the loaded ones (by count, or by the memory estimate),
 the least recently used idle one is unloaded first. Loads of different models take turns:
 each checks for room against memory as the loads before it left it. A model whose runner
-died is loaded again by its next request, through the same check.
+died is loaded again by its next request, through the same check. Told to shut down
+(`cancel_all`), it ends the requests of the loaded models and those still waiting for a
+plan or a load alike: the latter with EngineClosed (a 503) at once, not when the load ends.
 """
 
 from __future__ import annotations
@@ -14,14 +16,16 @@ import asyncio
 import dataclasses
 import contextlib
 import logging
+import math
 import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from localinfer.backends.base import Backend, LoadOptions
-from localinfer.errors import ContextTooLarge, EngineBusy, InvalidRequest
+from localinfer.errors import ContextTooLarge, EngineBusy, EngineClosed, InvalidRequest
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.backends.machine import detect
 from localinfer.backends.replicas import Replicas
@@ -39,13 +43,18 @@ log = logging.getLogger("localinfer.pool")
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 CLAIM_SECONDS = 10.0  # a model loaded for callers that all gave up becomes unloadable
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
+# Ollama's "forever" is Go's longest duration (2**63 ns, 292 years): a longer keep-alive, an
+# infinite one included, is forever too (it would not fit a date, nor Ollama's duration)
+_FOREVER = 2**63 / 1e9
 
 
 def parse_keep_alive(value: str | float | int | None, default: float | None) -> float | None:
     """Seconds to keep a model after its last request; None is forever (Ollama's rules).
 
     Numbers are seconds; strings are Go-style durations ("5m", "1h30m", "10s"); anything
-    negative means forever and 0 means unload as soon as the request ends.
+    negative, infinite or longer than Ollama's longest duration (292 years) means forever,
+    and 0 means unload as soon as the request ends. NaN is no duration (Ollama's JSON
+    reader refuses it): a 400, not a model unloaded at its first idle second.
     """
     if value is None:
         return default
@@ -57,8 +66,18 @@ def parse_keep_alive(value: str | float | int | None, default: float | None) -> 
         seconds = sum(float(n) * _UNITS[u] for n, u in _DURATION.findall(value.strip()))
     else:
         raise InvalidRequest(f"keep_alive {value!r} is not a duration — use e.g. 5m, 30s or -1")
-    return None if seconds < 0 else seconds
+    if math.isnan(seconds):
+        raise InvalidRequest(f"keep_alive {value!r} is not a number of seconds — use e.g. 5m, "
+                             f"30s or -1")
+    return None if seconds < 0 or seconds >= _FOREVER else seconds
 
+
+
+def _unwaited(task: asyncio.Future[Any]) -> None:
+    """A plan or load no request waits for any more (a shutdown began): its outcome is the
+    pool's to handle (`close`), not an unread exception in the log."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _per_gpu(uses: Iterable[dict[int, int]]) -> dict[int, int]:
@@ -136,6 +155,9 @@ class ModelPool:
         self._hw: Hardware | None = hardware
         self._probe = probe
         self._probing = threading.Lock()
+        self.closing = False  # shutting down: no request starts, none waits for a load
+        self._closed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def hardware(self) -> Hardware:
         with self._probing:  # requests plan in threads: one probe, not one each at once
@@ -201,10 +223,35 @@ class ModelPool:
         resolved = self._resolve(ref)
         return resolved, read_gguf_info(resolved.path)
 
+    def check_open(self) -> None:
+        """EngineClosed once the pool was told to shut down."""
+        if self.closing:
+            raise EngineClosed("the server is shutting down — send the request again once "
+                               "it is back")
+
+    async def _unless_closing(self, work: Any) -> Any:
+        """`work`'s result, or EngineClosed as soon as a shutdown begins. The work itself
+        goes on (a plan in a thread cannot be stopped, and a load is shared), unwaited."""
+        self.check_open()
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(work)
+        closing = asyncio.ensure_future(self._closed.wait())
+        try:
+            await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if not task.done():
+            task.add_done_callback(_unwaited)
+            self.check_open()
+        return task.result()
+
     async def get(self, ref: str | None, prepared: Prepared | None = None,
                   n_ctx: int | None = None) -> LoadedModel:
         """The loaded model for `ref`, loading it if need be. prepared: its plan, when the
-        caller has just made it (`plan`), not to read the header twice. n_ctx: as `use`."""
+        caller has just made it (`plan`), not to read the header twice. n_ctx: as `use`.
+        EngineClosed where a shutdown begins before it is loaded."""
+        self.check_open()
+        self._loop = asyncio.get_running_loop()
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
         if known is not None and not known.backend.ended:
@@ -216,7 +263,7 @@ class ModelPool:
                     log.info("%s: loading again with a %d-token context", known.name, wanted)
                     await self.unload(known.name)
                 known = None
-                prepared = prepared or await self.plan(ref, wanted)
+                prepared = prepared or await self._unless_closing(self.plan(ref, wanted))
         if known is not None and known.backend.ended:
             # its runner died and freed its memory, which another load may have taken since
             log.info("the runner of %s has ended; loading it again", known.name)
@@ -225,7 +272,7 @@ class ModelPool:
             known.last_used, known.claimed = time.monotonic(), True
             return known
         planned_at = self._changes
-        prepared = prepared or await self.plan(ref, n_ctx)
+        prepared = prepared or await self._unless_closing(self.plan(ref, n_ctx))
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
@@ -238,7 +285,7 @@ class ModelPool:
                 task = asyncio.create_task(self._load(ref, prepared, planned_at))
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
-        model = await asyncio.shield(task)
+        model = await self._unless_closing(asyncio.shield(task))
         model.claimed = True  # (use() marks it busy before anything else runs)
         return model
 
@@ -369,9 +416,13 @@ class ModelPool:
         return True
 
     def cancel_all(self) -> None:
-        """End every request of every loaded model (shutting down); safe from a signal."""
+        """Shutting down: end every request of every loaded model, and those waiting for a
+        plan or a load (EngineClosed); no request starts after it. Safe from a signal."""
+        self.closing = True
         for model in list(self._loaded.values()):
             model.backend.cancel_all()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._closed.set)
 
     # ------------------------------------------------------------------ lifetime
     def start(self, interval: float = 1.0) -> None:

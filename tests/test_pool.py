@@ -17,12 +17,16 @@ from localinfer.settings import Settings
 @pytest.mark.parametrize("value,seconds", [
     (None, 300.0), ("5m", 300.0), ("1h30m", 5400.0), ("10s", 10.0), ("250ms", 0.25),
     (0, 0.0), ("0", 0.0), (42, 42.0), ("-1", None), (-1, None), ("-5m", None),
+    # infinite, or longer than Ollama's longest duration (292 years): forever, as negative
+    (float("inf"), None), (float("-inf"), None), (1e309, None), ("99999999999999999999h", None),
+    ("9" * 30, None), (1e10, None), (9e9, 9e9),
 ])
 def test_keep_alive_follows_ollama_rules(value, seconds):
     assert parse_keep_alive(value, 300.0) == seconds
 
 
-@pytest.mark.parametrize("value", ["soon", "5 minutes", "m5", True, ""])
+@pytest.mark.parametrize("value", ["soon", "5 minutes", "m5", True, "", float("nan"), "nan",
+                                   "NaN"])
 def test_bad_keep_alive_is_refused(value):
     with pytest.raises(InvalidRequest, match="keep_alive"):
         parse_keep_alive(value, 300.0)

@@ -58,9 +58,9 @@ class MessagesRequest(core.Lenient):
     messages: list[Message] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
     system: Union[str, list[Block], None] = None
-    temperature: float = Field(1.0, ge=0, le=1)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    temperature: float = core.sampling_field("temperature", 1.0)
+    top_p: float = core.sampling_field("top_p", 1.0)
+    top_k: int = core.sampling_field("top_k", 0)
     stop_sequences: Optional[list[str]] = Field(None, max_length=64)
     stream: bool = False
     tools: Optional[list[dict[str, Any]]] = None
@@ -305,10 +305,10 @@ async def _stream(job: core.Job, message_id: str) -> AsyncIterator[str]:
             yield _event("error", {"error": {"type": "api_error", "message": str(event.error)}})
             return
         if isinstance(event, DoneEvent):
-            observe(job, event.stats)
             for piece in reader.close():
                 for line in blocks.add(piece):
                     yield line
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             if blocks.index < 0:  # an empty reply is one empty text block
                 yield _event("content_block_start", {"index": 0, "content_block": {
                     "type": "text", "text": ""}})

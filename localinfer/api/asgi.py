@@ -17,6 +17,7 @@ from localinfer.api import anthropic, infill, ollama, openai, responses
 from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
+from localinfer.errors import EngineClosed
 from localinfer.model_store.sources import installed_models
 from localinfer.pool import ModelPool
 from localinfer import web
@@ -79,6 +80,8 @@ def create_app(pool: ModelPool, settings: Settings, preload: str | None = None) 
 async def _preload(app: FastAPI, pool: ModelPool, ref: str) -> None:
     try:
         await pool.get(ref)
+    except EngineClosed:  # shut down before it was loaded: nothing went wrong
+        pass
     except Exception:
         log.exception("could not load %s at startup; requests will retry", ref)
     finally:

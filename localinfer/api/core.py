@@ -19,13 +19,13 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from localinfer.api.errors import ApiError
 from localinfer.api.images import Remote, decode_all
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
-                                     SamplingParams)
+from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
+                                     Generation, SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
                                              opens_reasoning, parser, with_thinking)
 from localinfer.backends.fim import Infill, infill_prompt
@@ -34,12 +34,21 @@ from localinfer.backends.vision import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_model_name", "count", "start"]
+__all__ = ["Job", "Lenient", "check_model_name", "count", "sampling_field", "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
 
     model_config = ConfigDict(extra="allow")
+
+
+def sampling_field(name: str, default: Any) -> Any:
+    """A request's field for the sampling parameter `name`, under its one rule
+    (`SAMPLING_BOUNDS`), the same in every dialect: out of it, a 400 naming the field."""
+    bound = SAMPLING_BOUNDS[name]
+    low = {"gt": bound.low} if bound.above else {"ge": bound.low}
+    finite = {} if bound.whole else {"allow_inf_nan": False}
+    return Field(default, le=bound.high, description=bound.means or None, **low, **finite)
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")
@@ -68,13 +77,26 @@ class Job:
     prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
     fmt: ChatFormat | None = None  # how the model writes calls and reasoning (a chat)
     reasoning: bool = False  # the prompt opened a reasoning block the reply continues
+    # TTFT as the client sees it (backends/metrics.py): the token of the last event read,
+    # and the first token whose text, or a piece parsed from it, went out
+    _token: int = 0
+    _shown: int | None = None
 
     def parser(self) -> ReplyParser | None:
         """A parser of this chat's reply into content, reasoning and calls (None for a
-        plain completion, whose text is all content)."""
+        plain completion, whose text is all content). What it gives out first marks the
+        token the client was first shown."""
         if self.fmt is None:
             return None
-        return parser(self.fmt, self.tools.by_name if self.tools else None, self.reasoning)
+        return _Shown(parser(self.fmt, self.tools.by_name if self.tools else None,
+                             self.reasoning), self)
+
+    def shown(self) -> None:
+        """The client is shown something of the reply now (the first time counts)."""
+        if self._shown is None:
+            self._shown = self._token
+            if self.stats is not None:  # (shown only as the reply ended)
+                self.stats.shown_from = self._shown
 
     async def events(self) -> AsyncIterator[Event]:
         finished = False
@@ -82,9 +104,15 @@ class Job:
             async for event in self.generation.events():
                 if isinstance(event, DoneEvent):
                     self.stats = event.stats
+                    if self._shown is not None:
+                        self.stats.shown_from = self._shown
                     finished = True
                 elif isinstance(event, ErrorEvent):
                     finished = True
+                elif event.index >= 0:
+                    self._token = event.index
+                    if self.fmt is None and event.text:  # a completion's text goes out as is
+                        self.shown()
                 yield event
         finally:
             if not finished:
@@ -171,6 +199,9 @@ async def start(
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
                                                          tools, context, fmt, template_args,
                                                          pictures)
+        if pool.closing:  # a shutdown began as it was queued, after its engine was told
+            generation.cancel()
+            pool.check_open()
     except BaseException:
         await stack.aclose()
         raise
@@ -202,6 +233,28 @@ async def count(pool: ModelPool, model: str | None, messages: Sequence[Mapping[s
             return len(backend.prompt_tokens(turns, args or None, pictures))
 
         return await asyncio.get_running_loop().run_in_executor(_STARTS, counted)
+
+
+class _Shown:
+    """A reply's parser that tells its job when it first gives something out."""
+
+    def __init__(self, reader: ReplyParser, job: Job):
+        self._reader, self._job = reader, job
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._reader.reasoning_tokens
+
+    def feed(self, text: str) -> list[Piece]:
+        return self._said(self._reader.feed(text))
+
+    def close(self) -> list[Piece]:
+        return self._said(self._reader.close())
+
+    def _said(self, pieces: list[Piece]) -> list[Piece]:
+        if pieces:
+            self._job.shown()
+        return pieces
 
 
 def sse(data: Mapping[str, Any] | str) -> str:

@@ -31,7 +31,7 @@ from localinfer.errors import (
     user_message,
 )
 
-__all__ = ["ApiError", "error_response", "install_handlers", "status_for"]
+__all__ = ["ApiError", "error_body", "error_response", "install_handlers", "status_for"]
 
 
 class ApiError(Exception):
@@ -64,29 +64,33 @@ def is_openai(request: Request) -> bool:
     return request.url.path.startswith("/v1/")
 
 
-def is_anthropic(request: Request) -> bool:
-    return request.url.path.startswith("/v1/messages")
-
-
 # Anthropic's error types by status (its clients raise by status and show the message)
 _ANTHROPIC = {400: "invalid_request_error", 401: "authentication_error",
               403: "permission_error", 404: "not_found_error", 413: "request_too_large",
               429: "rate_limit_error", 503: "overloaded_error"}
+# OpenAI's error types for the guard's refusals, whoever answers them: the guard itself (a
+# sized body too large) or a route (a chunked body found too large as it is read)
+_OPENAI = {401: "authentication_error", 403: "permission_error", 413: "request_too_large"}
 
 
-def error_response(request: Request, status: int, message: str,
-                   kind: str = "invalid_request_error", code: str | None = None,
-                   param: str | None = None) -> JSONResponse:
-    """OpenAI: {"error": {"message", "type", "param", "code"}}; Anthropic (/v1/messages):
-    {"type": "error", "error": {"type", "message"}}; Ollama and the rest: {"error": "..."}."""
-    if is_anthropic(request):
-        body = {"type": "error", "error": {"type": _ANTHROPIC.get(status, "api_error"),
+def error_body(path: str, status: int, message: str, kind: str | None = None,
+               code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI: {"error": {"message", "type", "param", "code"}}; Anthropic (/v1/messages and
+    its count_tokens): {"type": "error", "error": {"type", "message"}}; Ollama and the rest:
+    {"error": "..."}. kind: OpenAI's error type, else the status's."""
+    if path.startswith("/v1/messages"):
+        return {"type": "error", "error": {"type": _ANTHROPIC.get(status, "api_error"),
                                            "message": message}}
-    elif is_openai(request):
-        body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    else:
-        body = {"error": message}
-    return JSONResponse(body, status_code=status)
+    if path.startswith("/v1/"):
+        kind = kind or _OPENAI.get(status, "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": message}
+
+
+def error_response(request: Request, status: int, message: str, kind: str | None = None,
+                   code: str | None = None, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(request.url.path, status, message, kind, code, param),
+                        status_code=status)
 
 
 def too_long_message(path: str, exc: PromptTooLong) -> tuple[str, str | None, str | None]:

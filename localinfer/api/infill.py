@@ -46,11 +46,11 @@ class InfillRequest(core.Lenient):
     n_predict: int = Field(-1, ge=-1)
     stream: bool = False
     stop: Union[str, list[str], None] = None
-    temperature: float = Field(0.8, ge=0, le=2)
-    top_k: int = Field(40, ge=0)
-    top_p: float = Field(0.95, gt=0, le=1)
-    min_p: float = Field(0.05, ge=0, le=1)
-    seed: Optional[int] = Field(None, ge=-1, lt=2**32)
+    temperature: float = core.sampling_field("temperature", 0.8)
+    top_k: int = core.sampling_field("top_k", 40)
+    top_p: float = core.sampling_field("top_p", 0.95)
+    min_p: float = core.sampling_field("min_p", 0.05)
+    seed: Optional[int] = core.sampling_field("seed", None)
     logit_bias: Union[list[list[Union[int, float, bool]]], dict[str, Union[float, bool]],
                       None] = Field(None, max_length=1024)
     grammar: Optional[str] = Field(None, max_length=512 * 1024)
@@ -61,7 +61,7 @@ class InfillRequest(core.Lenient):
     def params(self) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                              min_p=self.min_p, seed=None if self.seed in (None, -1) else self.seed,
+                              min_p=self.min_p, seed=self.seed,
                               max_tokens=self.n_predict if self.n_predict > 0 else None,
                               stop=tuple(stop), logit_bias=self._bias(), grammar=self.grammar,
                               min_indent=self.n_indent,

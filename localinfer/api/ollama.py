@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from localinfer import __version__
 from localinfer.api import core, images
@@ -34,7 +34,8 @@ from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
 from localinfer.model_store.gguf_info import GGUFInfo, has_fim_tokens, read_gguf_info
 from localinfer.model_store import pulled
-from localinfer.model_store.sources import delete_model, digest, installed_models, is_embedded
+from localinfer.model_store.sources import (delete_model, digest, installed_models, is_embedded,
+                                            packaged_header)
 from localinfer.model_store.pulled import Manifest
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
@@ -45,15 +46,28 @@ router = APIRouter(prefix="/api", tags=["ollama"])
 NDJSON = "application/x-ndjson"
 
 
-class Options(core.Lenient):
-    temperature: float = Field(0.8, ge=0, le=2)
-    top_k: int = Field(40, ge=0)
-    top_p: float = Field(0.9, gt=0, le=1)
-    min_p: float = Field(0.0, ge=0, le=1)
-    repeat_penalty: float = Field(1.1, gt=0)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
-    seed: Optional[int] = Field(None, ge=0, lt=2**32)
+class _Body(core.Lenient):
+    """A part of a request as Ollama reads it: a null is as if the field were not sent (Go's
+    JSON reader leaves such a field at its default), so a client that sends every option,
+    its unset ones as null (LangChain's), gets the defaults rather than a 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_unsent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
+class Options(_Body):
+    temperature: float = core.sampling_field("temperature", 0.8)
+    top_k: int = core.sampling_field("top_k", 40)
+    top_p: float = core.sampling_field("top_p", 0.9)
+    min_p: float = core.sampling_field("min_p", 0.0)
+    repeat_penalty: float = core.sampling_field("repeat_penalty", 1.1)
+    presence_penalty: float = core.sampling_field("presence_penalty", 0.0)
+    frequency_penalty: float = core.sampling_field("frequency_penalty", 0.0)
+    seed: Optional[int] = core.sampling_field("seed", None)
     num_predict: Optional[int] = Field(None, ge=-2)
     num_keep: int = Field(4, ge=0)
     stop: Optional[list[str]] = None
@@ -79,7 +93,7 @@ class Options(core.Lenient):
         )
 
 
-class ChatMessage(core.Lenient):
+class ChatMessage(_Body):
     role: str
     content: str = ""
     images: Optional[list[str]] = None
@@ -105,7 +119,7 @@ def _message(m: ChatMessage, files: list[bytes]) -> dict[str, Any]:
     return out
 
 
-class _Base(core.Lenient):
+class _Base(_Body):
     model: str = Field(min_length=1, max_length=200)
     stream: bool = True
     format: Union[str, dict[str, Any], None] = None
@@ -143,7 +157,7 @@ class GenerateRequest(_Base):
     suffix: Optional[str] = None
 
 
-class NameRequest(core.Lenient):
+class NameRequest(_Body):
     model: Optional[str] = Field(None, max_length=200)
     name: Optional[str] = Field(None, max_length=200)  # the older spelling
 
@@ -155,7 +169,7 @@ class NameRequest(core.Lenient):
         return value
 
 
-class EmbedRequest(core.Lenient):
+class EmbedRequest(_Body):
     model: str = Field(min_length=1, max_length=200)
     input: Union[str, list[str], None] = None
     prompt: Optional[str] = None  # /api/embeddings, the older route
@@ -264,7 +278,7 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
             if reader is not None:
                 for line in lines(reader.close()):
                     yield line
-            observe(job, event.stats)
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             final = {"model": job.model.name, "created_at": _now(), **_final(job, event.stats)}
             if key == "response":  # the conversation as tokens, to send back as `context`
                 final["context"] = [*job.prompt_ids, *reply_ids]
@@ -382,16 +396,19 @@ async def tags(request: Request) -> dict[str, Any]:
         known = installed.get(name)
         path = loaded[name].resolved.path if name in loaded else known and known.path
         stat = path.stat() if path and path.exists() else None
-        # the file's own header, loaded or not, so a model's family does not change on load
+        # the file's own header, loaded or not, so a model's family does not change on load;
+        # an embedded one not unpacked yet: its package's (header, size and sha256 as the
+        # file will have them), so it lists the same before its first use and after
         info = (loaded[name].info if name in loaded else
-                await asyncio.to_thread(_header, path) if stat else None)
+                await asyncio.to_thread(_header, path) if stat else
+                await asyncio.to_thread(_packaged_header, name, models_dir) if known else None)
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
             if stat else _now(),
             "size": stat.st_size if stat else known and known.size or 0,  # (not unpacked yet)
             "digest": await asyncio.to_thread(digest, path, models_dir, known and known.sha256)
-            if stat else "",
+            if stat else known and known.sha256 or "",
             "details": _details(name, info, known and known.quant),
         })
     return {"models": models}
@@ -401,6 +418,13 @@ def _header(path: Path) -> GGUFInfo | None:
     try:
         return read_gguf_info(path)
     except LocalinferError:  # a damaged file still gets listed, without details
+        return None
+
+
+def _packaged_header(name: str, models_dir: Path) -> GGUFInfo | None:
+    try:
+        return packaged_header(name, models_dir)
+    except (LocalinferError, OSError):  # a package missing a part: listed, without details
         return None
 
 

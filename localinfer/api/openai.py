@@ -62,15 +62,19 @@ class ResponseFormat(core.Lenient):
 class _Sampling(core.Lenient):
     model: str = Field("", max_length=200)
     max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = core.sampling_field("temperature", 1.0)
+    top_p: float = core.sampling_field("top_p", 1.0)
+    # llama-server's (and vLLM's) own: the cuts and the penalty the OpenAI API has not
+    top_k: int = core.sampling_field("top_k", 40)
+    min_p: float = core.sampling_field("min_p", 0.05)
+    repeat_penalty: float = core.sampling_field("repeat_penalty", 1.0)
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     stop: Union[str, list[str], None] = None
-    seed: Optional[int] = Field(None, ge=0, lt=2**32)
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    seed: Optional[int] = core.sampling_field("seed", None)
+    presence_penalty: float = core.sampling_field("presence_penalty", 0.0)
+    frequency_penalty: float = core.sampling_field("frequency_penalty", 0.0)
     logit_bias: Optional[dict[str, float]] = None
     # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
     grammar: Optional[str] = Field(None, max_length=512 * 1024)
@@ -89,7 +93,8 @@ class _Sampling(core.Lenient):
                 raise ApiError(400, f"logit_bias keys must be token ids, not '{token[:40]}'")
             bias[int(token)] = value
         return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, seed=self.seed,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             max_tokens=max_tokens, stop=tuple(stop), logit_bias=bias, grammar=grammar,
         )
@@ -202,8 +207,9 @@ async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
                 yield core.sse({"error": {"message": str(event.error), "type": "server_error"}})
                 break
             if isinstance(event, DoneEvent):
+                chunks = shape.finish(event.stats)  # (the parser's last pieces first: TTFT)
                 observe(job, event.stats)
-                for chunk in shape.finish(event.stats):
+                for chunk in chunks:
                     yield core.sse(chunk)
             elif event.text:
                 for chunk in shape.deltas(event.text):  # none while a marker may be starting

@@ -63,8 +63,8 @@ class ResponsesRequest(core.Lenient):
     text: Optional[dict[str, Any]] = None
     reasoning: Optional[dict[str, Any]] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    temperature: float = core.sampling_field("temperature", 1.0)
+    top_p: float = core.sampling_field("top_p", 1.0)
     stream: bool = False
     store: bool = True
     previous_response_id: Optional[str] = Field(None, max_length=200)
@@ -522,10 +522,10 @@ async def _stream(job: core.Job, output: _Output, keep) -> AsyncIterator[str]:
             yield _sse(output.event("response.failed", response=output.response))
             return
         if isinstance(event, DoneEvent):
-            observe(job, event.stats)
             for piece in reader.close():
                 for item in output.add(piece):
                     yield _sse(item)
+            observe(job, event.stats)  # (after the parser's last pieces: TTFT)
             for item in output.finish(event.stats, job, reader.reasoning_tokens):
                 yield _sse(item)
             keep()

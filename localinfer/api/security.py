@@ -2,6 +2,9 @@
 
 - Host: a browser page on another site can reach 127.0.0.1 through DNS rebinding, but its
   requests carry that site's name in Host; only loopback names (and those configured) pass.
+  Host and Origin are read as URLs read them (`127.0.0.1:1@evil.example` names evil.example,
+  and is refused: neither header has a user part), and a request with two Hosts or two
+  Origins is refused (RFC 9112: a 400), not judged by one of them.
 - Origin: a page on another site can also post to 127.0.0.1 directly — a "simple" request
   (text/plain body, no preflight), which the browser sends before CORS can say no. Browsers
   name the page's origin in Origin, so a request that carries one passes only from a
@@ -19,11 +22,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import re
 from collections.abc import Iterable
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from localinfer.api.errors import error_body
 from localinfer.api.metrics import REQUESTS
 
 __all__ = ["Guard", "is_loopback"]
@@ -47,10 +52,16 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _hostname(header: str) -> str:
-    if header.startswith("["):  # [::1]:11435
-        return header[1:].split("]", 1)[0]
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+# a Host header, or an origin after its scheme: a name, an IPv4 address or a bracketed IPv6
+# one, and a port; nothing else (a user part, a path) — what a browser or a client sends
+_AUTHORITY = re.compile(r"(\[[0-9a-f:.]+\]|[a-z0-9_.-]+)(?::[0-9]{1,5})?")
+
+
+def _hostname(authority: str) -> str | None:
+    """The host of `authority` ("name", "name:port", "[::1]:port"); None where it is no
+    such thing (a user part, a path, spaces, an empty name): never guessed at."""
+    match = _AUTHORITY.fullmatch(authority.lower())
+    return match[1].strip("[]") if match else None
 
 
 MAX_OBJECTS = 20_000
@@ -124,6 +135,10 @@ class Guard:
 
     def _refusal(self, scope: Scope) -> tuple[int, str] | None:
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        for name in ("host", "origin"):
+            count = sum(k.lower() == name.encode() for k, _ in scope["headers"])
+            if count > 1:  # which one a proxy or a browser meant is anyone's guess
+                return 400, f"the request has {count} {name.title()} headers — send one"
         host = headers.get("host")
         if host is not None and not self._host_ok(_hostname(host)):
             return 403, (f"Host '{host[:100]}' is not allowed — add it with --allow-host "
@@ -150,10 +165,13 @@ class Guard:
         if "*" in self.allowed_origins or origin in self.allowed_origins:
             return True
         scheme, _, rest = origin.partition("://")
-        return scheme in ("http", "https") and bool(rest) and is_loopback(_hostname(rest))
+        host = _hostname(rest)
+        return scheme in ("http", "https") and host is not None and is_loopback(host)
 
-    def _host_ok(self, host: str) -> bool:
-        return "*" in self.allowed_hosts or host.lower() in self.allowed_hosts or is_loopback(host)
+    def _host_ok(self, host: str | None) -> bool:
+        if "*" in self.allowed_hosts:
+            return True
+        return host is not None and (host in self.allowed_hosts or is_loopback(host))
 
     def _too_large(self) -> str:
         return f"request body is larger than {self.max_body} bytes"
@@ -191,15 +209,7 @@ def _read_as_json(scope: Scope) -> None:
 
 
 async def _reply(scope: Scope, send: Send, status: int, message: str) -> None:
-    kind = {401: "authentication_error", 403: "permission_error",
-            413: "request_too_large"}.get(status, "invalid_request_error")
-    if scope["path"] == "/v1/messages":  # Anthropic's shape
-        body = {"type": "error", "error": {"type": kind, "message": message}}
-    elif scope["path"].startswith("/v1/"):
-        body = {"error": {"message": message, "type": kind, "param": None, "code": None}}
-    else:
-        body = {"error": message}
-    data = json.dumps(body).encode()
+    data = json.dumps(error_body(scope["path"], status, message)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(data)).encode())]})

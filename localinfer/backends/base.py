@@ -17,7 +17,9 @@ from localinfer.errors import InvalidRequest, LocalinferError
 from localinfer.settings import KvType, Settings
 
 __all__ = [
+    "SAMPLING_BOUNDS",
     "Backend",
+    "Bound",
     "DoneEvent",
     "ErrorEvent",
     "Event",
@@ -27,6 +29,47 @@ __all__ = [
     "SamplingParams",
     "TokenEvent",
 ]
+
+
+_INT32 = 2**31 - 1
+_FLOAT32 = 3.4028234663852886e38  # llama.cpp reads the samplers' numbers as 32-bit floats
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values one sampling parameter may take: from `low` (itself excluded where
+    `above`) to `high`, finite; `whole` for an integer. `means` says what edge values do."""
+
+    low: float
+    high: float
+    above: bool = False
+    whole: bool = False
+    means: str = ""
+
+    def holds(self, value: float) -> bool:
+        """(NaN holds nowhere: every comparison with it is false.)"""
+        return (value > self.low if self.above else value >= self.low) and value <= self.high
+
+    def rule(self, name: str) -> str:
+        low = f"more than {self.low:g}" if self.above else f"{self.low:g} or more"
+        high = f"at most {self.high:g}" if self.high < _FLOAT32 else "finite"
+        return f"{name} must be {low} and {high}" + (f" ({self.means})" if self.means else "")
+
+
+# Each sampling parameter's one rule, for every dialect of the API (their request fields are
+# made from it: api/core.py `sampling_field`), the command line and the chat app alike. Edge
+# values as llama.cpp reads them: a top_k of 0 or less is no cut (-1 is vLLM's and
+# llama-server's spelling), a seed of -1 a random one (Ollama's default).
+SAMPLING_BOUNDS: dict[str, Bound] = {
+    "temperature": Bound(0, 2, means="0 is greedy"),
+    "top_k": Bound(-_INT32 - 1, _INT32, whole=True, means="0 or less is no cut"),
+    "top_p": Bound(0, 1, above=True),
+    "min_p": Bound(0, 1),
+    "repeat_penalty": Bound(0, _FLOAT32, above=True, means="1 is none"),
+    "presence_penalty": Bound(-2, 2),
+    "frequency_penalty": Bound(-2, 2),
+    "seed": Bound(-1, 2**32 - 1, whole=True, means="-1 is a random one"),
+}
 
 
 @dataclass(frozen=True)
@@ -69,18 +112,16 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
         object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
+        for name, bound in SAMPLING_BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None and not bound.holds(value):
+                raise InvalidRequest(bound.rule(name))
+        object.__setattr__(self, "top_k", max(0, self.top_k))  # 0 or less: no cut
+        object.__setattr__(self, "seed", None if self.seed == -1 else self.seed)  # random
         checks = [
-            (self.temperature >= 0, "temperature must be 0 or more"),
-            (self.top_k >= 0, "top_k must be 0 (off) or more"),
-            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
-            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
-            (self.repeat_penalty > 0, "repeat_penalty must be more than 0"),
-            (-2 <= self.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-            (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (all(-100 <= b <= 100 for _, b in self.logit_bias),
              "logit_bias values must be in [-100, 100]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
-            (self.seed is None or 0 <= self.seed < 2**32, "seed must be in [0, 2^32)"),
             (self.n_keep >= 0, "n_keep must be 0 or more"),
             (self.min_indent >= 0, "n_indent must be 0 or more"),
             (self.line_time_limit is None or self.line_time_limit > 0,
@@ -217,6 +258,9 @@ class ModelInfo:
 class TokenEvent:
     text: str
     token: int
+    # the reply's token it came with: its place in RequestStats.token_times (text held back
+    # a while, by a stop string's first characters, comes with a later token); -1: unknown
+    index: int = -1
 
 
 @dataclass(frozen=True)

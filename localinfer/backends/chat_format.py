@@ -511,10 +511,102 @@ def _gemma4(text: str, final: bool, tools: Mapping[str, Mapping[str, Any]]) -> _
 
 
 def _generic(text: str, final: bool, tools: Mapping[str, Mapping[str, Any]]) -> _Parsed | None:
-    """The generic shape a template without tools is taught (api/tools.py): the whole reply
-    one JSON object, or a list of them, maybe fenced or tagged; judged once it has ended."""
-    if not final:
-        return _Parsed([])
+    """The generic shape a template without tools is taught (api/tools.py): a JSON object
+    {"name": …, "arguments": {…}}, or a list of them, maybe fenced or tagged. Written as
+    taught, it streams as the families' calls do: the call as soon as its name is known
+    (and is one of the tools), then its arguments in fragments. Any other shape (the
+    arguments first or as a string, a "tool_calls" or "function" wrapper) is judged once the
+    reply has ended, whole."""
+    streamed = _generic_stream(text, final, tools)
+    if streamed is not _WHOLE:
+        return streamed
+    return _generic_whole(text, tools) if final else _Parsed([])
+
+
+_WHOLE = _Parsed([])  # (a sentinel: not the taught shape, to be judged whole at the end)
+_GENERIC_OPENERS = (("```json", "```"), ("```", "```"), ("<tool_call>", "</tool_call>"))
+
+
+def _generic_stream(text: str, final: bool,
+                    tools: Mapping[str, Mapping[str, Any]]) -> _Parsed | None:
+    """The taught shape, read as it streams; _WHOLE where the reply is not in it (yet)."""
+    calls: list[_Call] = []
+    at = 0
+    while True:  # a call or a list of calls, maybe fenced or tagged (tagged ones repeat)
+        at, close = _generic_opener(text, _skip(text, at))
+        if at == _NOT_JSON:
+            return _Parsed(calls, text[at:]) if calls else None
+        if at == _OPENING:
+            return _Parsed(calls, "" if final else None) if calls or not final else _WHOLE
+        found = _generic_calls(text, at, final, tools, calls)
+        if not isinstance(found, int):
+            return found
+        at = found
+        if close:
+            if _waits_for(text, at, close) or (at >= len(text) and not final):
+                return _Parsed(calls)
+            if text.startswith(close, at):
+                at = _skip(text, at + len(close))
+        if at >= len(text):
+            return _Parsed(calls, "" if final else None)
+        tagged_again = close == "</tool_call>" and (text.startswith("<tool_call>", at)
+                                                    or _waits_for(text, at, "<tool_call>"))
+        if not tagged_again:
+            return _Parsed(calls, text[at:])
+
+
+_OPENING, _NOT_JSON = -1, -2
+
+
+def _generic_opener(text: str, at: int) -> tuple[int, str]:
+    """Past a fence or a tag that opens calls at `at`: where the JSON starts and the mark
+    that closes it ("" for a bare object or list); _OPENING while the reply may still
+    become one, _NOT_JSON where no JSON follows."""
+    close = ""
+    for opener, closing in _GENERIC_OPENERS:
+        if _waits_for(text, at, opener):
+            return _OPENING, ""
+        if text.startswith(opener, at):
+            at, close = _skip(text, at + len(opener)), closing
+            break
+    if at >= len(text):
+        return _OPENING, ""
+    return (at, close) if text[at] in "{[" else (_NOT_JSON, "")
+
+
+def _generic_calls(text: str, at: int, final: bool, tools: Mapping[str, Mapping[str, Any]],
+                   calls: list[_Call]) -> int | _Parsed | None:
+    """The call, or list of calls, at `at` (added to `calls`): where it ends, or what the
+    section is so far where it has not ended (None: no calls, _WHOLE: judge it whole)."""
+    listed = text[at] == "["
+    at = _skip(text, at + 1) if listed else at
+    while True:
+        found = _json_call(text, at)
+        if found is False:  # being written, its name not known yet
+            return _Parsed(calls, "" if final else None) if calls or not final else _WHOLE
+        if found is None:  # not a call as taught: perhaps another shape of one
+            return _Parsed(calls, text[at:]) if calls else _WHOLE
+        call, end = found
+        if call.name not in tools:
+            return _Parsed(calls, text[at:]) if calls else None
+        calls.append(call)
+        if end < 0:  # its arguments stream meanwhile
+            return _Parsed(calls, "" if final else None)
+        at = _skip(text, end)
+        if not listed:
+            return at
+        if at < len(text) and text[at] == ",":
+            at = _skip(text, at + 1)
+        elif at < len(text) and text[at] == "]":
+            return _skip(text, at + 1)
+        elif at >= len(text):
+            return _Parsed(calls, "" if final else None)
+        else:
+            return _Parsed(calls, text[at:])
+
+
+def _generic_whole(text: str, tools: Mapping[str, Mapping[str, Any]]) -> _Parsed | None:
+    """The whole reply as the calls it may be, in any shape a small model writes them."""
     cleaned = re.sub(r"</?tool_call>", "", re.sub(r"^```(?:json)?\s*|\s*```$", "",
                                                   text.strip())).strip()
     try:

@@ -116,6 +116,7 @@ class Engine:
         # and once it has stopped: every event of the pass has been put by then (a runner
         # process sends them to its parent in one message)
         self.after_pass: Callable[[], None] = lambda: None
+        self._freed = False
         self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
         self._thread.start()
 
@@ -171,17 +172,30 @@ class Engine:
             threads=self.native.threads(),
         )
 
+    @property
+    def steps(self) -> int:
+        """Steps so far: a counter, safe from any thread, before and after close."""
+        return self._counters["steps"]
+
     def cancel_all(self) -> None:
         """End every request submitted so far within a step (a server shutting down): each
         gets its DoneEvent, so its stream closes properly. Safe from any thread."""
         self.queue.put(CANCEL_ALL)
 
-    def close(self) -> None:
+    def stop(self) -> None:
+        """The engine's thread ends: every request ends (EngineClosed), its sampler freed;
+        nothing runs on the model afterwards. (close frees what the engine holds.)"""
         if self._closed:
             return
         self._closed = True
         self.queue.put(CLOSE)
         self._thread.join()
+
+    def close(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        self.stop()
         self.batch.free()
         self.speculator.close()
         self.native.close()
@@ -439,7 +453,7 @@ class Engine:
             return self._finish(slot, "stop")
         text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
         if text:
-            task.generation.put(TokenEvent(text, token))
+            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1))
         if slot.stop.stopped:
             task.stats.stop_string = slot.stop.matched
             return self._finish(slot, "stop")
@@ -465,7 +479,7 @@ class Engine:
         # are dropped, not sent as U+FFFD
         tail = slot.stop.flush()
         if tail and reason != "cancelled":
-            task.generation.put(TokenEvent(tail, -1))
+            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1))
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
         slot.release(self._clock())  # first: whoever sees the end may count on a free slot

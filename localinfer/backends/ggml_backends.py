@@ -9,6 +9,7 @@ from llama-cpp-python's library folder. A build with the backends linked in need
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import logging
@@ -49,13 +50,38 @@ def _on_llama_log(level: int, text: bytes, _user_data: ctypes.c_void_p) -> None:
 
 
 def route_llama_log() -> None:
-    """Send llama.cpp's own log into the `localinfer.llama_cpp` logger (once per process)."""
+    """Send llama.cpp's own log into the `localinfer.llama_cpp` logger (once per process,
+    until it exits: then back to llama.cpp's own printer, `_unroute_logs`)."""
     import llama_cpp
 
     with _log_lock:
         if _log_state["callback"] is None:  # kept: llama.cpp calls it for the process's life
             _log_state["callback"] = llama_cpp.llama_log_callback(_on_llama_log)
             llama_cpp.llama_log_set(_log_state["callback"], ctypes.c_void_p(0))
+            atexit.register(_unroute_logs)
+
+
+def _unroute_logs() -> None:
+    """At exit, before the interpreter is torn down: llama.cpp's log (ggml's and libmtmd's
+    with it) goes back to their own printers on stderr. A line llama.cpp writes after that —
+    from a static destructor, or one of ggml's threads — must not call into a Python
+    callback whose interpreter is gone."""
+    import llama_cpp
+
+    with _log_lock:
+        if _log_state["callback"] is None:
+            return
+        none = llama_cpp.llama_log_callback()  # a null callback: the library's own printer
+        llama_cpp.llama_log_set(none, ctypes.c_void_p(0))
+        if _log_state.get("mtmd"):
+            from llama_cpp import mtmd_cpp
+
+            mtmd_cpp.mtmd_log_set(none, ctypes.c_void_p(0))
+            mtmd_cpp.mtmd_helper_log_set(none, ctypes.c_void_p(0))
+            _log_state["mtmd"] = False
+        # kept, not freed: a thread of ggml's may be inside it still
+        _log_state["retired"] = _log_state["callback"]
+        _log_state["callback"] = None
 
 
 def route_mtmd_log() -> None:

@@ -129,6 +129,11 @@ class NativeModel:
         # how many of the last decode's tokens (all but its first) may be dropped again
         # with a correct state left: llama.cpp's snapshots of a hybrid's recurrent state
         self.rollback = llama_cpp.llama_n_rs_seq(self.ctx) if self.stateful else 0
+        # read once: asked later of a freed context (a close racing a question), llama.cpp
+        # reads through a null pointer
+        self._n_cells = llama_cpp.llama_n_ctx(self.ctx)
+        self._n_batch = llama_cpp.llama_n_batch(self.ctx)
+        self._threads = llama_cpp.llama_n_threads(self.ctx)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
         self._heads: frozenset[str] | None = None
         self.n_outputs = min(n_outputs, self.n_batch()) if n_outputs else self.n_batch()
@@ -153,11 +158,11 @@ class NativeModel:
 
     def n_cells(self) -> int:
         """The context's KV cells, all slots' together (LoadOptions.n_ctx is one slot's)."""
-        return llama_cpp.llama_n_ctx(self.ctx)
+        return self._n_cells
 
     def n_batch(self) -> int:
         """The most tokens one llama_decode takes: llama.cpp lowers n_batch to a small context."""
-        return llama_cpp.llama_n_batch(self.ctx)
+        return self._n_batch
 
     def n_ctx_train(self) -> int:
         return llama_cpp.llama_model_n_ctx_train(self.model)
@@ -319,10 +324,12 @@ class NativeModel:
         return llama_cpp.llama_get_logits(self.ctx)
 
     def threads(self) -> int:
-        return llama_cpp.llama_n_threads(self.ctx) if self.ctx else 0
+        """(As last set: asked of llama.cpp, it could be a freed context's.)"""
+        return self._threads if self.ctx else 0
 
     def set_threads(self, count: int) -> None:
         llama_cpp.llama_set_n_threads(self.ctx, count, count)
+        self._threads = count
 
     # -- text
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
@@ -461,7 +468,7 @@ class SamplerChain:
             else:
                 self._candidates = _Candidates(native.n_vocab)
         if penalised:
-            keep = 1 if params.greedy else params.top_k
+            keep = 1 if params.greedy else min(params.top_k, native.n_vocab)
             only_lower = (params.repeat_penalty >= 1 and params.frequency_penalty >= 0
                           and params.presence_penalty >= 0)
             if self.shortcuts and keep and only_lower:
@@ -477,8 +484,8 @@ class SamplerChain:
         if params.greedy:
             add(llama_cpp.llama_sampler_init_greedy())
             return
-        if params.top_k > 0:
-            add(llama_cpp.llama_sampler_init_top_k(params.top_k))
+        if params.top_k > 0:  # (within llama.cpp's int32: a cut past the vocabulary is none)
+            add(llama_cpp.llama_sampler_init_top_k(min(params.top_k, native.n_vocab)))
         add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(llama_cpp.llama_sampler_init_temp(params.temperature))

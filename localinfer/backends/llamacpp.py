@@ -271,7 +271,12 @@ class LlamaCppBackend(Backend):
         self.engine.cancel_all()
 
     def close(self) -> None:
-        self.embedder.close()
-        self.engine.close()
+        """Free in the reverse order of the load: the engine's thread stops first (nothing
+        decodes, every request's sampler is freed), then what was built on the model — the
+        projector (its encoding thread with it), the embeddings' context — and last the
+        engine's batch, draft model, context and the model itself."""
+        self.engine.stop()
         if self.projector:
             self.projector.close()
+        self.embedder.close()
+        self.engine.close()

@@ -7,14 +7,23 @@ All times are seconds on one monotonic clock, taken by the engine thread:
 - token_times: the moment each generated token was sampled (the end-of-generation
   token included, since computing it cost a decode step)
 
+- shown_from: which of them the client was shown first (0 unless told otherwise)
+
 From those, with n generated tokens:
 - queue time = started_at − submitted_at
-- TTFT       = first token − submitted_at
+- TTFT       = first token shown − submitted_at: time to first token as the client sees
+               it. A reply's text is shown as it comes, so that is the first token, unless
+               the reply is taken apart as it streams (api/core.py `Job`) and its first
+               tokens are held until they can be said: a tool call's opening JSON until its
+               name is known, a marker's first characters. Then it is the token with which
+               the first piece (content, reasoning, a call's name) went out — for a call,
+               when its name reached the client.
 - ITL        = gaps between consecutive tokens
 - E2EL       = last token − submitted_at
-- TPOT       = (E2EL − TTFT) / (n − 1)
+- TPOT       = (E2EL − first token) / (n − 1): the engine's pace, from the first token
+               sampled, shown or not (so TTFT + (n − 1) × TPOT = E2EL where it was shown)
 - prefill tok/s = prompt tokens evaluated (cached ones excluded) / (first token − started_at)
-- decode tok/s  = (n − 1) / (E2EL − TTFT)
+- decode tok/s  = (n − 1) / (E2EL − first token)
 """
 
 from __future__ import annotations
@@ -41,6 +50,8 @@ class RequestStats:
     # and rebuilt from its tokens when cells came free
     preemptions: int = 0
     stop_string: str | None = None  # the request's stop string that ended the reply
+    # the index in token_times of the first token the client was shown (TTFT's; above)
+    shown_from: int = 0
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -60,7 +71,10 @@ class RequestStats:
 
     @property
     def ttft(self) -> float | None:
-        return self.token_times[0] - self.submitted_at if self.token_times else None
+        if not self.token_times:
+            return None
+        return self.token_times[min(self.shown_from, len(self.token_times) - 1)] \
+            - self.submitted_at
 
     @property
     def e2el(self) -> float | None:

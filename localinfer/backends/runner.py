@@ -17,6 +17,13 @@ A runner that ends (a signal, an exit) ends each of its requests with `RunnerDie
 has work and makes no progress for `hang_seconds` (LOCALINFER_RUNNER_TIMEOUT) is killed and
 treated the same (an embedding, one llama.cpp call that shows no progress until it ends, is
 not watched). A runner whose parent has gone (its pipe reads end-of-file) exits at once.
+
+A runner told to close frees in the reverse order of its load, with nothing else touching
+llama.cpp meanwhile: its heartbeat stops first (it read the engine's figures, and once read
+the context's size after the context was freed: a segfault in libllama as runners closed),
+then the engine's thread, then the model's parts (`LlamaCppBackend.close`); llama.cpp's log
+goes back to stderr before the interpreter tears down (`ggml_backends.route_llama_log`). It
+then exits with status 0; a closed runner that ends by a signal is logged.
 """
 
 from __future__ import annotations
@@ -251,6 +258,9 @@ class _Runner:
         self._live_lock = threading.Lock()
         self._calls = ThreadPoolExecutor(4, thread_name_prefix="localinfer-runner-call")
         self._fault = os.environ.get("LOCALINFER_RUNNER_FAULT")  # tests only: see _check_fault
+        # tests only: a faster heartbeat (every millisecond, it met every close)
+        self._beat_seconds = float(os.environ.get("LOCALINFER_RUNNER_BEAT") or BEAT_SECONDS)
+        self._closing = threading.Event()  # the heartbeat stops
 
     def send(self, message: tuple[Any, ...]) -> None:
         try:
@@ -271,7 +281,8 @@ class _Runner:
             self.send(("failed", _wire_error(exc)))
             return
         self.backend.engine.after_pass = self._flush
-        threading.Thread(target=self._beat, daemon=True, name="runner-beat").start()
+        beat = threading.Thread(target=self._beat, daemon=True, name="runner-beat")
+        beat.start()
         self.send(("ready", self.backend.info))
         while True:
             try:
@@ -292,6 +303,8 @@ class _Runner:
                 self.backend.cancel_all()
             elif kind == "close":
                 break
+        self._closing.set()
+        beat.join()  # (it may be sending: it touches llama.cpp no more once it has stopped)
         self._calls.shutdown(wait=True, cancel_futures=True)  # none still uses the model
         self.backend.close()  # the engine's last pass flushes its events
         self._flush()
@@ -341,7 +354,7 @@ class _Runner:
     def _post(self, gid: int, event: Event) -> None:
         """An event for the parent; sent with the rest of its engine pass."""
         if isinstance(event, TokenEvent):
-            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token)
+            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token, event.index)
         else:
             with self._live_lock:
                 self._live.pop(gid, None)
@@ -364,11 +377,12 @@ class _Runner:
                 self.send(("events", batch))
 
     def _beat(self) -> None:
-        while True:
-            time.sleep(BEAT_SECONDS)
+        """Progress for the parent's watchdog: the engine's step count, a counter of its
+        own (its full figures ask llama.cpp, which this thread must not, racing a close)."""
+        while not self._closing.wait(self._beat_seconds):
             if os.getppid() != self.parent:  # orphaned (the pipe's end-of-file is the usual sign)
                 os._exit(0)
-            self.send(("beat", self.backend.engine.stats().steps))
+            self.send(("beat", self.backend.engine.steps))
 
     def _check_fault(self) -> None:
         """Tests: the file named by LOCALINFER_RUNNER_FAULT, once it exists, says what goes
@@ -563,8 +577,11 @@ class _Link:
         try:
             self.process.wait(30)  # the engine ends what runs, then frees the model
         except subprocess.TimeoutExpired:
+            log.warning("the runner of %s did not close within 30 s; killing it", self.name)
             self.process.kill()
-        self._exit_code()
+        code = self._exit_code()
+        if code and code < 0 and code != -signal.SIGKILL:
+            log.warning("the runner of %s ended as it closed (%s)", self.name, _how(code))
         self._wake.wait(5)  # the reader has said how it ended
         self._close_pipes()
 
@@ -693,7 +710,7 @@ class _Link:
             if kind == _TOKEN:
                 generation = self._live.get(gid)
                 if generation is not None:
-                    generation.put(TokenEvent(rest[0], rest[1]))
+                    generation.put(TokenEvent(rest[0], rest[1], rest[2]))
                 continue
             with self._lock:
                 generation = self._live.pop(gid, None)
@@ -760,6 +777,11 @@ class RunnerBackend(Backend):
     @property
     def pid(self) -> int:
         return self._link.process.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        """How its runner process ended (negative: by that signal); None while it runs."""
+        return self._link.process.returncode
 
     @property
     def ended(self) -> bool:

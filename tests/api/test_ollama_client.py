@@ -119,6 +119,24 @@ def test_pull_of_an_embedded_model_succeeds(client):
     assert statuses[-1] == "success"
 
 
+# every option LangChain's OllamaEmbeddings and ChatOllama send, unset ones as null
+LANGCHAIN_OPTIONS = dict.fromkeys(
+    ["mirostat", "mirostat_eta", "mirostat_tau", "num_ctx", "num_gpu", "num_thread",
+     "repeat_last_n", "repeat_penalty", "temperature", "stop", "tfs_z", "top_k", "top_p",
+     "seed", "num_predict"])
+
+
+def test_null_options_are_as_if_unsent(client):
+    """Ollama ignores a null option; they were a 400 ("Input should be a valid number")."""
+    embedded = client.embed(model="smollm2:135m", input=["hello"], options=LANGCHAIN_OPTIONS)
+    assert len(embedded.embeddings) == 1
+    short = {**LANGCHAIN_OPTIONS, "num_predict": 2}
+    reply = client.chat(model="smollm2:135m", messages=QUESTION, options=short)
+    assert reply.done and 1 <= reply.eval_count <= 2
+    generated = client.generate(model="smollm2:135m", prompt="Hi", options=short)
+    assert generated.done and 1 <= generated.eval_count <= 2
+
+
 def test_unknown_model_raises_response_error(client):
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model="no-such-model", messages=QUESTION)
@@ -147,6 +165,38 @@ def test_ps_command_asks_the_running_server(server):
     gone = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", "http://127.0.0.1:9"],
                           capture_output=True, text=True, timeout=60)
     assert gone.returncode == 1 and "localinfer serve" in gone.stderr
+
+
+def test_an_endless_keep_alive_is_forever_and_nan_is_refused(server):
+    """An infinite or huge keep_alive made /api/ps a 500 (OverflowError) for as long as the
+    model stayed; NaN passed and unloaded the model at its first idle second. As Ollama: a
+    negative or huge one is forever, and NaN is no duration (a 400)."""
+    import subprocess
+    import sys
+
+    def load(keep_alive: str):
+        return server.post("/api/generate", content=(
+            '{"model": "smollm2:135m", "keep_alive": %s}' % keep_alive).encode())
+
+    try:
+        for endless in ("1e309", "Infinity", '"99999999999999999999h"', "-1e309"):
+            assert load(endless).status_code == 200, endless
+            ps = server.get("/api/ps")
+            assert ps.status_code == 200, ps.text
+            entry = next(m for m in ps.json()["models"] if m["name"] == "smollm2:135m")
+            assert entry["expires_at"].startswith("2318-"), entry  # Ollama's "forever"
+        shown = subprocess.run([sys.executable, "-m", "localinfer", "ps", "--url", server.url],
+                               capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0 and "2318-01-01" in shown.stdout, shown.stderr
+        for nan in ("NaN", '"nan"'):
+            refused = load(nan)
+            assert refused.status_code == 400 and "keep_alive" in refused.json()["error"]
+            assert "Traceback" not in refused.text
+        entry = next(m for m in server.get("/api/ps").json()["models"]
+                     if m["name"] == "smollm2:135m")
+        assert entry["expires_at"].startswith("2318-")  # the refused requests changed nothing
+    finally:
+        assert load('"5m"').status_code == 200  # as the other tests found it
 
 
 def test_num_predict_beyond_the_context_shifts_instead_of_refusing(client, server):
@@ -187,17 +237,78 @@ def test_stop_command_unloads_a_model_from_the_running_server(tmp_path):
         stop_server(server)
 
 
-def test_an_embedded_model_not_unpacked_yet_is_listed_with_its_size(tmp_path):
-    """gemma3 ships in pieces joined on first use; `list` said 241 MiB and /api/tags 0."""
+def test_an_embedded_model_not_unpacked_yet_is_listed_as_it_will_be(tmp_path, gemma3_path):
+    """gemma3 ships in pieces joined on first use; `list` said 241 MiB and /api/tags 0, then
+    its digest, quantization and size were empty until its first use: they are read from its
+    package (the first piece holds the header; the package declares the sha256)."""
+    import hashlib
+
     from .conftest import start_server, stop_server
 
     srv = start_server(tmp_path / "home", "--parallel", "1", "--ctx", "256")
     try:
-        sizes = {m.model: m.size for m in ollama.Client(host=srv.url).list().models}
-        assert 200 * 2**20 < sizes["gemma3:270m"] < 300 * 2**20
-        assert not list((tmp_path / "home").rglob("*.gguf"))  # listed, not unpacked
+        listed = {m.model: m for m in ollama.Client(host=srv.url).list().models}
+        gemma3 = listed["gemma3:270m"]
+        assert gemma3.size == gemma3_path.stat().st_size
+        assert gemma3.digest == hashlib.sha256(gemma3_path.read_bytes()).hexdigest()
+        assert gemma3.details.quantization_level == "Q4_K_M"
+        assert gemma3.details.family == "gemma3" and gemma3.details.parameter_size == "268M"
+        assert not list((tmp_path / "home").rglob("*.gguf*"))  # listed, not unpacked
     finally:
         stop_server(srv)
+
+
+@pytest.mark.slow
+def test_first_uses_at_once_unpack_gemma3_once_and_a_killed_ones_leftovers_go(tmp_path):
+    """Four first requests at once each unpacked their own copy of gemma3, and a SIGKILL
+    meanwhile left four 200 MB temporary files for good: now one unpacks while the others
+    wait for it, and the next start removes what a killed one left."""
+    import signal
+    import threading
+    import time
+
+    import httpx
+
+    from .conftest import start_server, stop_server
+
+    home = tmp_path / "home"
+    folder = home / "models" / "embedded"
+    srv = start_server(home, "--parallel", "1", "--ctx", "256")
+    body = {"model": "gemma3:270m", "prompt": "Once", "raw": True, "stream": False,
+            "options": {"num_predict": 1}}
+
+    def first_use() -> None:
+        try:
+            httpx.post(srv.url + "/api/generate", json=body, timeout=60)
+        except httpx.TransportError:  # the server is killed under it
+            pass
+
+    requests = [threading.Thread(target=first_use) for _ in range(4)]
+    for request in requests:
+        request.start()
+    most, deadline = 0, time.monotonic() + 60
+    while time.monotonic() < deadline:
+        temporaries = list(folder.glob("*.tmp")) if folder.exists() else []
+        most = max(most, len(temporaries))
+        if any(t.exists() and t.stat().st_size > 100 * 2**20 for t in temporaries):
+            break  # halfway through
+        time.sleep(0.002)
+    srv.process.send_signal(signal.SIGKILL)
+    srv.process.wait()
+    for request in requests:
+        request.join()
+    left = list(folder.glob("*.tmp"))
+    assert most == 1 and len(left) == 1, (most, left)  # one at a time
+    stop_server(srv)  # (its spare runner)
+
+    again = start_server(home, "--parallel", "1", "--ctx", "256")
+    try:
+        reply = again.post("/api/generate", json=body)
+        assert reply.status_code == 200 and reply.json()["done"], reply.text
+        assert not list(folder.glob("*.tmp"))  # the killed one's leftover went
+        assert [f.name for f in folder.iterdir()] == ["gemma-3-270m-q4_k_m.gguf"]
+    finally:
+        stop_server(again)
 
 
 def test_generate_returns_its_context_and_takes_it_back(client):

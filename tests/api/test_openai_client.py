@@ -141,6 +141,64 @@ def test_forced_tool_call_comes_back_as_tool_calls(client, stream):
     assert isinstance(json.loads(arguments)["city"], str)
 
 
+NOTE = {"type": "function", "function": {
+    "name": "write_note", "description": "Save a note",
+    "parameters": {"type": "object", "properties": {"text": {"type": "string"}},
+                   "required": ["text"]}}}
+A_NOTE = [{"role": "user", "content": "Write a long note about the history of Paris."}]
+
+
+def test_a_call_in_the_generic_shape_streams_and_ttft_is_when_its_name_went_out(client):
+    """smollm2's template knows no tools: it is taught a generic JSON call, which was read
+    only once the reply had ended — the call came as one chunk at the end, while `timings`
+    gave the first sampled token's TTFT. Now its name goes out once it is known and its
+    arguments follow in fragments, as the families' calls stream; TTFT is when the client was
+    first shown something (backends/metrics.py): the name, some tokens after the first."""
+    started, arrivals = time.monotonic(), []
+    for chunk in client.chat.completions.create(
+            model="smollm2:135m", temperature=0, max_tokens=80, tools=[NOTE],
+            tool_choice="required", messages=A_NOTE, stream=True):
+        arrivals.append((time.monotonic() - started, chunk))
+    calls = [(at, call) for at, chunk in arrivals for choice in chunk.choices
+             for call in choice.delta.tool_calls or []]
+    first_at, first = calls[0]
+    assert first.function.name == "write_note" and first.id
+    fragments = [call.function.arguments for _, call in calls[1:] if call.function.arguments]
+    assert len(fragments) >= 10, fragments  # as the tokens come, not in one piece
+    assert "".join(fragments).startswith("{") and '"text"' in "".join(fragments)
+    timings = arrivals[-1][1].model_extra["timings"]
+    decode_s = timings["predicted_ms"] / 1e3
+    assert arrivals[-1][0] - first_at > decode_s / 2  # the name came long before the end
+    # `{"name": "write_note", "arguments": {` is several tokens: TTFT counts to the last
+    # of them, past the first token (the queue and the prompt's time) by a few tokens' time
+    first_token_ms = timings["queue_ms"] + timings["prompt_ms"]
+    assert timings["ttft_ms"] - first_token_ms >= 3 * timings["tpot_ms"], timings
+
+
+def test_a_generic_call_cut_by_max_tokens_is_a_call_cut_short(client):
+    """Cut by its length, the call came back as its raw JSON in `content`: it is the call
+    as far as it got, as a family's call cut short is (finish_reason tool_calls)."""
+    for stream in (False, True):
+        reply = client.chat.completions.create(
+            model="smollm2:135m", temperature=0, max_tokens=16, tools=[NOTE],
+            tool_choice="required", messages=A_NOTE, stream=stream)
+        if stream:
+            chunks = list(reply)
+            content = "".join(c.delta.content or "" for ch in chunks for c in ch.choices)
+            calls = [call for ch in chunks for c in ch.choices for call in c.delta.tool_calls or []]
+            finish = [c.finish_reason for ch in chunks for c in ch.choices if c.finish_reason]
+            name = calls[0].function.name
+            arguments = "".join(call.function.arguments or "" for call in calls)
+        else:
+            message, finish = reply.choices[0].message, [reply.choices[0].finish_reason]
+            content, name = message.content or "", message.tool_calls[0].function.name
+            arguments = message.tool_calls[0].function.arguments
+        assert not content and name == "write_note", (content, name)
+        assert arguments.startswith("{") and '"text"' in arguments, arguments
+        assert not arguments.rstrip().endswith("}"), arguments  # cut short
+        assert finish == ["tool_calls"], stream
+
+
 def test_tool_result_can_be_sent_back(client):
     call = {"id": "call_1", "type": "function",
             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}

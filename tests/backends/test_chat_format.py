@@ -74,6 +74,53 @@ def test_arguments_stream_in_fragments_before_the_call_ends():
     assert reader.feed("\n</tool_call>") == [] and reader.close() == []
 
 
+GENERIC_CALL = '{"name": "f", "arguments": {"path": "a/very/long/path.txt"}}'
+
+
+@pytest.mark.parametrize("text", [
+    GENERIC_CALL, f"```json\n{GENERIC_CALL}\n```", f"<tool_call>{GENERIC_CALL}</tool_call>",
+    f"[{GENERIC_CALL}]", f"  {GENERIC_CALL}\n"])
+def test_a_generic_call_streams_as_the_families_calls_do(text):
+    """A template without tools is taught `{"name": …, "arguments": {…}}`: read only once the
+    reply had ended, a long call came in one piece at the end. Now its name goes out as soon
+    as it is known, its arguments in fragments after, fenced, tagged or listed alike."""
+    reader = parser(detect(None), {"f": {"name": "f"}})
+    pieces, named_at = [], None
+    for at, char in enumerate(text):
+        got = reader.feed(char)
+        if named_at is None and any(p.kind == "call" for p in got):
+            named_at = at
+        pieces += got
+    pieces += reader.close()
+    assert named_at is not None and named_at < text.index("/long")  # long before the end
+    assert [p.name for p in pieces if p.kind == "call"] == ["f"]
+    assert sum(p.kind == "arguments" for p in pieces) > 5
+    reply = Reply.of(pieces)
+    assert reply.content == "" and json.loads(reply.calls[0]["arguments"]) == {
+        "path": "a/very/long/path.txt"}
+
+
+@pytest.mark.parametrize("text", [
+    '{"tool_calls": [{"name": "f", "arguments": {"a": 1}}]}',
+    '{"arguments": {"a": 1}, "name": "f"}', '{"name": "f", "arguments": "{\\"a\\": 1}"}',
+    '{"function": {"name": "f", "arguments": {"a": 1}}}'])
+def test_a_generic_call_in_another_shape_is_still_read_whole(text):
+    for step in (1, 1 << 20):
+        reply = _parse(detect(None), {"f": {"name": "f"}}, False, text, step)
+        assert reply.content == "" and [(c["name"], json.loads(c["arguments"]))
+                                        for c in reply.calls] == [("f", {"a": 1})]
+
+
+def test_a_generic_call_cut_short_is_a_call_and_one_of_no_tool_is_text_at_once():
+    cut = _parse(detect(None), {"f": {"name": "f"}}, False, GENERIC_CALL[:30], 1)
+    assert cut.content == "" and cut.calls[0]["name"] == "f"
+    assert cut.calls[0]["arguments"] == GENERIC_CALL[27:30] == '{"p'  # as far as it got
+    reader = parser(detect(None), {"f": {"name": "f"}})
+    text = '{"name": "g", "arguments": {"a": 1}}'
+    shown = "".join(p.text for at in range(len(text)) for p in reader.feed(text[at]))
+    assert shown.startswith('{"name": "g", "arguments": {') and text.startswith(shown)
+
+
 def test_text_that_only_starts_like_a_marker_is_let_go():
     fmt = detect(_template("Qwen-Qwen3-0.6B"))
     reader = parser(fmt, {"f": {"name": "f"}})

@@ -21,6 +21,18 @@ def test_definitions():
     assert sum(s.itls) == pytest.approx(s.e2el - s.ttft)
 
 
+def test_ttft_is_the_first_token_the_client_was_shown():
+    """A reply whose first tokens a parser held (a call's opening JSON) was shown from its
+    third token: TTFT counts to it; prefill and the decode pace still from the first."""
+    s = _stats()
+    s.shown_from = 2
+    assert s.ttft == pytest.approx(1.3)
+    assert s.prefill_tps == pytest.approx(100 / 0.5)
+    assert s.tpot == pytest.approx((1.6 - 1.0) / 3) and s.decode_tps == pytest.approx(3 / 0.6)
+    s.shown_from = 9  # (never past the last token)
+    assert s.ttft == pytest.approx(1.6)
+
+
 def test_no_tokens_and_one_token_have_no_rates():
     empty = RequestStats(submitted_at=1.0, started_at=1.0)
     assert empty.ttft is None and empty.e2el is None and empty.decode_tps is None

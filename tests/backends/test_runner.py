@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,39 @@ def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
     with pytest.raises(ModelLoadFailed) as caught:
         RunnerBackend(bad, LoadOptions(n_ctx=256), name="bad")
     assert "\n" not in str(caught.value)
+
+
+@pytest.mark.slow
+def test_runners_loaded_and_closed_again_and_again_all_exit_with_status_0(smollm2_path,
+                                                                          monkeypatch):
+    """Runners segfaulted in libllama now and then as they closed (`segfault at 8 … error 4
+    in libllama.so` in the kernel's log, exit status -11): the heartbeat thread asked the
+    engine's figures, which read the context's size (llama_n_ctx) once the context had been
+    freed. With a heartbeat every millisecond, every close met it; now each runner, whatever
+    it did before — generated, embedded, answered for its figures, was closed mid-stream —
+    exits with status 0."""
+    import localinfer.backends.runner as runner_module
+
+    assert runner_module.__file__.startswith(str(Path(__file__).parents[2]))  # this tree's
+    monkeypatch.setenv("LOCALINFER_RUNNER_BEAT", "0.001")
+    codes = []
+    for cycle in range(12):
+        backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256, n_slots=2),
+                                name="smollm2:135m")
+        try:
+            tokens = backend.tokenize("Once upon a time")
+            list(backend.generate(tokens, SamplingParams(temperature=0, max_tokens=3)))
+            if cycle % 4 == 1:
+                assert backend.embed("hello")[1] > 0
+            elif cycle % 4 == 2:
+                assert backend.stats().requests_finished == 1
+            elif cycle % 4 == 3:  # closed while a stream runs
+                running = backend.generate(tokens, SamplingParams(max_tokens=200))
+                next(iter(running))
+        finally:
+            backend.close()
+        codes.append(backend.exit_code)
+    assert codes == [0] * len(codes)
 
 
 def test_a_typed_control_token_stays_text(runner, smollm2):

@@ -28,6 +28,30 @@ def test_gemma3_is_assembled_once_into_the_store(tmp_path):
     assert resolve("gemma3", tmp_path).path.stat().st_mtime_ns == mtime  # reused, not rebuilt
 
 
+def test_leftovers_of_dead_unpackings_go_beside_an_unpacked_gemma3(tmp_path, gemma3_path):
+    """A temporary file whose unpacking died (its process id in its name, or an earlier
+    version's left for ten minutes) goes the next time gemma3 is looked up; one an earlier
+    version may be writing now stays."""
+    import os
+    import time
+
+    import localinfer
+
+    folder = tmp_path / "embedded"
+    folder.mkdir()
+    os.link(gemma3_path, folder / gemma3_path.name)  # unpacked already (the session's file)
+    dead = folder / f".{gemma3_path.name}.999999999.k2j4_x8a.tmp"
+    orphan = folder / f".{gemma3_path.name}.ab12cd34.tmp"
+    fresh = folder / f".{gemma3_path.name}.zz98yy76.tmp"
+    for path in (dead, orphan, fresh):
+        path.write_bytes(b"\0" * 1024)
+    hour_ago = time.time() - 3600
+    os.utime(orphan, (hour_ago, hour_ago))
+    assert resolve("gemma3:270m", tmp_path).path == folder / gemma3_path.name
+    assert sorted(folder.iterdir()) == sorted([folder / gemma3_path.name, fresh])
+    assert str(tmp_path) not in localinfer.__file__  # (the code under test, not a copy)
+
+
 def test_a_disk_too_small_for_gemma3_is_one_clear_error(small_disk):
     """It was an OSError traceback on the command line and a 500 from the server."""
     with pytest.raises(DiskFull, match=r"needs 2\d\d MiB .* but the disk has [0-4] MiB free"):
