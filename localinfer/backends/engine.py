@@ -332,7 +332,7 @@ class Engine:
                     if token is None:
                         continue
                 slot.state = SlotState.GENERATING
-                self._on_token(slot, token)
+                self._on_token(slot, token, slot.batch_index)
             elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
                   and slot.n_prompt_done == len(slot.to_read)):
                 slot.state = SlotState.GENERATING
@@ -445,15 +445,19 @@ class Engine:
             "long alternatives)"))
         return None
 
-    def _on_token(self, slot: Slot, token: int) -> None:
+    def _on_token(self, slot: Slot, token: int, row: int) -> None:
+        """A written token (drawn from the logits at `row` of this step's decode)."""
         task = slot.task
         task.stats.token_times.append(self._clock())
         self._counters["generated"] += 1
         if self.native.is_eog(token):
             return self._finish(slot, "stop")
+        if task.params.logprobs is not None:  # (paid only by a request that asks)
+            task.logprobs.append(self.native.logprob(row, token, task.params.logprobs))
         text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
         if text:
-            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1))
+            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
         if slot.stop.stopped:
             task.stats.stop_string = slot.stop.matched
             return self._finish(slot, "stop")
@@ -479,12 +483,20 @@ class Engine:
         # are dropped, not sent as U+FFFD
         tail = slot.stop.flush()
         if tail and reason != "cancelled":
-            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1))
+            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
         slot.release(self._clock())  # first: whoever sees the end may count on a free slot
         task.close()
         task.generation.put(DoneEvent(task.stats))
+
+    @staticmethod
+    def _take_logprobs(task: Task) -> tuple:
+        """The log probabilities of the tokens whose text goes out now (a stop string's
+        tokens, whose text never does, keep theirs)."""
+        taken, task.logprobs = tuple(task.logprobs), []
+        return taken
 
     def _fail(self, slot: Slot, error: LocalinferError) -> None:
         """End one request with an error; its slot's KV stays valid for the next."""

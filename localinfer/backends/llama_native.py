@@ -14,7 +14,7 @@ from typing import Any
 import llama_cpp
 import numpy
 
-from localinfer.backends.base import SamplingParams
+from localinfer.backends.base import Logprob, SamplingParams
 from localinfer.backends.ggml_backends import cpu_buffer_type, ensure_loaded, route_llama_log
 from localinfer.backends.fim import FimTokens
 from localinfer.backends.grammar import check_gbnf
@@ -376,6 +376,26 @@ class NativeModel:
         if piece is None:
             piece = self._pieces[token] = self._piece(token, self._piece_buf)
         return piece
+
+    def logprob(self, row: int, token: int, top: int) -> Logprob:
+        """A written token's log probability under the logits at `row` of the last decode
+        (the model's own distribution: a log-softmax of its logits), and the `top` likeliest
+        tokens with theirs. Engine thread only; ~0.3 ms on a 262k vocabulary."""
+        logits = numpy.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx, row),
+                                          shape=(self.n_vocab,))
+        best = float(logits.max())
+        norm = best + float(numpy.log(numpy.exp(logits - best).sum()))
+        likeliest: tuple[tuple[int, bytes, float], ...] = ()
+        if top:
+            ids = numpy.argpartition(-logits, top - 1)[:top]
+            ids = ids[numpy.argsort(-logits[ids], kind="stable")]
+            likeliest = tuple((int(t), self._shown(int(t)), float(logits[t]) - norm)
+                              for t in ids)
+        return token, self._shown(token), float(logits[token]) - norm, likeliest
+
+    def _shown(self, token: int) -> bytes:
+        """A token's bytes as a log probability names it: a control token by its text."""
+        return self.piece(token) or self.token_text(token).encode("utf-8")
 
     def longest_piece(self) -> int:
         """The most bytes one token stands for (smollm2: 81, gemma3: 48). A text of B bytes
