@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -27,7 +28,8 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
                                      Generation, Logprob, SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
-                                             opens_reasoning, parser, with_thinking)
+                                             opens_reasoning, parser, think_limit,
+                                             with_thinking)
 from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.vision import Image
@@ -167,8 +169,11 @@ async def start(
     template_args: Mapping[str, Any] | None = None,
     infill: Infill | None = None,
     images: Sequence[bytes | Remote] = (),
+    think_budget: int | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
+    think_budget: the most tokens its reasoning block may take (backends/think_budget.py),
+    for a family that marks reasoning with tags.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
     capped); its reply still ends sooner if the context fills, as does one whose limit is
     past the context. plain_without_template:
@@ -201,6 +206,10 @@ async def start(
         if pictures and not backend.info.vision:
             raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
                                 f"vision model")
+        if think_budget is not None and fmt is not None:  # (its marks tokenized once a model)
+            limit = await asyncio.get_running_loop().run_in_executor(
+                _STARTS, think_limit, backend, fmt, think_budget)
+            params = dataclasses.replace(params, think=limit) if limit else params
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
                                                          tools, context, fmt, template_args,
                                                          pictures)

@@ -27,7 +27,7 @@ from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
-from localinfer.backends.chat_format import Piece, arguments_object, detect
+from localinfer.backends.chat_format import EFFORT_BUDGETS, Piece, arguments_object, detect
 from localinfer.backends.chat_template import fallback_template
 from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
@@ -353,6 +353,12 @@ async def _respond(job: core.Job, body: _Base, key: str):
     return final
 
 
+def _think_budget(body: _Base) -> int | None:
+    """`think` "low", "medium" or "high": how long a family that tags its reasoning may
+    think (chat_format.EFFORT_BUDGETS); gpt-oss reads the level in its own template."""
+    return EFFORT_BUDGETS.get(body.think) if isinstance(body.think, str) else None
+
+
 def _template_args(body: _Base) -> dict[str, Any]:
     """Ollama's `think`: true or false turns a template's thinking on or off; "low",
     "medium" or "high" (gpt-oss) is its reasoning effort."""
@@ -373,7 +379,8 @@ async def chat(body: ChatRequest, request: Request):
     job = await core.start(request.app.state.pool, body.model, body.params(),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
                            images=files,
-                           n_ctx=body.options.num_ctx, template_args=_template_args(body))
+                           n_ctx=body.options.num_ctx, template_args=_template_args(body),
+                           think_budget=_think_budget(body))
     return await _respond(job, body, "message")
 
 
@@ -407,7 +414,8 @@ async def generate(body: GenerateRequest, request: Request):
         job = await core.start(pool, body.model, params, messages=messages,
                                keep_alive=body.keep_alive, plain_without_template=True,
                                n_ctx=body.options.num_ctx, context=body.context,
-                               template_args=_template_args(body), images=files)
+                               template_args=_template_args(body), images=files,
+                               think_budget=_think_budget(body))
     return await _respond(job, body, "response")
 
 

@@ -20,7 +20,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
-from localinfer.backends.chat_format import Piece, Reply
+from localinfer.backends.chat_format import EFFORT_BUDGETS, Piece, Reply
 from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
@@ -111,6 +111,17 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: Optional[dict[str, Union[str, int, float, bool, None]]] = None
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    # llama-server's: the most tokens the reasoning block may take (-1: no limit)
+    reasoning_budget_tokens: Optional[int] = Field(None, ge=-1)
+    thinking_budget_tokens: Optional[int] = Field(None, ge=-1)
+
+    def think_budget(self) -> int | None:
+        """llama-server's budget where given, else what reasoning_effort allows."""
+        budget = (self.reasoning_budget_tokens if self.reasoning_budget_tokens is not None
+                  else self.thinking_budget_tokens)
+        if budget is not None:
+            return None if budget == -1 else budget
+        return EFFORT_BUDGETS.get(self.reasoning_effort or "")
 
     def top_logprobs_asked(self) -> int | None:
         if not self.logprobs:
@@ -344,7 +355,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     messages, files = _messages(body.messages)
     job = await core.start(request.app.state.pool, body.model or None, params,
                            messages=messages, tools=tools, images=files,
-                           template_args=_template_args(body))
+                           template_args=_template_args(body),
+                           think_budget=body.think_budget())
     if body.stream:
         return StreamingResponse(_stream(job, _ChatShape(job, body)),
                                  media_type="text/event-stream")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.think_budget import ThinkLimit
 from localinfer.errors import InvalidRequest, LocalinferError
 from localinfer.settings import KvType, Settings
 
@@ -114,6 +115,9 @@ class SamplingParams:
     # bias, penalties and temperature: the model's own distribution; None: none (nothing
     # computed, nothing sent)
     logprobs: int | None = None
+    # a reasoning budget: the reasoning block is closed after so many tokens (backends/
+    # think_budget.py); None: it runs as long as the model writes it
+    think: ThinkLimit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))

@@ -521,6 +521,19 @@ class SamplerChain:
             return self._sample_then_check(native, batch_index)
         return llama_cpp.llama_sampler_sample(self.chain, native.ctx, batch_index)
 
+    def accept(self, token: int) -> bool:
+        """Take a token written without sampling (a reasoning budget's closing mark) as if
+        drawn, so penalties and grammar follow the text. False, taking nothing, where the
+        request's grammar does not allow it (llama.cpp would abort the process)."""
+        if self.grammar is not None:
+            if not self._candidates.allows(self.grammar, token):
+                return False
+            llama_cpp.llama_sampler_accept(self.grammar, token)
+        elif self.constrained:  # (the plain chain's grammar cannot be asked first)
+            return False
+        llama_cpp.llama_sampler_accept(self.chain, token)
+        return True
+
     def _sample_then_check(self, native: NativeModel, batch_index: int) -> int:
         """A grammar's reply, as llama.cpp's server samples it: the token is drawn without the
         grammar, and only when the grammar rejects it is the draw made again with the grammar

@@ -13,6 +13,7 @@ from localinfer.backends.draft import common_prefix
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.stop import StopMatcher
+from localinfer.backends.think_budget import ThinkBudget
 from localinfer.backends.vision import Pictures
 
 __all__ = ["Resume", "Slot", "SlotState", "Task"]
@@ -48,6 +49,7 @@ class Task:
     # log probabilities of written tokens whose text has not gone out yet (a stop string's
     # first characters held back): they go with the text (SamplingParams.logprobs)
     logprobs: list[Logprob] = field(default_factory=list)
+    think: ThinkBudget | None = None  # its reasoning budget as the reply comes (if any)
 
     def close(self) -> None:
         """What it holds goes (it has ended, or never started)."""

@@ -41,6 +41,8 @@ class Speculator:
         slot = generating[0]
         if slot.task.pictures:  # its tokens hold images' placeholders, which no guess may be
             return None
+        if slot.task.think is not None and not slot.task.think.done:
+            return None  # (a reasoning budget writes tokens of its own: one a step)
         if slot.draft_quality < MIN_QUALITY and slot.task.stats.generated_tokens % PROBE_EVERY:
             return None
         return slot
