@@ -96,6 +96,17 @@ class MessagesRequest(core.Lenient):
         return {"enable_thinking": kind == "enabled"} if kind in ("enabled", "disabled") \
             else None
 
+    def think_budget(self) -> int | None:
+        """thinking.budget_tokens: the reasoning block ends there (Anthropic's least is
+        1,024; any number of 0 or more is taken)."""
+        thinking = self.thinking or {}
+        budget = thinking.get("budget_tokens")
+        if thinking.get("type") != "enabled" or budget is None:
+            return None
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 0:
+            raise ApiError(400, "thinking.budget_tokens must be a whole number of 0 or more")
+        return budget
+
 
 def _text(content: Union[str, list[Block], None], where: str) -> str:
     if content is None or isinstance(content, str):
@@ -208,7 +219,8 @@ async def messages(body: MessagesRequest, request: Request):
     turns, files = _messages(body)
     job = await core.start(request.app.state.pool, body.model, body.params(),
                            messages=turns, tools=body.tool_spec(),
-                           template_args=body.template_args(), images=files)
+                           template_args=body.template_args(), images=files,
+                           think_budget=body.think_budget())
     message_id = f"msg_{uuid.uuid4().hex}"
     if body.stream:
         return StreamingResponse(_stream(job, message_id), media_type="text/event-stream")

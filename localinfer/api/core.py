@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import re
@@ -25,16 +26,18 @@ from localinfer.api.errors import ApiError
 from localinfer.api.images import Remote, decode_all
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
-                                     Generation, SamplingParams)
+                                     Generation, Logprob, SamplingParams)
 from localinfer.backends.chat_format import (ChatFormat, Piece, Reply, ReplyParser, detect,
-                                             opens_reasoning, parser, with_thinking)
+                                             opens_reasoning, parser, think_limit,
+                                             with_thinking)
 from localinfer.backends.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.vision import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_model_name", "count", "sampling_field", "start"]
+__all__ = ["Job", "Lenient", "check_model_name", "count", "logprob_entries", "sampling_field",
+           "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
@@ -81,6 +84,8 @@ class Job:
     # and the first token whose text, or a piece parsed from it, went out
     _token: int = 0
     _shown: int | None = None
+    # the written tokens' log probabilities so far, where the request asked for them
+    logprobs: list[Logprob] = field(default_factory=list)
 
     def parser(self) -> ReplyParser | None:
         """A parser of this chat's reply into content, reasoning and calls (None for a
@@ -109,10 +114,12 @@ class Job:
                     finished = True
                 elif isinstance(event, ErrorEvent):
                     finished = True
-                elif event.index >= 0:
-                    self._token = event.index
-                    if self.fmt is None and event.text:  # a completion's text goes out as is
-                        self.shown()
+                else:
+                    self.logprobs += event.logprobs
+                    if event.index >= 0:
+                        self._token = event.index
+                        if self.fmt is None and event.text:  # a completion's text goes out
+                            self.shown()  # as it is
                 yield event
         finally:
             if not finished:
@@ -162,8 +169,11 @@ async def start(
     template_args: Mapping[str, Any] | None = None,
     infill: Infill | None = None,
     images: Sequence[bytes | Remote] = (),
+    think_budget: int | None = None,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
+    think_budget: the most tokens its reasoning block may take (backends/think_budget.py),
+    for a family that marks reasoning with tags.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
     capped); its reply still ends sooner if the context fills, as does one whose limit is
     past the context. plain_without_template:
@@ -196,6 +206,10 @@ async def start(
         if pictures and not backend.info.vision:
             raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
                                 f"vision model")
+        if think_budget is not None and fmt is not None:  # (its marks tokenized once a model)
+            limit = await asyncio.get_running_loop().run_in_executor(
+                _STARTS, think_limit, backend, fmt, think_budget)
+            params = dataclasses.replace(params, think=limit) if limit else params
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
                                                          tools, context, fmt, template_args,
                                                          pictures)
@@ -255,6 +269,15 @@ class _Shown:
         if pieces:
             self._job.shown()
         return pieces
+
+
+def logprob_entries(written: Sequence[Logprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as OpenAI's chat API gives them (Ollama's are the same):
+    each token's text, its log probability and bytes, and the likeliest tokens'."""
+    return [{"token": text.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(text),
+             "top_logprobs": [{"token": t.decode("utf-8", "replace"), "logprob": lp,
+                               "bytes": list(t)} for _, t, lp in top]}
+            for _, text, logprob, top in written]
 
 
 def sse(data: Mapping[str, Any] | str) -> str:

@@ -8,6 +8,7 @@ written for Ollama gets the replies it expects.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -25,8 +26,8 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
-from localinfer.backends.chat_format import Piece, arguments_object, detect
+from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
+from localinfer.backends.chat_format import EFFORT_BUDGETS, Piece, arguments_object, detect
 from localinfer.backends.chat_template import fallback_template
 from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
@@ -126,6 +127,15 @@ class _Base(_Body):
     options: Options = Field(default_factory=Options)
     keep_alive: Union[str, float, None] = None
     think: Union[bool, Literal["low", "medium", "high"], None] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    def params(self) -> SamplingParams:
+        """The options' sampling, with the log probabilities asked for."""
+        params = self.options.params(self.grammar())
+        if not self.logprobs:
+            return params
+        return dataclasses.replace(params, logprobs=self.top_logprobs or 0)
 
     def grammar(self) -> str | None:
         if self.format in (None, ""):
@@ -241,6 +251,15 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
     reply_ids: list[int] = []
     reader = job.parser()
     calls: dict[int, dict[str, Any]] = {}
+    written: list[Logprob] = []  # log probabilities of tokens no line has carried yet
+
+    def carried(line: dict[str, Any]) -> dict[str, Any]:
+        """The line with the log probabilities of the tokens it, and those held before it,
+        came from (Ollama's `logprobs`, where asked)."""
+        if body.logprobs:
+            line["logprobs"] = core.logprob_entries(written)
+            written.clear()
+        return line
 
     def lines(pieces: list[Piece]) -> Iterator[dict[str, Any]]:
         for piece in pieces:
@@ -262,13 +281,14 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
             else:
                 line = {"content": piece.text}
             if key == "message":
-                yield {"model": job.model.name, "created_at": _now(),
-                       "message": {"role": "assistant", "content": "", **line}, "done": False}
+                yield carried({"model": job.model.name, "created_at": _now(),
+                               "message": {"role": "assistant", "content": "", **line},
+                               "done": False})
             elif "tool_calls" not in line:  # (/api/generate takes no tools)
-                yield {"model": job.model.name, "created_at": _now(),
-                       "response": line.get("content", ""),
-                       **({"thinking": line["thinking"]} if "thinking" in line else {}),
-                       "done": False}
+                yield carried({"model": job.model.name, "created_at": _now(),
+                               "response": line.get("content", ""),
+                               **({"thinking": line["thinking"]} if "thinking" in line else {}),
+                               "done": False})
 
     async for event in job.events():
         if isinstance(event, ErrorEvent):
@@ -285,12 +305,14 @@ async def _run(job: core.Job, body: _Base, key: str) -> AsyncIterator[dict[str, 
                 final["response"] = ""
             else:
                 final["message"] = {"role": "assistant", "content": ""}
-            yield final
+            yield carried(final) if written else final
             return
         if event.token >= 0:  # (-1: text held back and let go at the end, no token of its own)
             reply_ids.append(event.token)
+        written += event.logprobs
         if reader is None:
-            yield {"model": job.model.name, "created_at": _now(), key: event.text, "done": False}
+            yield carried({"model": job.model.name, "created_at": _now(), key: event.text,
+                           "done": False})
             continue
         for line in lines(reader.feed(event.text)):
             yield line
@@ -303,9 +325,11 @@ async def _respond(job: core.Job, body: _Base, key: str):
     thinking: list[str] = []
     calls: list[dict[str, Any]] = []
     final: dict[str, Any] = {}
+    logprobs: list[dict[str, Any]] = []
     async for line in _run(job, body, key):
         if "error" in line:
             raise ApiError(500, line["error"], "server_error")
+        logprobs += line.pop("logprobs", ())
         if line.get("done"):
             final = line
             continue
@@ -324,7 +348,15 @@ async def _respond(job: core.Job, body: _Base, key: str):
         final["response"] = "".join(text)
         if thinking:
             final["thinking"] = "".join(thinking)
+    if body.logprobs:
+        final["logprobs"] = logprobs
     return final
+
+
+def _think_budget(body: _Base) -> int | None:
+    """`think` "low", "medium" or "high": how long a family that tags its reasoning may
+    think (chat_format.EFFORT_BUDGETS); gpt-oss reads the level in its own template."""
+    return EFFORT_BUDGETS.get(body.think) if isinstance(body.think, str) else None
 
 
 def _template_args(body: _Base) -> dict[str, Any]:
@@ -344,10 +376,11 @@ async def chat(body: ChatRequest, request: Request):
     files: list[bytes] = []
     messages = [_message(m, files) for m in body.messages]
     tools = ToolSpec.from_request(body.tools, "auto")
-    job = await core.start(request.app.state.pool, body.model, body.options.params(body.grammar()),
+    job = await core.start(request.app.state.pool, body.model, body.params(),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
                            images=files,
-                           n_ctx=body.options.num_ctx, template_args=_template_args(body))
+                           n_ctx=body.options.num_ctx, template_args=_template_args(body),
+                           think_budget=_think_budget(body))
     return await _respond(job, body, "message")
 
 
@@ -358,7 +391,7 @@ async def generate(body: GenerateRequest, request: Request):
     if body.images and (body.suffix or body.raw or body.context):
         raise ApiError(400, "images go with a prompt in the model's template — not with raw, "
                             "suffix or context")
-    params = body.options.params(body.grammar())
+    params = body.params()
     pool = request.app.state.pool
     if body.suffix:  # fill in the middle, as Ollama's `suffix` asks (editors' completion)
         job = await core.start(pool, body.model, params, keep_alive=body.keep_alive,
@@ -381,7 +414,8 @@ async def generate(body: GenerateRequest, request: Request):
         job = await core.start(pool, body.model, params, messages=messages,
                                keep_alive=body.keep_alive, plain_without_template=True,
                                n_ctx=body.options.num_ctx, context=body.context,
-                               template_args=_template_args(body), images=files)
+                               template_args=_template_args(body), images=files,
+                               think_budget=_think_budget(body))
     return await _respond(job, body, "response")
 
 

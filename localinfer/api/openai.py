@@ -8,7 +8,7 @@ import dataclasses
 import struct
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request
@@ -19,8 +19,8 @@ from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import DoneEvent, ErrorEvent, SamplingParams
-from localinfer.backends.chat_format import Piece, Reply
+from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
+from localinfer.backends.chat_format import EFFORT_BUDGETS, Piece, Reply
 from localinfer.backends.fim import Infill
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
@@ -79,13 +79,12 @@ class _Sampling(core.Lenient):
     # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
     grammar: Optional[str] = Field(None, max_length=512 * 1024)
 
-    def asks_logprobs(self) -> bool:
-        return False
+    def top_logprobs_asked(self) -> int | None:
+        """How many likeliest tokens each written token's log probability comes with (None:
+        no log probabilities)."""
+        return None
 
     def params(self, max_tokens: int | None, grammar: str | None = None) -> SamplingParams:
-        if self.asks_logprobs():  # refused, never dropped: a client reading them would break
-            raise ApiError(400, "logprobs are not returned by this server yet — leave out "
-                                "logprobs and top_logprobs")
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         bias = {}
         for token, value in (self.logit_bias or {}).items():
@@ -97,6 +96,7 @@ class _Sampling(core.Lenient):
             min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed,
             presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
             max_tokens=max_tokens, stop=tuple(stop), logit_bias=bias, grammar=grammar,
+            logprobs=self.top_logprobs_asked(),
         )
 
 
@@ -110,10 +110,25 @@ class ChatCompletionRequest(_Sampling):
     # llama-server's: values the chat template reads (enable_thinking: false, …)
     chat_template_kwargs: Optional[dict[str, Union[str, int, float, bool, None]]] = None
     logprobs: Optional[bool] = None
-    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_LOGPROBS)
+    # llama-server's: the most tokens the reasoning block may take (-1: no limit)
+    reasoning_budget_tokens: Optional[int] = Field(None, ge=-1)
+    thinking_budget_tokens: Optional[int] = Field(None, ge=-1)
 
-    def asks_logprobs(self) -> bool:
-        return bool(self.logprobs or self.top_logprobs)
+    def think_budget(self) -> int | None:
+        """llama-server's budget where given, else what reasoning_effort allows."""
+        budget = (self.reasoning_budget_tokens if self.reasoning_budget_tokens is not None
+                  else self.thinking_budget_tokens)
+        if budget is not None:
+            return None if budget == -1 else budget
+        return EFFORT_BUDGETS.get(self.reasoning_effort or "")
+
+    def top_logprobs_asked(self) -> int | None:
+        if not self.logprobs:
+            if self.top_logprobs:  # (OpenAI's own words)
+                raise ApiError(400, "logprobs must be set to true when top_logprobs is used")
+            return None
+        return self.top_logprobs or 0
 
 
 class CompletionRequest(_Sampling):
@@ -124,8 +139,8 @@ class CompletionRequest(_Sampling):
     echo: bool = False
     logprobs: Optional[int] = Field(None, ge=0, le=5)  # 0: the chosen tokens' alone
 
-    def asks_logprobs(self) -> bool:
-        return self.logprobs is not None
+    def top_logprobs_asked(self) -> int | None:
+        return self.logprobs
 
 
 class EmbeddingRequest(core.Lenient):
@@ -211,8 +226,8 @@ async def _stream(job: core.Job, shape) -> AsyncIterator[str]:
                 observe(job, event.stats)
                 for chunk in chunks:
                     yield core.sse(chunk)
-            elif event.text:
-                for chunk in shape.deltas(event.text):  # none while a marker may be starting
+            elif event.text:  # (no chunk while a marker may be starting)
+                for chunk in shape.deltas(event.text, event.logprobs):
                     yield core.sse(chunk)
     finally:
         yield core.sse("[DONE]")
@@ -250,6 +265,7 @@ class _ChatShape:
         self.sent_role = False
         self.parser = job.parser()
         self.called = False
+        self.logprobs: list[Logprob] = []  # the tokens' whose text no chunk has carried yet
 
     def _chunk(self, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
@@ -257,8 +273,18 @@ class _ChatShape:
                 "choices": [{"index": 0, "delta": delta, "logprobs": None,
                              "finish_reason": finish}]}
 
-    def deltas(self, text: str) -> list[dict[str, Any]]:
-        return self._pieces(self.parser.feed(text))
+    def deltas(self, text: str, logprobs: tuple[Logprob, ...] = ()) -> list[dict[str, Any]]:
+        self.logprobs += logprobs
+        return self._with_logprobs(self._pieces(self.parser.feed(text)))
+
+    def _with_logprobs(self, chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The first chunk carries the log probabilities of the tokens it and those held
+        before it came from."""
+        if chunks and self.body.logprobs:
+            chunks[0]["choices"][0]["logprobs"] = {
+                "content": core.logprob_entries(self.logprobs), "refusal": None}
+            self.logprobs = []
+        return chunks
 
     def _pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
         chunks = []
@@ -287,9 +313,9 @@ class _ChatShape:
         chunks = self._pieces(self.parser.close())
         last = self._chunk({} if self.sent_role else {"role": "assistant", "content": ""},
                            "tool_calls" if self.called else _finish(stats))
+        chunks = self._with_logprobs(chunks + [last])
         reasoning = self.parser.reasoning_tokens
         last["timings"] = timings(stats, reasoning)
-        chunks.append(last)
         if self.body.stream_options and self.body.stream_options.include_usage:
             tail = self._chunk({}, None)
             tail["choices"] = []
@@ -329,7 +355,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     messages, files = _messages(body.messages)
     job = await core.start(request.app.state.pool, body.model or None, params,
                            messages=messages, tools=tools, images=files,
-                           template_args=_template_args(body))
+                           template_args=_template_args(body),
+                           think_budget=body.think_budget())
     if body.stream:
         return StreamingResponse(_stream(job, _ChatShape(job, body)),
                                  media_type="text/event-stream")
@@ -338,11 +365,27 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
         "created": int(time.time()), "model": job.model.name,
-        "choices": [{"index": 0, "message": _message(reply), "logprobs": None,
+        "choices": [{"index": 0, "message": _message(reply),
+                     "logprobs": {"content": core.logprob_entries(job.logprobs),
+                                  "refusal": None} if body.logprobs else None,
                      "finish_reason": "tool_calls" if reply.calls else _finish(stats)}],
         "usage": usage(stats, job.prompt_tokens, reasoning),
         "timings": timings(stats, reasoning),
     }
+
+
+def _legacy_logprobs(written: Sequence[Logprob], offset: int = 0) -> dict[str, Any]:
+    """Log probabilities as the completions API gives them: tokens, theirs, a mapping of the
+    likeliest to theirs, and where each token's text starts."""
+    tokens, offsets = [], []
+    for _, text, _, _ in written:
+        offsets.append(offset)
+        tokens.append(text.decode("utf-8", "replace"))
+        offset += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": [lp for _, _, lp, _ in written],
+            "top_logprobs": [{t.decode("utf-8", "replace"): lp for _, t, lp in top}
+                             for _, _, _, top in written],
+            "text_offset": offsets}
 
 
 class _CompletionShape:
@@ -350,14 +393,20 @@ class _CompletionShape:
         self.job, self.body = job, body
         self.id = f"cmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.offset = 0  # characters written so far (the legacy logprobs' text_offset)
 
-    def _chunk(self, text: str, finish: str | None) -> dict[str, Any]:
+    def _chunk(self, text: str, finish: str | None,
+               logprobs: tuple[Logprob, ...] = ()) -> dict[str, Any]:
+        legacy = (_legacy_logprobs(logprobs, self.offset) if self.body.logprobs is not None
+                  else None)
+        self.offset += len(text)
         return {"id": self.id, "object": "text_completion", "created": self.created,
                 "model": self.job.model.name,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]}
+                "choices": [{"index": 0, "text": text, "logprobs": legacy,
+                             "finish_reason": finish}]}
 
-    def deltas(self, text: str) -> list[dict[str, Any]]:
-        return [self._chunk(text, None)]
+    def deltas(self, text: str, logprobs: tuple[Logprob, ...] = ()) -> list[dict[str, Any]]:
+        return [self._chunk(text, None, logprobs)]
 
     def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
         last = self._chunk("", _finish(stats))
@@ -412,7 +461,9 @@ async def completions(body: CompletionRequest, request: Request):
     for i, (job, (text, stats), prompt) in enumerate(zip(jobs, results, prompts)):
         observe(job, stats)
         echo = (prompt if isinstance(prompt, str) else "") if body.echo else ""
-        choices.append({"index": i, "text": echo + text, "logprobs": None,
+        choices.append({"index": i, "text": echo + text,
+                        "logprobs": _legacy_logprobs(job.logprobs, len(echo))
+                        if body.logprobs is not None else None,
                         "finish_reason": _finish(stats)})
         prompt_n += job.prompt_tokens
         completion_n += stats.generated_tokens

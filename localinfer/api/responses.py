@@ -41,7 +41,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
-from localinfer.backends.chat_format import Piece
+from localinfer.backends.chat_format import EFFORT_BUDGETS, Piece
 from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
 
 __all__ = ["router"]
@@ -473,7 +473,8 @@ async def responses(body: ResponsesRequest, request: Request):
     turns, files = _files(system + conversation)
     job = await core.start(request.app.state.pool, body.model or None, params,
                            messages=turns, tools=tools, images=files,
-                           template_args={"reasoning_effort": effort} if effort else None)
+                           template_args={"reasoning_effort": effort} if effort else None,
+                           think_budget=EFFORT_BUDGETS.get(effort or ""))
     response_id = f"resp_{uuid.uuid4().hex}"
     output = _Output(_response(body, job.model.name, response_id), origin)
 

@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.think_budget import ThinkLimit
 from localinfer.errors import InvalidRequest, LocalinferError
 from localinfer.settings import KvType, Settings
 
 __all__ = [
+    "MAX_LOGPROBS",
     "SAMPLING_BOUNDS",
     "Backend",
     "Bound",
     "DoneEvent",
     "ErrorEvent",
+    "Logprob",
     "Event",
     "Generation",
     "LoadOptions",
@@ -107,6 +110,14 @@ class SamplingParams:
     # LOCALINFER_MAX_TOKENS), and no context shift; not capped: none (Ollama's num_predict
     # -1, `run --max-tokens 0`) — the reply ends with its end token or a full context
     capped: bool = True
+    # each written token's log probability, and this many of the likeliest tokens with
+    # theirs (OpenAI's top_logprobs, 0 to 20), from the logits it was drawn from, before
+    # bias, penalties and temperature: the model's own distribution; None: none (nothing
+    # computed, nothing sent)
+    logprobs: int | None = None
+    # a reasoning budget: the reasoning block is closed after so many tokens (backends/
+    # think_budget.py); None: it runs as long as the model writes it
+    think: ThinkLimit | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -123,6 +134,8 @@ class SamplingParams:
              "logit_bias values must be in [-100, 100]"),
             (self.max_tokens is None or self.max_tokens >= 1, "max_tokens must be 1 or more"),
             (self.n_keep >= 0, "n_keep must be 0 or more"),
+            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+             f"top_logprobs must be 0 to {MAX_LOGPROBS}"),
             (self.min_indent >= 0, "n_indent must be 0 or more"),
             (self.line_time_limit is None or self.line_time_limit > 0,
              "t_max_predict_ms must be more than 0"),
@@ -254,6 +267,13 @@ class ModelInfo:
     vision: bool = False  # a projector beside it takes images (backends/vision.py)
 
 
+MAX_LOGPROBS = 20  # likeliest tokens a request may ask for at each step (OpenAI's limit)
+
+# one written token's log probability: (its id, its bytes, its logprob, the likeliest tokens
+# as (id, bytes, logprob), best first); plain tuples, cheap over a runner's pipe
+Logprob = tuple[int, bytes, float, tuple[tuple[int, bytes, float], ...]]
+
+
 @dataclass(frozen=True)
 class TokenEvent:
     text: str
@@ -261,6 +281,9 @@ class TokenEvent:
     # the reply's token it came with: its place in RequestStats.token_times (text held back
     # a while, by a stop string's first characters, comes with a later token); -1: unknown
     index: int = -1
+    # the log probabilities of the tokens whose text this is (SamplingParams.logprobs), in
+    # order; () where none were asked for
+    logprobs: tuple[Logprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.backends.grammar import framed_json_grammar, literal
+from localinfer.backends.think_budget import ThinkLimit
 
-__all__ = ["ChatFormat", "Piece", "Reply", "ReplyParser", "arguments_object", "call_grammar",
-           "detect", "lazy_call_grammar", "opens_reasoning", "parser", "start_chat",
-           "with_thinking"]
+__all__ = ["EFFORT_BUDGETS", "ChatFormat", "Piece", "Reply", "ReplyParser", "arguments_object",
+           "call_grammar", "detect", "lazy_call_grammar", "opens_reasoning", "parser",
+           "start_chat", "think_limit", "with_thinking"]
 
 
 @dataclass(frozen=True)
@@ -906,6 +907,28 @@ def opens_reasoning(backend: Any, fmt: ChatFormat | None, tokens: Sequence[int])
         tails = [backend.tokenize(fmt.think[0] + end, add_special=False) for end in ("", "\n")]
         _THINK_TAILS[backend] = tails
     return any(tail and list(tokens[-len(tail):]) == tail for tail in tails)
+
+
+# how long each effort level lets a family that marks its reasoning with tags think (gpt-oss
+# reads the level in its own template instead); "none" turns thinking off in the template
+EFFORT_BUDGETS = {"minimal": 0, "low": 1024, "medium": 4096, "high": None}
+_THINK_MARKS: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], ...]] = (
+    weakref.WeakKeyDictionary())
+
+
+def think_limit(backend: Any, fmt: ChatFormat | None, budget: int | None) -> ThinkLimit | None:
+    """A reasoning budget in the family's own marks (as tokens, asked of `backend` once per
+    model): the block closes after `budget` tokens with a line break and its closing mark.
+    None where there is no budget, or the family marks no reasoning block with tags."""
+    if budget is None or fmt is None or fmt.think is None or fmt is HARMONY:
+        return None
+    marks = _THINK_MARKS.get(backend)
+    if marks is None:
+        opening, closing = fmt.think
+        marks = tuple(tuple(backend.tokenize(text, add_special=False))
+                      for text in (opening, closing, "\n" + closing))
+        _THINK_MARKS[backend] = marks
+    return ThinkLimit(budget, *marks)
 
 
 # ---------------------------------------------------------------------------- the parser

@@ -27,6 +27,7 @@ from localinfer.backends.llama_native import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.slots import Slot, SlotState, Task
 from localinfer.backends.speculator import Speculator
+from localinfer.backends.think_budget import ThinkBudget
 from localinfer.backends.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQueue, check_request
 from localinfer.backends.step_budget import StepBudget
 from localinfer.backends.stop import StopMatcher
@@ -150,7 +151,8 @@ class Engine:
         generation = Generation(id=task_id, _on_cancel=self._wake)
         stats = RequestStats(submitted_at=self._clock())
         self.queue.put(Task(task_id, prompt, params, generation, stats, sampler,
-                            pictures=pictures if pictures and pictures.chunks else None))
+                            pictures=pictures if pictures and pictures.chunks else None,
+                            think=ThinkBudget(params.think, prompt) if params.think else None))
         return generation
 
     def stats(self) -> EngineStats:
@@ -325,14 +327,17 @@ class Engine:
                                               self.native.forget):
                     self._lost(slot, "llama.cpp could not drop the guesses it rejected")
             elif slot.task and slot.batch_index >= 0:
-                if best is not None and slot.sampler.argmax:
+                forced = self._forced(slot)
+                if forced is not None:
+                    token = forced
+                elif best is not None and slot.sampler.argmax:
                     token = int(best[slot.output_row])
                 else:
                     token = self._sample(slot, slot.batch_index)
                     if token is None:
                         continue
                 slot.state = SlotState.GENERATING
-                self._on_token(slot, token)
+                self._on_token(slot, token, slot.batch_index)
             elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
                   and slot.n_prompt_done == len(slot.to_read)):
                 slot.state = SlotState.GENERATING
@@ -445,15 +450,32 @@ class Engine:
             "long alternatives)"))
         return None
 
-    def _on_token(self, slot: Slot, token: int) -> None:
+    @staticmethod
+    def _forced(slot: Slot) -> int | None:
+        """The token a spent reasoning budget writes now (think_budget.py), taken by the
+        request's sampler as if drawn; None: sample as usual."""
+        think = slot.task.think
+        token = think.forced() if think is not None else None
+        if token is not None and not slot.sampler.accept(token):
+            slot.task.think = None  # (its grammar will not have it: the model goes on)
+            return None
+        return token
+
+    def _on_token(self, slot: Slot, token: int, row: int) -> None:
+        """A written token (drawn from the logits at `row` of this step's decode)."""
         task = slot.task
         task.stats.token_times.append(self._clock())
         self._counters["generated"] += 1
+        if task.think is not None:
+            task.think.observe(token)
         if self.native.is_eog(token):
             return self._finish(slot, "stop")
+        if task.params.logprobs is not None:  # (paid only by a request that asks)
+            task.logprobs.append(self.native.logprob(row, token, task.params.logprobs))
         text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
         if text:
-            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1))
+            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
         if slot.stop.stopped:
             task.stats.stop_string = slot.stop.matched
             return self._finish(slot, "stop")
@@ -479,12 +501,20 @@ class Engine:
         # are dropped, not sent as U+FFFD
         tail = slot.stop.flush()
         if tail and reason != "cancelled":
-            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1))
+            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
         task.stats.finish_reason = reason
         self._counters["finished"] += 1
         slot.release(self._clock())  # first: whoever sees the end may count on a free slot
         task.close()
         task.generation.put(DoneEvent(task.stats))
+
+    @staticmethod
+    def _take_logprobs(task: Task) -> tuple:
+        """The log probabilities of the tokens whose text goes out now (a stop string's
+        tokens, whose text never does, keep theirs)."""
+        taken, task.logprobs = tuple(task.logprobs), []
+        return taken
 
     def _fail(self, slot: Slot, error: LocalinferError) -> None:
         """End one request with an error; its slot's KV stays valid for the next."""

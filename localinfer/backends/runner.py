@@ -354,7 +354,8 @@ class _Runner:
     def _post(self, gid: int, event: Event) -> None:
         """An event for the parent; sent with the rest of its engine pass."""
         if isinstance(event, TokenEvent):
-            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token, event.index)
+            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token, event.index,
+                                     event.logprobs)
         else:
             with self._live_lock:
                 self._live.pop(gid, None)
@@ -710,7 +711,7 @@ class _Link:
             if kind == _TOKEN:
                 generation = self._live.get(gid)
                 if generation is not None:
-                    generation.put(TokenEvent(rest[0], rest[1], rest[2]))
+                    generation.put(TokenEvent(*rest))
                 continue
             with self._lock:
                 generation = self._live.pop(gid, None)

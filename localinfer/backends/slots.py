@@ -8,11 +8,12 @@ import enum
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
-from localinfer.backends.base import Generation, SamplingParams
+from localinfer.backends.base import Generation, Logprob, SamplingParams
 from localinfer.backends.draft import common_prefix
 from localinfer.backends.llama_native import SamplerChain
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.stop import StopMatcher
+from localinfer.backends.think_budget import ThinkBudget
 from localinfer.backends.vision import Pictures
 
 __all__ = ["Resume", "Slot", "SlotState", "Task"]
@@ -45,6 +46,10 @@ class Task:
     sampler: SamplerChain | None = None  # built when submitted; the slot takes it
     resume: Resume | None = None
     pictures: Pictures | None = None  # its images' encoded chunks, by placeholder id
+    # log probabilities of written tokens whose text has not gone out yet (a stop string's
+    # first characters held back): they go with the text (SamplingParams.logprobs)
+    logprobs: list[Logprob] = field(default_factory=list)
+    think: ThinkBudget | None = None  # its reasoning budget as the reply comes (if any)
 
     def close(self) -> None:
         """What it holds goes (it has ended, or never started)."""

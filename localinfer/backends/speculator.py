@@ -41,6 +41,8 @@ class Speculator:
         slot = generating[0]
         if slot.task.pictures:  # its tokens hold images' placeholders, which no guess may be
             return None
+        if slot.task.think is not None and not slot.task.think.done:
+            return None  # (a reasoning budget writes tokens of its own: one a step)
         if slot.draft_quality < MIN_QUALITY and slot.task.stats.generated_tokens % PROBE_EVERY:
             return None
         return slot
@@ -73,12 +75,14 @@ class Speculator:
         slot.batch_index, slot.output_row = index, row  # the real next token's come first
 
     def verify(self, slot: Slot, sample: Callable[[Slot, int], int | None],
-               emit: Callable[[Slot, int], None], forget: Callable[[int, int], bool]) -> bool:
+               emit: Callable[[Slot, int, int], None],
+               forget: Callable[[int, int], bool]) -> bool:
         """Sample the real next token, then each guess's successor while the guesses hold.
 
         Every emitted token is sampled by the request's own sampler from logits computed
         with exactly the tokens before it, so the output is what plain decoding would give.
-        `sample` is the engine's (None: the request failed), `emit` hands a token on, and
+        `sample` is the engine's (None: the request failed), `emit` hands a token on (with
+        the batch row of the logits it was drawn from), and
         `forget(seq, from)` drops the rejected guesses' KV (a hybrid's recurrent state:
         rolled back to a snapshot). False where llama.cpp refused to drop them: the
         sequence no longer holds what the slot says it holds.
@@ -91,7 +95,7 @@ class Speculator:
         if token is None:  # failed: the guesses' KV goes all the same
             return forget(slot.id, len(slot.cache))
         slot.state = SlotState.GENERATING
-        emit(slot, token)
+        emit(slot, token, slot.batch_index)
         accepted = 0
         while slot.task is task and accepted < len(draft) and token == draft[accepted]:
             slot.cache.append(draft[accepted])  # its KV, computed this step, is valid
@@ -99,7 +103,7 @@ class Speculator:
             token = sample(slot, slot.batch_index + accepted)
             if token is None:
                 break
-            emit(slot, token)
+            emit(slot, token, slot.batch_index + accepted)
         task.stats.accepted_tokens += accepted
         self.record(slot, accepted, len(draft))
         return forget(slot.id, len(slot.cache))  # the rejected guesses' KV goes

@@ -248,3 +248,33 @@ def test_tools_too_costly_to_hold_to_their_schema_are_left_free_with_auto(famili
     with pytest.raises(openai.BadRequestError, match="1,000|1000"):
         oai.chat.completions.create(model=names["qwen3"], messages=ASK, tools=[huge],
                                     tool_choice="required", max_tokens=4)
+
+
+def test_a_reasoning_budget_closes_the_block_and_the_answer_follows(families, oai):
+    """DeepSeek-R1's template opens the reasoning block in the prompt, and a random model
+    never closes it: each reply here would be all reasoning. With a budget the block ends
+    after that many tokens (a line break and its closing mark written for the model), and
+    the answer follows; OpenAI's effort "minimal" is a budget of none, Anthropic's
+    budget_tokens the same path. (The random model writes line breaks and spaces unless they
+    are banned: then " Inv" again and again, a token each.)"""
+    server, names = families
+    words = {"198": -100, "220": -100, "256": -100, "271": -100}
+
+    def reply(**asked):
+        message = oai.chat.completions.create(model=names["r1"], messages=ASK, max_tokens=30,
+                                              temperature=0, logit_bias=words,
+                                              extra_body=asked).choices[0].message
+        return message.model_extra.get("reasoning_content") or "", message.content or ""
+
+    unbounded, nothing = reply()
+    assert unbounded.count("Inv") == 30 and not nothing  # (all of it reasoning)
+    for budget in (3, 10):
+        reasoning, answer = reply(reasoning_budget_tokens=budget)
+        assert reasoning.count("Inv") == budget and answer  # (the answer after the block)
+    reasoning, answer = reply(reasoning_effort="minimal")
+    assert "Inv" not in reasoning and answer
+    client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
+    message = client.messages.create(model=names["r1"], max_tokens=30, messages=ASK,
+                                     thinking={"type": "enabled", "budget_tokens": 4},
+                                     extra_body={"temperature": 0})
+    assert [block.type for block in message.content][-1] == "text"

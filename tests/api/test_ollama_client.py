@@ -137,6 +137,22 @@ def test_null_options_are_as_if_unsent(client):
     assert generated.done and 1 <= generated.eval_count <= 2
 
 
+def test_logprobs_as_ollama_gives_them_streamed_and_whole(client):
+    whole = client.chat(model="smollm2:135m", messages=QUESTION, logprobs=True, top_logprobs=2,
+                        options={"temperature": 0, "num_predict": 5})
+    assert "".join(e.token for e in whole.logprobs) == whole.message.content
+    assert len(whole.logprobs) == whole.eval_count
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2
+               and e.top_logprobs[0].logprob == e.logprob for e in whole.logprobs)
+    parts = list(client.generate(model="smollm2:135m", prompt="Once upon a time",
+                                 logprobs=True, stream=True,
+                                 options={"temperature": 0, "num_predict": 5}))
+    entries = [e for part in parts for e in (part.logprobs or ())]
+    assert "".join(e.token for e in entries) == "".join(part.response for part in parts)
+    plain = client.chat(model="smollm2:135m", messages=QUESTION, options={"num_predict": 2})
+    assert not plain.logprobs
+
+
 def test_unknown_model_raises_response_error(client):
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model="no-such-model", messages=QUESTION)

@@ -9,6 +9,7 @@ import time
 import openai
 import pytest
 
+from ..greedy import Reference
 from .conftest import NO_END
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -245,13 +246,54 @@ def test_unknown_model_is_404_with_suggestion(client):
     assert "smollm2" in str(err.value)
 
 
-def test_logprobs_are_refused_with_a_400_not_dropped(client):
-    """A client that asks for logprobs and reads them must hear it gets none."""
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.chat.completions.create(model="smollm2:135m", messages=QUESTION, max_tokens=2,
-                                       logprobs=True, top_logprobs=2)
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model="smollm2:135m", prompt="Hi", max_tokens=2, logprobs=0)
+def test_logprobs_are_the_models_own_for_each_written_token(client, smollm2, smollm2_path):
+    """Each written token's log probability and the likeliest tokens', from the logits it was
+    drawn from: greedy, the token is the likeliest; the figures are the model's own (a
+    reference decode of the same prompt, up to the floats of another batch shape)."""
+    reply = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                           max_tokens=6, temperature=0, logprobs=True,
+                                           top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == reply.usage.completion_tokens
+    assert "".join(e.token for e in content) == reply.choices[0].message.content
+    for entry in content:
+        top = [t.logprob for t in entry.top_logprobs]
+        assert len(top) == 3 and top == sorted(top, reverse=True) and top[0] <= 0
+        assert entry.token == entry.top_logprobs[0].token  # (greedy: the likeliest)
+        assert entry.logprob == top[0] and bytes(entry.bytes).decode() == entry.token
+        assert sum(math.exp(lp) for lp in top) <= 1 + 1e-6
+    reference = Reference(smollm2_path)
+    try:
+        prompt = smollm2.tokenize(smollm2.apply_chat_template(QUESTION))
+        logits = reference._decode(prompt)
+    finally:
+        reference.close()
+    best = logits.max()
+    first = best - (best + math.log(sum(math.exp(x - best) for x in logits.tolist())))
+    assert abs(content[0].logprob - first) < 0.05
+    streamed = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                              max_tokens=6, temperature=0, logprobs=True,
+                                              stream=True)
+    entries = [e for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
+               for e in chunk.choices[0].logprobs.content]
+    assert [e.token for e in entries] == [e.token for e in content]
+    assert all(e.top_logprobs == [] for e in entries)  # (none asked for)
     plain = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
                                            max_tokens=2, logprobs=False)
-    assert plain.choices[0].message.content is not None
+    assert plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="logprobs must be set to true"):
+        client.chat.completions.create(model="smollm2:135m", messages=QUESTION, max_tokens=2,
+                                       top_logprobs=2)
+
+
+def test_completions_logprobs_in_the_legacy_shape(client):
+    completion = client.completions.create(model="smollm2:135m", prompt="Once upon a time",
+                                           max_tokens=5, temperature=0, logprobs=2, echo=False)
+    choice = completion.choices[0]
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens) == choice.text
+    assert len(logprobs.token_logprobs) == len(logprobs.tokens) == len(logprobs.top_logprobs)
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i])
+                                    for i in range(len(logprobs.tokens))]
+    assert all(len(top) <= 2 and max(top.values()) == lp
+               for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
