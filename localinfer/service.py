@@ -205,7 +205,7 @@ def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Pre
     over GPUs, or partly in RAM, stays one copy."""
     options = prepared.options
     whole = (options.split_mode == "none" and len(prepared.gpu_use) == 1
-             and options.n_gpu_layers == prepared.info.n_layer + 1)
+             and options.n_gpu_layers == prepared.info.n_layer + 1 and not options.cpu_experts)
     if copies < 2 or hardware is None or not whole:
         return prepared
     need = prepared.gpu_use[options.main_gpu]
@@ -225,11 +225,12 @@ def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:
     on several, their shares (split by layer or by row, as the options say)."""
     if chosen is None:
         return dataclasses.replace(options, n_gpu_layers=0, split_mode="none", main_gpu=0,
-                                   tensor_split=())
+                                   tensor_split=(), cpu_experts=())
     several = chosen.split_mode != "none"
     return dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers,
                                main_gpu=chosen.main_gpu, tensor_split=chosen.tensor_split,
-                               split_mode=options.split_mode if several else "none")
+                               split_mode=options.split_mode if several else "none",
+                               cpu_experts=chosen.cpu_experts)
 
 
 def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:

@@ -193,3 +193,52 @@ def test_a_vision_projector_is_counted_with_its_model(gemma3_path):
     with pytest.raises(ContextTooLarge, match=r"after 0\.\d+ GiB for the vision projector"):
         prepare(str(gemma3_path), dataclasses.replace(cpu, projector=mmproj), Settings(),
                 available_memory=lambda: need + taken // 2)
+
+
+def what_if_gpu(gib: int) -> Hardware:
+    gpu = GPU("nvidia", 0, f"what-if GPU of {gib} GiB", gib * 2**30, gib * 2**30, "cuda")
+    return Hardware(CPU_X86, 64 * 2**30, 60 * 2**30, (gpu,), True)
+
+
+def test_the_plans_experts_in_ram_reach_the_load_options():
+    from .families import plan_model
+
+    prepared = prepare(str(plan_model("qwen3-30b-a3b")), LoadOptions(n_ctx=8192), Settings(),
+                       hardware=lambda: what_if_gpu(16))
+    options = prepared.options
+    assert options.n_gpu_layers == 49 and options.cpu_experts
+    assert options.cpu_experts == tuple(range(options.cpu_experts[0], 48))
+    assert prepared.gpu_use[0] <= 16 * 2**30
+    roomy = prepare(str(plan_model("qwen3-30b-a3b")), LoadOptions(n_ctx=8192), Settings(),
+                    hardware=lambda: what_if_gpu(48))
+    assert roomy.options.n_gpu_layers == 49 and not roomy.options.cpu_experts
+
+
+def test_experts_left_in_ram_become_llama_cpps_tensor_overrides(caplog):
+    """LoadOptions.cpu_experts → a tensor_buft_overrides entry (host memory) whose pattern
+    names those layers' ffn_*_exps tensors and nothing else, as the load log shows."""
+    import logging
+
+    from localinfer.backends.llama_native import model_params
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    from .families import arch_model
+
+    params, keep = model_params(49, cpu_experts=(3, 5, 47))
+    entry = keep[-1][0]
+    assert params.tensor_buft_overrides == ctypes.addressof(keep[-1]) and entry.buft
+    pattern = entry.pattern.decode()
+    for name in ("blk.5.ffn_down_exps.weight", "blk.47.ffn_gate_exps.weight",
+                 "blk.3.ffn_up_exps.weight", "blk.3.ffn_gate_up_exps.weight"):
+        assert re.search(pattern, name), name
+    for name in ("blk.4.ffn_down_exps.weight", "blk.15.ffn_up_exps.weight",
+                 "blk.5.attn_q.weight", "blk.5.ffn_down_shexp.weight", "blk.5.ffn_gate_inp.weight"):
+        assert not re.search(pattern, name), name
+    assert keep[-1][1].pattern is None
+    caplog.set_level(logging.DEBUG, logger="localinfer.llama_cpp")
+    with LlamaCppBackend(arch_model("qwen3moe"), LoadOptions(n_ctx=512, n_gpu_layers=0,
+                                                             cpu_experts=(1,))):
+        pass
+    moved = re.findall(r"tensor (\S+) \(.*buffer type overridden to CPU", caplog.text)
+    assert sorted(moved) == ["blk.1.ffn_down_exps.weight", "blk.1.ffn_gate_exps.weight",
+                             "blk.1.ffn_up_exps.weight"]

@@ -59,6 +59,10 @@ class Placement:
     margin: int
     remote: bool = False  # an RPC worker's device: memory on another machine
     recurrent_state: int = 0  # its layers' recurrent states, every slot's
+    # a mixture of experts: the layers whose expert tensors are here, and their bytes (of
+    # `weights`); RAM holds those the GPU could not take
+    experts: tuple[int, ...] = ()
+    expert_bytes: int = 0
 
     @property
     def total(self) -> int:
@@ -89,6 +93,9 @@ class Plan:
     split_mode: str = "none"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    # a mixture of experts short of GPU memory: the layers whose expert tensors stay in RAM
+    # (LoadOptions.cpu_experts: llama.cpp's tensor_buft_overrides)
+    cpu_experts: tuple[int, ...] = ()
 
 
 class WontFit(Exception):
@@ -180,6 +187,12 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                                 reason=f"{quant} fits no one GPU; split over "
                                        f"{_names(spread)} in proportion to their free memory, "
                                        f"with a {n_ctx}-token context")
+        if shape.moe and local:  # experts to RAM first, then back layer by layer
+            for quant in capped:
+                moe = _experts_out(shape, quant, files[quant], local[0], ram_available,
+                                   context, compute, common)
+                if moe is not None:
+                    return moe
         for quant in capped:  # the layers the GPUs can take; the rest in RAM
             weights = shape.gpu_weights(files[quant])
             per_layer = (weights + kv + state) / max(shape.n_layer, 1)
@@ -376,6 +389,60 @@ def _parts(placement: Sequence[Placement]) -> dict[str, int]:
     if not parts["recurrent_state"]:
         del parts["recurrent_state"]
     return parts
+
+
+def _experts_out(shape: ModelShape, quant: str, file_size: int, gpu: GPU, ram_available: int,
+                 context: tuple[int, int], compute: int, common: dict) -> Plan | None:
+    """A mixture of experts on a GPU short of memory for all of it, placed as llama.cpp's
+    --fit places one (common/fit.cpp): every layer's attention, shared weights, KV and
+    state on the GPU, the expert tensors (ffn_*_exps) in RAM, then the first layers'
+    experts back onto the GPU, a layer at a time, while they fit. Where even the rest does
+    not fit, as many layers as fit go to the GPU without their experts. None when no layer
+    fits, or RAM cannot hold what stays there."""
+    kv, state = context
+    n = shape.n_layer
+    weights = shape.gpu_weights(file_size)
+    experts = shape.expert_bytes(file_size)
+    dense = weights - sum(experts)
+    room = _room(gpu, compute)  # bytes of layers the GPU holds
+    if dense + kv + state <= room:
+        layers, budget, back = n + 1, room - dense - kv - state, 0
+        while back < n and experts[back] <= budget:
+            budget -= experts[back]
+            back += 1
+        on_gpu = (dense, kv, state)
+    else:  # dense-only layers, back to front; every expert in RAM
+        layers, back = min(n, int(room // ((dense + kv + state) / max(n, 1)))), 0
+        on_gpu = tuple(x * layers // (n + 1) for x in (dense, kv, state))
+        if layers < 1:
+            return None
+    gpu_experts = tuple(i for i in range(back) if experts[i])
+    cpu_experts = tuple(i for i in range(back, n) if experts[i])
+    in_gpu = sum(experts[:back])
+    in_ram = sum(experts) - in_gpu + dense - on_gpu[0]
+    ram_context = kv - on_gpu[1] + state - on_gpu[2]
+    if in_ram + ram_context + _margin(in_ram + ram_context) > ram_available:
+        return None
+    device_weights = on_gpu[0] + in_gpu
+    placement = (
+        Placement(_name(gpu), gpu.index, layers, device_weights, on_gpu[1], compute,
+                  runtime_overhead(gpu.backend),
+                  (device_weights + on_gpu[1] + on_gpu[2] + compute) // 20,
+                  recurrent_state=on_gpu[2], experts=gpu_experts, expert_bytes=in_gpu),
+        Placement("RAM", None, n + 1 - layers, in_ram, kv - on_gpu[1], 0, 0,
+                  _margin(in_ram + ram_context), recurrent_state=state - on_gpu[2],
+                  experts=cpu_experts, expert_bytes=sum(experts) - in_gpu))
+    parts = _parts(placement)
+    n_moe = len(gpu_experts) + len(cpu_experts)
+    reason = (f"{quant} fits {gpu.name} with the experts of {len(cpu_experts)} of {n_moe} "
+              f"layers in RAM (attention, shared weights and KV on the GPU)"
+              if layers > n else
+              f"{quant}: {layers} of {n} layers on {gpu.name} without their experts; the "
+              f"experts and the other layers in RAM")
+    return Plan(quant, gpu.backend, layers, memory_bytes=sum(parts.values()), **common,
+                parts=parts, gpu_bytes=placement[0].total, placement=placement,
+                main_gpu=gpu.index, cpu_experts=cpu_experts,
+                reason=f"{reason}, with a {common['n_ctx']}-token context")
 
 
 # Average bits per weight of Q4_K_M files (mixed 4- and 6-bit blocks with scales).
