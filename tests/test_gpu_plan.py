@@ -200,6 +200,50 @@ def what_if_gpu(gib: int) -> Hardware:
     return Hardware(CPU_X86, 64 * 2**30, 60 * 2**30, (gpu,), True)
 
 
+def test_show_places_a_moes_experts_for_a_gpu_short_of_memory():
+    """A Qwen3-30B-A3B-shaped file (its header and tensor table) on a 16 GiB what-if GPU:
+    attention, shared weights and the whole KV cache on the GPU, the last layers' experts
+    in RAM, listed per device."""
+    from .families import plan_model
+
+    result = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                             str(plan_model("qwen3-30b-a3b")), "--gpu", "16GiB", "--ram",
+                             "64GiB", "--ctx", "8192", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["kinds"] == ["MoE 128 experts, 8 active"]
+    assert facts["experts"]["count"] == 128 and facts["experts"]["used"] == 8
+    plan = facts["plan"]
+    gpu, ram = plan["placement"]
+    assert plan["n_gpu_layers"] == gpu["layers"] == 49 and ram["layers"] == 0
+    first = len(gpu["experts"])
+    assert 8 < first < 48 and gpu["experts"] == list(range(first))
+    assert ram["experts"] == plan["cpu_experts"] == list(range(first, 48))
+    assert gpu["kv_cache"] == plan["memory"]["kv_cache"] == 96 * 1024 * 8192
+    assert gpu["total"] <= 16 * 2**30 and ram["expert_bytes"] > 4 * 2**30
+    text = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                           str(plan_model("qwen3-30b-a3b")), "--gpu", "16GiB", "--ram", "64GiB",
+                           "--ctx", "8192"], capture_output=True, text=True, timeout=120).stdout
+    assert "MoE 128 experts, 8 active" in text and f"experts of layers {first}-47" in text
+
+
+def test_show_says_what_a_hybrid_keeps():
+    from .families import plan_model
+
+    result = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                             str(plan_model("qwen3.5-9b")), "--gpu", "24GiB", "--ctx", "32768",
+                             "--parallel", "2", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["kinds"] == ["hybrid: 8 attention + 24 Gated DeltaNet layers"]
+    assert facts["kv_bytes_per_token"] == 32 * 1024
+    memory = facts["plan"]["memory"]
+    assert memory["kv_cache"] == 32 * 1024 * 32768 * 2  # 2 GiB, not 8
+    assert memory["recurrent_state"] == 2 * facts["recurrent_state_bytes_per_slot"]
+
+
 def test_the_plans_experts_in_ram_reach_the_load_options():
     from .families import plan_model
 
