@@ -198,6 +198,8 @@ class ArchShape:
     ssm_groups: int = 0
     full_attention_interval: int = 0
     shortconv_l_cache: int = 0
+    n_vocab: int = 0  # a header-only file's vocabulary (PLAN_SHAPES); 0: the tokenizer's
+    tied_output: bool = True
 
     def kv_heads(self, layer: int) -> int:
         return self.n_head_kv if isinstance(self.n_head_kv, int) else self.n_head_kv[layer]
@@ -236,12 +238,71 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
                                n_ff_exp=64),
 }
 
+# Published models' shapes, for what a plan says of them (`show`, the planner's tests): their
+# headers and tensor tables only (write_arch's header_only), Q4_K_M-like types
+PLAN_SHAPES = {
+    # Qwen3.5-9B: 24 Gated DeltaNet layers and 8 of attention (KV heads 4 of 256)
+    "qwen3.5-9b": ArchShape("qwen35", 32, 4096, n_ff=12288, n_head=16, n_head_kv=4,
+                            head_dim=256, n_rot=64, n_ctx_train=262144, rope_base=1e7,
+                            rope_sections=(11, 11, 10, 0), ssm_conv=4, ssm_inner=4096,
+                            ssm_state=128, ssm_dt_rank=32, ssm_groups=16,
+                            full_attention_interval=4, n_vocab=248320, tied_output=False),
+    # Qwen3-30B-A3B: 128 experts of 768, 8 a token, in each of 48 layers
+    "qwen3-30b-a3b": ArchShape("qwen3moe", 48, 2048, n_ff=6144, n_head=32, n_head_kv=4,
+                               head_dim=128, n_ctx_train=262144, n_expert=128,
+                               n_expert_used=8, n_ff_exp=768, n_vocab=151936,
+                               tied_output=False),
+    # LFM2-1.2B: ten short-convolution layers, six of attention (KV heads 8 of 64)
+    "lfm2-1.2b": ArchShape("lfm2", 16, 2048, n_ff=8192, n_head=32,
+                           n_head_kv=(0, 0, 8, 0, 0, 8, 0, 0, 8, 0, 8, 0, 8, 0, 8, 0),
+                           n_ctx_train=128000, rms_eps=1e-5, shortconv_l_cache=3,
+                           n_vocab=65536),
+    # Mamba-2 2.7B: 64 layers, d_inner 5120, state 128, heads of 64, one group
+    "mamba2-2.7b": ArchShape("mamba2", 64, 2560, n_ctx_train=1 << 20, rms_eps=1e-5,
+                             ssm_conv=4, ssm_inner=5120, ssm_state=128, ssm_dt_rank=80,
+                             ssm_groups=1, n_vocab=50288),
+    # Gemma 3 27B: a sliding window of 1024 on five layers in six
+    "gemma3-27b": ArchShape("gemma3", 62, 5376, n_ff=21504, n_head=32, n_head_kv=16,
+                            head_dim=128, n_ctx_train=131072, sliding_window=1024,
+                            n_vocab=262208),
+}
 
-def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: int = 0) -> None:
+
+def _q4_k_m(tensor: str):
+    """A matrix's type in a Q4_K_M-like file: Q6_K for the output and down projections,
+    Q4_K for the rest."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    return q.Q6_K if tensor == "output.weight" or ".ffn_down" in tensor else q.Q4_K
+
+
+def synthetic_tokenizer(n_vocab: int) -> dict:
+    """A vocabulary of n_vocab placeholder tokens: a header-only file's (never loaded)."""
+    import gguf
+
+    t = gguf.GGUFValueType
+    return {"tokenizer.ggml.model": ("gpt2", t.STRING, None),
+            "tokenizer.ggml.tokens": ([f"<t{i}>" for i in range(n_vocab)], t.ARRAY, t.STRING),
+            "tokenizer.ggml.token_type": ([1] * n_vocab, t.ARRAY, t.INT32)}
+
+
+def write_plan_shape(shape: ArchShape, out: Path, name: str, sparse: bool = False) -> int:
+    """`shape`'s header and tensor table, no weights (write_arch's header_only) with a
+    placeholder vocabulary; sparse: the file then takes its full size as a hole (a few KiB
+    on disk), so that it reads as a whole model. Its size with the weights."""
+    return write_arch(shape, out, synthetic_tokenizer(shape.n_vocab), name,
+                      header_only=True, sparse=sparse)
+
+
+def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: int = 0,
+               header_only: bool = False, sparse: bool = False) -> int:
     """A random-weight GGUF of `shape`'s architecture that llama.cpp loads and decodes, with
     `tokenizer`'s vocabulary (unpadded) and the output tied to the token embeddings. Matrices
     are Q8_0; norms, convolution kernels, biases, routers and the state-space scalars F32, as
-    llama-quantize leaves them."""
+    llama-quantize leaves them. header_only: the header and tensor table alone (matrices
+    typed as in a Q4_K_M file), for a shape too big to write; sparse: with its weights'
+    bytes as a hole. The file's size with its weights."""
     import gguf
 
     arch = shape.arch
@@ -251,7 +312,8 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
     writer = gguf.GGUFWriter(out, arch)
     writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if header_only
+                         else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_block_count(shape.n_layer)
     writer.add_context_length(shape.n_ctx_train)
     writer.add_embedding_length(shape.n_embd)
@@ -298,12 +360,22 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
 
     def matrix(tensor: str, rows: int, cols: int, experts: int = 0) -> None:
         """A Q8_0 matrix of llama.cpp's shape {cols, rows} (× experts)."""
+        if header_only:
+            qtype = _q4_k_m(tensor) if cols % 256 == 0 else q8
+            dims = ((experts,) if experts else ()) + (rows, cols)
+            byte_shape = gguf.quant_shape_to_byte_shape(dims, qtype)
+            writer.add_tensor_info(tensor, byte_shape, np.dtype(np.uint8),
+                                   int(np.prod(byte_shape)), raw_dtype=qtype)
+            return
         data = _q8_0(rng, rows * max(experts, 1), cols)
         if experts:
             data = data.reshape(experts, rows, data.shape[-1])
         writer.add_tensor(tensor, data, raw_dtype=q8)
 
     def f32(tensor: str, data: np.ndarray) -> None:
+        if header_only:
+            writer.add_tensor_info(tensor, data.shape, np.dtype(np.float32), data.size * 4)
+            return
         writer.add_tensor(tensor, np.ascontiguousarray(data, dtype=np.float32))
 
     def ones(tensor: str, n: int) -> None:
@@ -390,10 +462,23 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
             matrix(f"blk.{i}.ffn_down_exps.weight", e, shape.n_ff_exp, shape.n_expert)
     # LFM2's final norm has the name of an input norm in its converter's table
     ones("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", e)
+    if not shape.tied_output:
+        matrix("output.weight", n_vocab, e)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    if not header_only:
+        writer.write_tensors_to_file()
+        writer.close()
+        return out.stat().st_size
+    writer.write_ti_data_to_file()
     writer.close()
+    align = gguf.GGUF_DEFAULT_ALIGNMENT
+    start = -(-out.stat().st_size // align) * align
+    size = start + sum(-(-ti.nbytes // align) * align for ti in writer.tensors[0].values())
+    if sparse:
+        with open(out, "r+b") as f:
+            f.truncate(size)
+    return size
 
 
 def _q8_0_row(values: dict[int, float], cols: int) -> np.ndarray:

@@ -337,7 +337,7 @@ def show(
                          "split_mode": (chosen.split_mode if chosen.split_mode == "none"
                                         else str(settings.split_mode)),
                          "main_gpu": chosen.main_gpu, "tensor_split": chosen.tensor_split,
-                         "what_if": bool(gpu or ram)}
+                         "cpu_experts": chosen.cpu_experts, "what_if": bool(gpu or ram)}
         except WontFit as exc:
             plan_dict = {"device": None, "reason": str(exc), "what_if": bool(gpu or ram)}
         facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
@@ -348,6 +348,7 @@ def show(
                  "n_head": info.n_head, "n_head_kv": info.n_head_kv,
                  "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
                  "kv_bytes_per_token": int(info.kv_bytes_per_token()),
+                 **_shape_facts(info),
                  "chat_template": info.chat_template is not None, "plan": plan_dict,
                  "projector": projector and {
                      "file": projector.path.name, "type": projector.projector_type,
@@ -361,7 +362,8 @@ def show(
                                                             if remote else ""))
         print(f"  layers {info.n_layer} · heads {info.n_head} (KV {info.n_head_kv}) · "
               f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
-        print(f"  KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)")
+        for line in _shape_lines(facts):
+            print(f"  {line}")
         if info.chat_template is None:
             print("  no chat template in the file: likely a base model, which continues text "
                   "rather than answering (chats use a generic turn format)")
@@ -376,10 +378,63 @@ def show(
                                for k, v in plan_dict["memory"].items() if v)
             print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
         for place in plan_dict.get("placement") or []:
+            state = (f"recurrent state {place['recurrent_state'] / 2**30:.2f}, "
+                     if place["recurrent_state"] else "")
+            experts = (f"; experts of layers {_ranges(place['experts'])}, "
+                       f"{place['expert_bytes'] / 2**30:.2f} GiB" if place["experts"] else "")
             print(f"    {place['device']}: {place['layers']} layers, "
                   f"{place['total'] / 2**30:.2f} GiB "
                   f"(weights {place['weights'] / 2**30:.2f}, KV {place['kv_cache'] / 2**30:.2f}, "
-                  f"compute {place['compute'] / 2**30:.2f}, runtime {place['runtime'] / 2**30:.2f})")
+                  f"{state}compute {place['compute'] / 2**30:.2f}, "
+                  f"runtime {place['runtime'] / 2**30:.2f}){experts}")
+
+
+def _shape_facts(info) -> dict:
+    """What `show` says of a model's architecture: its kinds of layer, what a slot's
+    recurrent state and the experts weigh."""
+    shape = info.shape()
+    windows = sorted({layer.window for layer in shape.per_layer() if layer.window})
+    return {"kinds": shape.describe(),
+            "layers": {"attention": shape.n_attention, "sliding_window": shape.n_swa,
+                       "window": windows[0] if windows else None,
+                       "recurrent": shape.n_recurrent,
+                       "recurrent_kind": shape.recurrent_kind if shape.n_recurrent else None},
+            "recurrent_state_bytes_per_slot": shape.state_bytes(1),
+            "experts": {"count": shape.n_expert, "used": shape.n_expert_used,
+                        "bytes": sum(shape.expert_bytes(info.file_size))}
+            if shape.n_expert else None}
+
+
+def _shape_lines(facts: dict) -> list[str]:
+    """`show`'s lines on the architecture and what each part costs."""
+    lines = list(facts["kinds"])
+    memory = [f"KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)"]
+    if facts["layers"]["sliding_window"]:
+        memory[0] += ", the sliding-window layers' too (the engine keeps every cell)"
+    if facts["recurrent_state_bytes_per_slot"]:
+        memory.append(f"recurrent state {_size(facts['recurrent_state_bytes_per_slot'])} per "
+                      f"slot")
+    if facts["experts"]:
+        memory.append(f"experts {_size(facts['experts']['bytes'])} of the weights")
+    return lines + [" · ".join(memory)]
+
+
+def _size(n: int) -> str:
+    """Bytes in the unit that reads best: 57.0 KiB, 50.2 MiB, 17.51 GiB."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """[0, 1, 2, 5] → "0-2, 5"."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 @commands.command()

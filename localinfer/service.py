@@ -127,13 +127,14 @@ def prepare(
                                   reply_cap=settings.max_tokens if options.reply_cap is None
                                   else options.reply_cap)
     chosen = None
+    snapshots = rollback_snapshots(info, options)
     if options.n_gpu_layers is None:  # a draft model (and a projector) goes whole onto a GPU
         machine = hardware()
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
         machine = with_workers(machine, settings.workers, settings.worker_key)
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
-                          options.kv_type, options.n_outputs)
+                          options.kv_type, options.n_outputs, snapshots)
         options = placed(options, chosen)
         if chosen is not None and any(p.remote for p in chosen.placement):
             options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
@@ -150,13 +151,19 @@ def prepare(
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
-                               options.kv_type, options.n_outputs)
+                               options.kv_type, options.n_outputs, snapshots=snapshots)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
                       model.name, options.kv_type, beside=(beside, what),
-                      n_outputs=options.n_outputs)
+                      n_outputs=options.n_outputs, snapshots=snapshots)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + beside)
+
+
+def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:
+    """Copies of each slot's recurrent state llama.cpp keeps for a load (n_rs_seq): one per
+    guess where a hybrid model speculates (the backend's `rollback`), else none."""
+    return options.guesses if info.shape().hybrid else 0
 
 
 def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
@@ -198,7 +205,7 @@ def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Pre
     over GPUs, or partly in RAM, stays one copy."""
     options = prepared.options
     whole = (options.split_mode == "none" and len(prepared.gpu_use) == 1
-             and options.n_gpu_layers == prepared.info.n_layer + 1)
+             and options.n_gpu_layers == prepared.info.n_layer + 1 and not options.cpu_experts)
     if copies < 2 or hardware is None or not whole:
         return prepared
     need = prepared.gpu_use[options.main_gpu]
@@ -218,11 +225,12 @@ def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:
     on several, their shares (split by layer or by row, as the options say)."""
     if chosen is None:
         return dataclasses.replace(options, n_gpu_layers=0, split_mode="none", main_gpu=0,
-                                   tensor_split=())
+                                   tensor_split=(), cpu_experts=())
     several = chosen.split_mode != "none"
     return dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers,
                                main_gpu=chosen.main_gpu, tensor_split=chosen.tensor_split,
-                               split_mode=options.split_mode if several else "none")
+                               split_mode=options.split_mode if several else "none",
+                               cpu_experts=chosen.cpu_experts)
 
 
 def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
@@ -259,21 +267,24 @@ def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
-             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
+             ) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit."""
     gpus = list(hw.usable_gpus)
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
-                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs)
+                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs,
+                snapshots=snapshots)
 
 
 def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
-             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> Plan | None:
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
+             ) -> Plan | None:
     """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
     a CPU-only build, or no layer fits)."""
     if hw is None or not hw.usable_gpus:
         return None
     try:
-        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs)
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots)
     except WontFit:
         return None  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)

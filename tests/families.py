@@ -139,6 +139,22 @@ def arch_model(arch: str, template: str | None | bool = True, vocab: str | None 
     return out
 
 
+def plan_model(shape: str) -> Path:
+    """A published model's shape (bench/random_gguf.py PLAN_SHAPES: qwen3.5-9b,
+    qwen3-30b-a3b, lfm2-1.2b, mamba2-2.7b, gemma3-27b) as a file the planner reads as the
+    model: its header and tensor table, the weights' bytes a hole (a few MiB on disk), a
+    placeholder vocabulary. For plans, never for llama.cpp."""
+    out = CACHE / "plan-shapes" / f"{shape}.gguf"
+    if out.exists():
+        return out
+    random_gguf = _random_gguf()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_plan_shape(random_gguf.PLAN_SHAPES[shape], partial, shape, sparse=True)
+    os.replace(partial, out)
+    return out
+
+
 # what the talker says (Qwen 2's tokens), before a full stop and the end of its turn
 TALKER_WORDS = ("Hello", "there", "I", "can", "help", "you")
 

@@ -193,3 +193,96 @@ def test_a_vision_projector_is_counted_with_its_model(gemma3_path):
     with pytest.raises(ContextTooLarge, match=r"after 0\.\d+ GiB for the vision projector"):
         prepare(str(gemma3_path), dataclasses.replace(cpu, projector=mmproj), Settings(),
                 available_memory=lambda: need + taken // 2)
+
+
+def what_if_gpu(gib: int) -> Hardware:
+    gpu = GPU("nvidia", 0, f"what-if GPU of {gib} GiB", gib * 2**30, gib * 2**30, "cuda")
+    return Hardware(CPU_X86, 64 * 2**30, 60 * 2**30, (gpu,), True)
+
+
+def test_show_places_a_moes_experts_for_a_gpu_short_of_memory():
+    """A Qwen3-30B-A3B-shaped file (its header and tensor table) on a 16 GiB what-if GPU:
+    attention, shared weights and the whole KV cache on the GPU, the last layers' experts
+    in RAM, listed per device."""
+    from .families import plan_model
+
+    result = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                             str(plan_model("qwen3-30b-a3b")), "--gpu", "16GiB", "--ram",
+                             "64GiB", "--ctx", "8192", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["kinds"] == ["MoE 128 experts, 8 active"]
+    assert facts["experts"]["count"] == 128 and facts["experts"]["used"] == 8
+    plan = facts["plan"]
+    gpu, ram = plan["placement"]
+    assert plan["n_gpu_layers"] == gpu["layers"] == 49 and ram["layers"] == 0
+    first = len(gpu["experts"])
+    assert 8 < first < 48 and gpu["experts"] == list(range(first))
+    assert ram["experts"] == plan["cpu_experts"] == list(range(first, 48))
+    assert gpu["kv_cache"] == plan["memory"]["kv_cache"] == 96 * 1024 * 8192
+    assert gpu["total"] <= 16 * 2**30 and ram["expert_bytes"] > 4 * 2**30
+    text = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                           str(plan_model("qwen3-30b-a3b")), "--gpu", "16GiB", "--ram", "64GiB",
+                           "--ctx", "8192"], capture_output=True, text=True, timeout=120).stdout
+    assert "MoE 128 experts, 8 active" in text and f"experts of layers {first}-47" in text
+
+
+def test_show_says_what_a_hybrid_keeps():
+    from .families import plan_model
+
+    result = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                             str(plan_model("qwen3.5-9b")), "--gpu", "24GiB", "--ctx", "32768",
+                             "--parallel", "2", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    facts = json.loads(result.stdout)
+    assert facts["kinds"] == ["hybrid: 8 attention + 24 Gated DeltaNet layers"]
+    assert facts["kv_bytes_per_token"] == 32 * 1024
+    memory = facts["plan"]["memory"]
+    assert memory["kv_cache"] == 32 * 1024 * 32768 * 2  # 2 GiB, not 8
+    assert memory["recurrent_state"] == 2 * facts["recurrent_state_bytes_per_slot"]
+
+
+def test_the_plans_experts_in_ram_reach_the_load_options():
+    from .families import plan_model
+
+    prepared = prepare(str(plan_model("qwen3-30b-a3b")), LoadOptions(n_ctx=8192), Settings(),
+                       hardware=lambda: what_if_gpu(16))
+    options = prepared.options
+    assert options.n_gpu_layers == 49 and options.cpu_experts
+    assert options.cpu_experts == tuple(range(options.cpu_experts[0], 48))
+    assert prepared.gpu_use[0] <= 16 * 2**30
+    roomy = prepare(str(plan_model("qwen3-30b-a3b")), LoadOptions(n_ctx=8192), Settings(),
+                    hardware=lambda: what_if_gpu(48))
+    assert roomy.options.n_gpu_layers == 49 and not roomy.options.cpu_experts
+
+
+def test_experts_left_in_ram_become_llama_cpps_tensor_overrides(caplog):
+    """LoadOptions.cpu_experts → a tensor_buft_overrides entry (host memory) whose pattern
+    names those layers' ffn_*_exps tensors and nothing else, as the load log shows."""
+    import logging
+
+    from localinfer.backends.llama_native import model_params
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    from .families import arch_model
+
+    params, keep = model_params(49, cpu_experts=(3, 5, 47))
+    entry = keep[-1][0]
+    assert params.tensor_buft_overrides == ctypes.addressof(keep[-1]) and entry.buft
+    pattern = entry.pattern.decode()
+    for name in ("blk.5.ffn_down_exps.weight", "blk.47.ffn_gate_exps.weight",
+                 "blk.3.ffn_up_exps.weight", "blk.3.ffn_gate_up_exps.weight"):
+        assert re.search(pattern, name), name
+    for name in ("blk.4.ffn_down_exps.weight", "blk.15.ffn_up_exps.weight",
+                 "blk.5.attn_q.weight", "blk.5.ffn_down_shexp.weight", "blk.5.ffn_gate_inp.weight"):
+        assert not re.search(pattern, name), name
+    assert keep[-1][1].pattern is None
+    caplog.set_level(logging.DEBUG, logger="localinfer.llama_cpp")
+    with LlamaCppBackend(arch_model("qwen3moe"), LoadOptions(n_ctx=512, n_gpu_layers=0,
+                                                             cpu_experts=(1,))):
+        pass
+    moved = re.findall(r"tensor (\S+) \(.*buffer type overridden to CPU", caplog.text)
+    assert sorted(moved) == ["blk.1.ffn_down_exps.weight", "blk.1.ffn_gate_exps.weight",
+                             "blk.1.ffn_up_exps.weight"]

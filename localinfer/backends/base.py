@@ -199,6 +199,9 @@ class LoadOptions:
     workers: tuple[str, ...] = ()
     worker_key: str | None = field(default=None, repr=False)
     worker_head: str | None = None  # the head's id, for the workers (workers.HEAD)
+    # a mixture of experts on a GPU short of memory (the plan's): the layers whose expert
+    # tensors (ffn_*_exps) stay in RAM while the rest of each layer is on the GPU
+    cpu_experts: tuple[int, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: Settings, n_ctx: int | None = None,

@@ -39,14 +39,24 @@ class _BuftOverride(ctypes.Structure):  # llama_model_tensor_buft_override
 _OUTPUT = rb"^(output|output_norm|token_embd)\.weight$"
 
 
+def experts_pattern(layers: Sequence[int]) -> bytes:
+    """The expert tensors of these layers, as llama.cpp's --fit names them (common/fit.cpp):
+    a regular expression over tensor names."""
+    numbers = "|".join(str(int(i)) for i in sorted(set(layers)))
+    return rf"^blk\.({numbers})\.ffn_(up|down|gate_up|gate)_(ch|)exps".encode()
+
+
 def model_params(n_gpu_layers: int, split_mode: str = "none", main_gpu: int = 0,
-                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False
+                 tensor_split: Sequence[float] = (), output_on_cpu: bool = False,
+                 cpu_experts: Sequence[int] = ()
                  ) -> tuple[llama_cpp.llama_model_params, object]:
     """llama_model_params for a placement, and what its pointers point to (keep it alive
     until the model is loaded). Device numbers are llama.cpp's GPU order, which ggml_backends
     makes the PCI bus order that `hw` and the planner use. output_on_cpu: the output layer
     stays in this machine's RAM, where llama.cpp would put it on the last device (a worker:
-    its logits would cross the network every token, instead of one hidden state)."""
+    its logits would cross the network every token, instead of one hidden state).
+    cpu_experts: layers whose expert tensors stay in RAM (a mixture of experts short of GPU
+    memory) while the rest of each goes where n_gpu_layers puts it."""
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers
     mparams.split_mode = _SPLIT_MODES[split_mode]
@@ -60,9 +70,11 @@ def model_params(n_gpu_layers: int, split_mode: str = "none", main_gpu: int = 0,
         split = (ctypes.c_float * n)(*tensor_split)
         mparams.tensor_split = ctypes.cast(split, ctypes.POINTER(ctypes.c_float))
         kept.append(split)
-    if output_on_cpu:
-        overrides = (_BuftOverride * 2)(_BuftOverride(_OUTPUT, cpu_buffer_type()),
-                                        _BuftOverride(None, None))
+    patterns = ([_OUTPUT] if output_on_cpu else []) + (
+        [experts_pattern(cpu_experts)] if cpu_experts else [])
+    if patterns:  # each to host memory; the list ends with an empty entry
+        overrides = (_BuftOverride * (len(patterns) + 1))(
+            *(_BuftOverride(p, cpu_buffer_type()) for p in patterns), _BuftOverride(None, None))
         mparams.tensor_buft_overrides = ctypes.cast(overrides, ctypes.c_void_p)
         kept.append(overrides)
     return mparams, kept
@@ -76,7 +88,7 @@ class NativeModel:
                  flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0,
                  split_mode: str = "none", main_gpu: int = 0,
                  tensor_split: Sequence[float] = (), output_on_cpu: bool = False,
-                 rollback: int = 0):
+                 rollback: int = 0, cpu_experts: Sequence[int] = ()):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode. rollback: how many of
         a decode's last tokens must be droppable again (speculative decoding's guesses):
@@ -86,7 +98,7 @@ class NativeModel:
         ensure_loaded()
         llama_cpp.llama_backend_init()
         mparams, self._kept = model_params(n_gpu_layers, split_mode, main_gpu, tensor_split,
-                                           output_on_cpu)
+                                           output_on_cpu, cpu_experts)
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise ModelLoadFailed(f"llama.cpp could not load '{path}' — run with --verbose to see why")

@@ -77,6 +77,7 @@ class LlamaCppBackend(Backend):
             tensor_split=split,
             output_on_cpu=output_on_cpu,
             rollback=options.guesses,  # (a hybrid's rejected guesses are rolled back)
+            cpu_experts=options.cpu_experts,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

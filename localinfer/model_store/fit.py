@@ -25,11 +25,12 @@ class MemoryEstimate:
     kv_cache: int
     compute: int
     n_vocab: int = 0
+    recurrent_state: int = 0  # every slot's, where the model has recurrent layers
 
     @property
     def total(self) -> int:
         """What llama.cpp reserves: all of it is taken on a GPU."""
-        return self.weights + self.kv_cache + self.compute
+        return self.weights + self.kv_cache + self.recurrent_state + self.compute
 
     @property
     def resident(self) -> int:
@@ -38,7 +39,7 @@ class MemoryEstimate:
         compute buffers, the runtime). Fitted to the RSS growth of the two embedded models
         (smollm2, 49k: 37 MB past weights and KV; gemma3, 262k: 79–85 MB): a calibration on
         two points, checked by a test, not a law."""
-        return self.weights + self.kv_cache + _host_bytes(self.n_vocab)
+        return self.weights + self.kv_cache + self.recurrent_state + _host_bytes(self.n_vocab)
 
     @property
     def ram(self) -> int:
@@ -65,19 +66,25 @@ def projector_memory(projector: ProjectorInfo) -> int:
 
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
-                    kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
-    """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs)."""
-    kv = int(info.kv_bytes_per_token(kv_type) * n_ctx * n_slots)
-    compute = compute_buffer(info.shape(), n_ctx, n_ubatch, max(n_outputs, n_slots))
-    return MemoryEstimate(info.file_size, kv, compute, info.n_vocab)
+                    kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
+                    swa_full: bool = True, snapshots: int = 0) -> MemoryEstimate:
+    """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
+    swa_full: sliding-window layers keep every cell (the engine's setting), else their
+    window; snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq)."""
+    shape = info.shape()
+    kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
+    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
+    return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
+                          shape.state_bytes(n_slots, snapshots))
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
-                kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS) -> int:
+                kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
+                snapshots: int = 0) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
-        return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type,
-                               n_outputs).ram <= available
+        return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
+                               snapshots=snapshots).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
     if fits(high):
@@ -91,7 +98,8 @@ def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int 
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_type: str = "f16",
-                  beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS) -> MemoryEstimate:
+                  beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
+                  snapshots: int = 0) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.
@@ -104,15 +112,19 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
-    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs)
+    estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
+                               snapshots=snapshots)
     if estimate.ram > free:
-        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs)
+        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         after = f" after {taken / _GIB:.2f} GiB for {what}" if taken else ""
+        state = estimate.recurrent_state
+        said = f" + recurrent state {state / _GIB:.2f}" if state else ""
         raise ContextTooLarge(
             f"a context of {n_ctx} tokens needs about {estimate.ram / _GIB:.2f} GiB "
-            f"(weights {estimate.weights / _GIB:.2f} + KV cache {estimate.kv_cache / _GIB:.2f} "
-            f"+ buffers {(estimate.ram - estimate.weights - estimate.kv_cache) / _GIB:.2f}) "
+            f"(weights {estimate.weights / _GIB:.2f} + KV cache {estimate.kv_cache / _GIB:.2f}"
+            f"{said} + buffers "
+            f"{(estimate.ram - estimate.weights - estimate.kv_cache - state) / _GIB:.2f}) "
             f"but {max(free, 0) / _GIB:.2f} GiB is "
             f"available{after} — {hint}"
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import mmap
 import os
@@ -20,7 +21,8 @@ import llama_cpp  # noqa: F401  (loads the shared libraries)
 import gguf  # noqa: E402
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
-from localinfer.model_store.planner import ModelShape
+from localinfer.model_store.arch import read_layers
+from localinfer.model_store.shape import Layer, ModelShape
 
 __all__ = ["GGUFInfo", "ProjectorInfo", "has_fim_tokens", "part_paths", "quant_name",
            "read_gguf_header", "read_gguf_info", "read_gguf_part", "read_projector_header",
@@ -50,12 +52,28 @@ class GGUFInfo:
     separate_output: bool = False
     # an embedding model: a pooling type in its header (BERT's kin, Qwen3-Embedding, …)
     embedding: bool = False
+    # per layer where they are not all full attention with n_head_kv heads (n_head_kv is
+    # the largest of a per-layer array): attention kind, KV heads, recurrent (arch.py)
+    layers: tuple[Layer, ...] = ()
+    state_bytes: int = 0  # a recurrent layer's state of one sequence
+    recurrent_kind: str = "recurrent"
+    n_expert: int = 0
+    n_expert_used: int = 0
+    expert_bytes: tuple[int, ...] = ()  # per layer, its expert tensors' bytes (ffn_*_exps)
 
     def shape(self) -> ModelShape:
         """What the fit planner needs to know of the model."""
+        layers = self.layers
+        if any(self.expert_bytes) and self.file_size:
+            layers = tuple(dataclasses.replace(layer, expert_share=n / self.file_size)
+                           for layer, n in zip(layers or (Layer(self.n_head_kv),) * self.n_layer,
+                                               self.expert_bytes))
         return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
                           self.n_vocab, self.n_ctx_train, self.n_embd,
-                          input_embd_share=self.input_embd_share())
+                          input_embd_share=self.input_embd_share(), layers=layers,
+                          state_bytes_per_layer=self.state_bytes, n_expert=self.n_expert,
+                          n_expert_used=self.n_expert_used,
+                          recurrent_kind=self.recurrent_kind)
 
     def input_embd_share(self) -> float:
         """The share of the weights that llama.cpp keeps in RAM whatever the GPU layers: the
@@ -85,6 +103,8 @@ _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not
 _MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
 _MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more
 _MAX_COUNT = 2**31  # a layer, head or context count beyond this is damage, not a model
+# a layer's expert tensors, as llama.cpp's --fit names them (common/fit.cpp)
+_EXPERTS = re.compile(r"^blk\.(\d+)\.ffn_(up|down|gate_up|gate)_(ch|)exps")
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,7 @@ class _Header:
     data_end: int  # where the last tensor's data ends
     n_params: int
     separate_output: bool  # an output.weight of its own (not the input embeddings, tied)
+    expert_bytes: dict[int, int]  # layer → bytes of its expert tensors
 
 
 def _read_header(buf: mmap.mmap, size: int) -> _Header:
@@ -159,7 +180,7 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     for _ in range(n_kv):
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
-    data_end, n_params, separate_output = 0, 0, False
+    data_end, n_params, separate_output, experts = 0, 0, False, {}
     for _ in range(n_tensors):
         name = cur.string()
         separate_output |= name == "output.weight"
@@ -176,6 +197,10 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_bytes = math.prod(dims) // block * type_size
         data_end = max(data_end, offset + n_bytes)
+        expert = _EXPERTS.match(name)
+        if expert:
+            layer = int(expert[1])
+            experts[layer] = experts.get(layer, 0) + n_bytes
     alignment = meta.get("general.alignment", gguf.GGUF_DEFAULT_ALIGNMENT)
     if (not isinstance(alignment, int) or isinstance(alignment, bool) or alignment <= 0
             or alignment > 2**30 or alignment & (alignment - 1)):
@@ -183,7 +208,7 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     data_start = -(-cur.pos // alignment) * alignment
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
-    return _Header(meta, data_start + data_end, n_params, separate_output)
+    return _Header(meta, data_start + data_end, n_params, separate_output, experts)
 
 
 def _count(key: str, value: Any, default: int) -> int:
@@ -198,6 +223,15 @@ def _count(key: str, value: Any, default: int) -> int:
                for v in values):
         raise ValueError(f"{key} is {value!r:.60}, not a count")  # (repr: the string "32" too)
     return max(values)
+
+
+def _per_layer(key: str, value: Any, default: int, n_layer: int) -> list[int]:
+    """A per-layer count (head_count_kv, feed_forward_length): an array read layer by layer
+    (a layer it does not reach: 0), or one number for every layer."""
+    if not isinstance(value, list):
+        return [_count(key, value, default)] * n_layer
+    _count(key, value, default)  # (validated)
+    return [value[i] if i < len(value) else 0 for i in range(n_layer)]
 
 
 def quant_name(file_type: int | None) -> str:
@@ -254,6 +288,7 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         raise InvalidModelFile(str(path), "it is not the first part of its split model — "
                                           "load the part named -00001-of-")
     size, n_params, separate = info.file_size, info.n_params, info.separate_output
+    experts = list(info.expert_bytes)
     for number, part in enumerate(part_paths(Path(path), count)[1:], start=2):
         if not part.is_file():
             raise InvalidModelFile(str(path), f"part {number} of {count}, {part.name}, is not "
@@ -262,8 +297,10 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         other, _ = _read_part(part)
         size, n_params = size + other.file_size, n_params + other.n_params
         separate |= other.separate_output
+        experts = [a + b for a, b in itertools.zip_longest(experts, other.expert_bytes,
+                                                           fillvalue=0)]
     return dataclasses.replace(info, file_size=size, n_params=n_params,
-                               separate_output=separate)
+                               separate_output=separate, expert_bytes=tuple(experts))
 
 
 # the texts llama.cpp knows fill-in-the-middle tokens by, where the file names none by key
@@ -403,13 +440,19 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
     meta = header.meta
     arch = str(meta.get("general.architecture", "unknown"))
 
-    def get(key: str, default: int | None = 0) -> int | None:
+    def get(key: str, default: int | None = 0, per_layer: bool = False) -> Any:
+        if per_layer:
+            return _per_layer(f"{arch}.{key}", meta.get(f"{arch}.{key}"), default, n_layer)
         return _count(f"{arch}.{key}", meta.get(f"{arch}.{key}"), default)
 
+    n_layer = get("block_count")
     n_head = get("attention.head_count")
     n_embd = get("embedding_length")
+    n_head_kv = get("attention.head_count_kv", n_head)
     default_head_dim = n_embd // n_head if n_head else 0
     window = get("attention.sliding_window", None)
+    kinds = read_layers(get, lambda key: meta.get(f"{arch}.{key}"), arch, n_layer, n_embd,
+                        window or 0, n_head_kv)
     template = meta.get("tokenizer.chat_template")
     file_type = meta.get("general.file_type")
     return GGUFInfo(
@@ -418,9 +461,9 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         architecture=arch,
         name=str(meta.get("general.name", path.stem)),
         quant=quant_name(file_type if isinstance(file_type, int) else None),
-        n_layer=get("block_count"),
+        n_layer=n_layer,
         n_head=n_head,
-        n_head_kv=get("attention.head_count_kv", n_head),
+        n_head_kv=n_head_kv,
         head_dim_k=get("attention.key_length", default_head_dim),
         head_dim_v=get("attention.value_length", default_head_dim),
         n_ctx_train=get("context_length"),
@@ -431,4 +474,11 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         n_params=header.n_params,
         separate_output=header.separate_output,
         embedding=bool(get("pooling_type", 0)) or arch in _ENCODERS,
+        layers=kinds.layers,
+        state_bytes=kinds.state_bytes,
+        recurrent_kind=kinds.recurrent_kind,
+        n_expert=get("expert_count"),
+        n_expert_used=get("expert_used_count"),
+        expert_bytes=tuple(header.expert_bytes.get(i, 0) for i in range(n_layer))
+        if header.expert_bytes else (),
     )

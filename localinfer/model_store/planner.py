@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from localinfer.model_store.hardware import GPU
-from localinfer.settings import KvType
+from localinfer.model_store.shape import ModelShape
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
            "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
@@ -38,34 +38,11 @@ _GIB = 1024 * _MIB
 DEFAULT_OUTPUTS = 16
 
 
-KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
-# block scales (a StrEnum: the plain names index it as well)
 # What a process holds on a GPU besides llama.cpp's buffers: the driver's context, the math
 # libraries' workspaces and kernels. CUDA measured (bench/gpu_memory.py, see
 # bench/results/gpu_h100.md); the others are estimates until a machine measures them.
 RUNTIME_OVERHEAD = {"cuda": 608 * _MIB, "rocm": 512 * _MIB, "vulkan": 256 * _MIB,
                     "metal": 64 * _MIB}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    n_layer: int
-    n_head_kv: int
-    head_dim_k: int
-    head_dim_v: int
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    input_embd_share: float = 0.0  # of the weights, what stays in RAM (GGUFInfo says)
-
-    def gpu_weights(self, file_size: int) -> int:
-        """Of a file's weights, what a full offload puts on the GPU."""
-        return int(file_size * (1 - self.input_embd_share))
-
-    def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
-        """K and V for one token across all layers, as llama.cpp stores them: the one formula
-        (every KV total is this times the cells)."""
-        return self.n_layer * self.n_head_kv * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
 
 
 @dataclass(frozen=True)
@@ -81,10 +58,16 @@ class Placement:
     runtime: int
     margin: int
     remote: bool = False  # an RPC worker's device: memory on another machine
+    recurrent_state: int = 0  # its layers' recurrent states, every slot's
+    # a mixture of experts: the layers whose expert tensors are here, and their bytes (of
+    # `weights`); RAM holds those the GPU could not take
+    experts: tuple[int, ...] = ()
+    expert_bytes: int = 0
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.compute + self.runtime + self.margin
+        return (self.weights + self.kv_cache + self.recurrent_state + self.compute
+                + self.runtime + self.margin)
 
 
 @dataclass(frozen=True)
@@ -97,9 +80,10 @@ class Plan:
     kv_type: str
     memory_bytes: int  # the whole estimate: the sum of `parts`
     reason: str
-    # weights, kv_cache, compute (llama.cpp's buffers), runtime (the GPU backend's own
-    # overhead), margin (fragmentation), in bytes: on a GPU plan, what the GPU takes with
-    # every layer on it (the input embeddings of an untied model stay in RAM); on the CPU, RAM
+    # weights, kv_cache, recurrent_state (where the model has recurrent layers), compute
+    # (llama.cpp's buffers), runtime (the GPU backend's own overhead), margin
+    # (fragmentation), in bytes: on a GPU plan, what the GPU takes with every layer on it
+    # (the input embeddings of an untied model stay in RAM); on the CPU, RAM
     parts: dict[str, int] = field(default_factory=dict)
     gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs
     # per device: each GPU used, then RAM where layers stay there
@@ -109,6 +93,9 @@ class Plan:
     split_mode: str = "none"
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    # a mixture of experts short of GPU memory: the layers whose expert tensors stay in RAM
+    # (LoadOptions.cpu_experts: llama.cpp's tensor_buft_overrides)
+    cpu_experts: tuple[int, ...] = ()
 
 
 class WontFit(Exception):
@@ -145,24 +132,28 @@ def runtime_overhead(backend: str) -> int:
     return RUNTIME_OVERHEAD.get(backend, 0)
 
 
-def _gpu_parts(weights: int, kv: int, compute: int, backend: str) -> dict[str, int]:
+def _gpu_parts(weights: int, kv: int, compute: int, backend: str, state: int = 0
+               ) -> dict[str, int]:
     """A model's memory on a GPU, part by part: llama.cpp's buffers, the backend's runtime,
-    and 5% of the buffers for fragmentation."""
-    buffers = weights + kv + compute
-    return {"weights": weights, "kv_cache": kv, "compute": compute,
-            "runtime": runtime_overhead(backend), "margin": buffers // 20}
+    and 5% of the buffers for fragmentation (a recurrent state only where there is one)."""
+    buffers = weights + kv + state + compute
+    return {"weights": weights, "kv_cache": kv, **({"recurrent_state": state} if state else {}),
+            "compute": compute, "runtime": runtime_overhead(backend), "margin": buffers // 20}
 
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
-         n_outputs: int = DEFAULT_OUTPUTS) -> Plan:
+         n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = True, snapshots: int = 0) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
-    n_outputs: logits a step may ask for (at least one per slot)."""
+    n_outputs: logits a step may ask for (at least one per slot). swa_full: sliding-window
+    layers keep every cell, as the engine has llama.cpp do; else their window. snapshots:
+    copies of each slot's recurrent state kept for rolling guesses back (n_rs_seq)."""
     if not files:
         raise WontFit("no GGUF files to choose from")
     n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
-    kv = int(shape.kv_bytes_per_token(kv_type) * n_ctx * n_slots)
+    kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
+    state = shape.state_bytes(n_slots, snapshots)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
@@ -171,15 +162,16 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
     gpu = usable[0] if usable else None
     common = dict(n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type)
     gib = lambda n: f"{n / _GIB:.1f} GiB"  # noqa: E731
+    context = (kv, state)
 
     if gpu is not None and not local:  # a CPU head and workers: the layers shared out
-        pooled = _pooled(shape, files, usable, ram_available, kv, compute, common)
+        pooled = _pooled(shape, files, usable, ram_available, context, compute, common)
         if pooled is not None:
             return pooled
     if gpu is not None:
         for quant in ranked:  # whole on the GPU with the most room; else spread over all
             weights = shape.gpu_weights(files[quant])
-            parts = _gpu_parts(weights, kv, compute, gpu.backend)
+            parts = _gpu_parts(weights, kv, compute, gpu.backend, state)
             need = sum(parts.values())
             if need <= free_memory(gpu) and gpu.backend != "rpc":  # (a worker's: shared)
                 device = Placement(_name(gpu), gpu.index, shape.n_layer + 1, **parts)
@@ -188,43 +180,52 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
                             main_gpu=gpu.index,
                             reason=f"{quant} fits fully on {gpu.name} ({gib(need)} of "
                                    f"{gib(free_memory(gpu))} free) with a {n_ctx}-token context")
-            spread = _spread(shape, weights, kv, compute, usable, shape.n_layer + 1)
+            spread = _spread(shape, weights, kv + state, compute, usable, shape.n_layer + 1)
             if spread is not None:
-                return _plan_on(quant, spread, shape, weights, kv, compute, gpu.backend, common,
+                return _plan_on(quant, spread, shape, weights, context, compute, gpu.backend,
+                                common,
                                 reason=f"{quant} fits no one GPU; split over "
                                        f"{_names(spread)} in proportion to their free memory, "
                                        f"with a {n_ctx}-token context")
+        if shape.moe and local:  # experts to RAM first, then back layer by layer
+            for quant in capped:
+                moe = _experts_out(shape, quant, files[quant], local[0], ram_available,
+                                   context, compute, common)
+                if moe is not None:
+                    return moe
         for quant in capped:  # the layers the GPUs can take; the rest in RAM
             weights = shape.gpu_weights(files[quant])
-            per_layer = (weights + kv) / max(shape.n_layer, 1)
+            per_layer = (weights + kv + state) / max(shape.n_layer, 1)
             layers = min(shape.n_layer, int(sum(_room(g, compute) for g in usable) // per_layer))
             spread = None
             while layers > 0 and spread is None:  # (dealt out, a GPU may get one too many)
-                spread = _spread(shape, weights, kv, compute, usable, layers, alone=True)
+                spread = _spread(shape, weights, kv + state, compute, usable, layers,
+                                 alone=True)
                 layers -= spread is None
             in_ram = (shape.n_layer - layers) * per_layer
             if spread is None or in_ram + _margin(int(in_ram)) > ram_available:
                 continue
             on = "the GPU" if len(spread) == 1 else _names(spread)
-            return _plan_on(quant, spread, shape, weights, kv, compute, gpu.backend, common,
-                            layers=layers,
+            return _plan_on(quant, spread, shape, weights, context, compute, gpu.backend,
+                            common, layers=layers,
                             reason=f"no quant fits {_names(usable)} at {n_ctx} tokens; "
                                    f"{quant} with {layers} of {shape.n_layer} layers on {on}, "
                                    f"the rest in RAM")
     for quant in capped:
-        need = files[quant] + kv + compute
+        need = files[quant] + kv + state + compute
         margin = _margin(need)
         if need + margin <= ram_available:
             where = "no GPU was found" if gpu is None else "the GPU cannot take a layer"
-            parts = {"weights": files[quant], "kv_cache": kv, "compute": compute, "runtime": 0,
-                     "margin": margin}
+            parts = {"weights": files[quant], "kv_cache": kv,
+                     **({"recurrent_state": state} if state else {}), "compute": compute,
+                     "runtime": 0, "margin": margin}
             return Plan(quant, "cpu", 0, memory_bytes=need + margin, **common, parts=parts,
                         reason=f"{where}; {quant} runs on the CPU in {gib(need + margin)} of "
                                f"{gib(ram_available)} available RAM")
     smallest = min(files, key=files.get)
     room = max(free_memory(gpu) if gpu else 0, ram_available)
     per_token = shape.kv_bytes_per_token(kv_type) * n_slots
-    fixed = files[smallest] + compute
+    fixed = files[smallest] + compute + state
     fits_ctx = int((room * 0.95 - fixed - 256 * _MIB) // per_token) if per_token else 0
     hint = (f"a context of {fits_ctx} tokens would fit with {smallest}" if fits_ctx >= 512
             else "pick a smaller model")
@@ -233,12 +234,14 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
 
 
 def _pooled(shape: ModelShape, files: Mapping[str, int], remote: Sequence[GPU],
-            ram_available: int, kv: int, compute: int, common: dict) -> Plan | None:
+            ram_available: int, context: tuple[int, int], compute: int, common: dict
+            ) -> Plan | None:
     """A CPU head with workers: the best quant whose layers the head's RAM and the workers'
     devices hold together, each taking layers in proportion to its room. The head keeps the
     first layers and the input embeddings (llama.cpp's order: what is not offloaded is the
     first layers), the workers the rest. None when no quant fits the pool."""
     total_layers = shape.n_layer + 1
+    kv = sum(context)  # (KV and recurrent state go with their layers)
     for quant in sorted(files, key=_rank):
         weights = shape.gpu_weights(files[quant])
         per_layer = (weights + kv) / max(shape.n_layer, 1)
@@ -259,7 +262,7 @@ def _pooled(shape: ModelShape, files: Mapping[str, int], remote: Sequence[GPU],
         if spread is None or (cpu_layers + 1) * per_layer > head_room:
             continue
         on = _names(spread) if len(spread) > 1 else _name(next(iter(spread)))
-        chosen = _plan_on(quant, spread, shape, weights, kv, compute, "rpc", common,
+        chosen = _plan_on(quant, spread, shape, weights, context, compute, "rpc", common,
                           layers=total_layers - cpu_layers,
                           reason=f"{quant} shared by this machine's RAM ({cpu_layers} of "
                                  f"{shape.n_layer} layers and the output layer) and {on} "
@@ -342,28 +345,32 @@ def _spread(shape: ModelShape, weights: int, kv: int, compute: int, gpus: Sequen
     return None
 
 
-def _plan_on(quant: str, spread: dict[GPU, int], shape: ModelShape, weights: int, kv: int,
-             compute: int, backend: str, common: dict, reason: str,
+def _plan_on(quant: str, spread: dict[GPU, int], shape: ModelShape, weights: int,
+             context: tuple[int, int], compute: int, backend: str, common: dict, reason: str,
              layers: int | None = None) -> Plan:
     """A plan with layers on one or several GPUs (and, for a partial offload, the rest in
-    RAM): each device's share of the weights and KV by its layers."""
+    RAM): each device's share of the weights, KV and recurrent state by its layers."""
     total_layers = shape.n_layer + 1
+    kv, state = context
     placement, on_gpu = [], 0
     for gpu, n in spread.items():
         share_w, share_kv = weights * n // total_layers, kv * n // total_layers
-        margin = (share_w + share_kv + compute) // 20
+        share_state = state * n // total_layers
+        margin = (share_w + share_kv + share_state + compute) // 20
         device = Placement(_name(gpu), gpu.index, n, share_w, share_kv, compute,
-                           runtime_overhead(gpu.backend), margin, remote=gpu.backend == "rpc")
+                           runtime_overhead(gpu.backend), margin, remote=gpu.backend == "rpc",
+                           recurrent_state=share_state)
         placement.append(device)
         on_gpu += device.total
     n_gpu_layers = total_layers if layers is None else layers
     if layers is not None:  # the rest in RAM
         rest_w = weights - sum(p.weights for p in placement)
         rest_kv = kv - sum(p.kv_cache for p in placement)
+        rest_state = state - sum(p.recurrent_state for p in placement)
         placement.append(Placement("RAM", None, total_layers - sum(spread.values()), rest_w,
-                                   rest_kv, 0, 0, _margin(rest_w + rest_kv)))
-    parts = {key: sum(getattr(p, key) for p in placement)
-             for key in ("weights", "kv_cache", "compute", "runtime", "margin")}
+                                   rest_kv, 0, 0, _margin(rest_w + rest_kv + rest_state),
+                                   recurrent_state=rest_state))
+    parts = _parts(placement)
     split = [0.0] * (max(g.index for g in spread) + 1)
     for gpu, n in spread.items():
         split[gpu.index] = n / sum(spread.values())
@@ -373,6 +380,69 @@ def _plan_on(quant: str, spread: dict[GPU, int], shape: ModelShape, weights: int
                 split_mode="layer" if several else "none",
                 main_gpu=next(iter(spread)).index,
                 tensor_split=tuple(split) if several else (), reason=reason)
+
+
+def _parts(placement: Sequence[Placement]) -> dict[str, int]:
+    """A plan's parts, each the sum of the devices' (a recurrent state where there is one)."""
+    keys = ("weights", "kv_cache", "recurrent_state", "compute", "runtime", "margin")
+    parts = {key: sum(getattr(p, key) for p in placement) for key in keys}
+    if not parts["recurrent_state"]:
+        del parts["recurrent_state"]
+    return parts
+
+
+def _experts_out(shape: ModelShape, quant: str, file_size: int, gpu: GPU, ram_available: int,
+                 context: tuple[int, int], compute: int, common: dict) -> Plan | None:
+    """A mixture of experts on a GPU short of memory for all of it, placed as llama.cpp's
+    --fit places one (common/fit.cpp): every layer's attention, shared weights, KV and
+    state on the GPU, the expert tensors (ffn_*_exps) in RAM, then the first layers'
+    experts back onto the GPU, a layer at a time, while they fit. Where even the rest does
+    not fit, as many layers as fit go to the GPU without their experts. None when no layer
+    fits, or RAM cannot hold what stays there."""
+    kv, state = context
+    n = shape.n_layer
+    weights = shape.gpu_weights(file_size)
+    experts = shape.expert_bytes(file_size)
+    dense = weights - sum(experts)
+    room = _room(gpu, compute)  # bytes of layers the GPU holds
+    if dense + kv + state <= room:
+        layers, budget, back = n + 1, room - dense - kv - state, 0
+        while back < n and experts[back] <= budget:
+            budget -= experts[back]
+            back += 1
+        on_gpu = (dense, kv, state)
+    else:  # dense-only layers, back to front; every expert in RAM
+        layers, back = min(n, int(room // ((dense + kv + state) / max(n, 1)))), 0
+        on_gpu = tuple(x * layers // (n + 1) for x in (dense, kv, state))
+        if layers < 1:
+            return None
+    gpu_experts = tuple(i for i in range(back) if experts[i])
+    cpu_experts = tuple(i for i in range(back, n) if experts[i])
+    in_gpu = sum(experts[:back])
+    in_ram = sum(experts) - in_gpu + dense - on_gpu[0]
+    ram_context = kv - on_gpu[1] + state - on_gpu[2]
+    if in_ram + ram_context + _margin(in_ram + ram_context) > ram_available:
+        return None
+    device_weights = on_gpu[0] + in_gpu
+    placement = (
+        Placement(_name(gpu), gpu.index, layers, device_weights, on_gpu[1], compute,
+                  runtime_overhead(gpu.backend),
+                  (device_weights + on_gpu[1] + on_gpu[2] + compute) // 20,
+                  recurrent_state=on_gpu[2], experts=gpu_experts, expert_bytes=in_gpu),
+        Placement("RAM", None, n + 1 - layers, in_ram, kv - on_gpu[1], 0, 0,
+                  _margin(in_ram + ram_context), recurrent_state=state - on_gpu[2],
+                  experts=cpu_experts, expert_bytes=sum(experts) - in_gpu))
+    parts = _parts(placement)
+    n_moe = len(gpu_experts) + len(cpu_experts)
+    reason = (f"{quant} fits {gpu.name} with the experts of {len(cpu_experts)} of {n_moe} "
+              f"layers in RAM (attention, shared weights and KV on the GPU)"
+              if layers > n else
+              f"{quant}: {layers} of {n} layers on {gpu.name} without their experts; the "
+              f"experts and the other layers in RAM")
+    return Plan(quant, gpu.backend, layers, memory_bytes=sum(parts.values()), **common,
+                parts=parts, gpu_bytes=placement[0].total, placement=placement,
+                main_gpu=gpu.index, cpu_experts=cpu_experts,
+                reason=f"{reason}, with a {common['n_ctx']}-token context")
 
 
 # Average bits per weight of Q4_K_M files (mixed 4- and 6-bit blocks with scales).

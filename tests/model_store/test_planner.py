@@ -6,6 +6,7 @@ import pytest
 
 from localinfer.model_store.hardware import GPU, apple_gpu_share
 from localinfer.model_store.planner import ModelShape, WontFit, plan
+from localinfer.model_store.shape import Layer
 
 GB = 10**9
 GIB = 2**30
@@ -244,3 +245,61 @@ def test_shares_in_llama_cpps_order_put_the_workers_first():
     assert llama_order((0.5, 0.5), 1, 0, 2) == ((0.5, 0.5), 1)  # a CPU head: as planned
     assert llama_order((), 3, 2, 2) == ((), 1)  # one device, by main_gpu alone
     assert llama_order((0.6, 0.4), 0, 2, 0) == ((0.6, 0.4), 0)  # no worker joined
+
+
+# ------------------------------------------------------------- a mixture of experts
+# Qwen3-30B-A3B: 48 layers of attention (4 KV heads of 128) and 128 experts (8 active), the
+# experts 95% of a Q4_K_M file (their share as its header's tensor table gives it: PLAN_SHAPES
+# qwen3-30b-a3b); file sizes as published
+QWEN3_30B_A3B = ModelShape(n_layer=48, n_head_kv=4, head_dim_k=128, head_dim_v=128,
+                           n_vocab=151936, n_ctx_train=262144, n_embd=2048,
+                           input_embd_share=151936 * 2048 / 30_532_122_624,
+                           layers=(Layer(4, expert_share=0.95 / 48),) * 48,
+                           n_expert=128, n_expert_used=8)
+FILES_30B = {"Q8_0": int(32.48 * GB), "Q4_K_M": int(18.56 * GB)}
+
+
+@pytest.mark.parametrize("gpu, in_ram", [
+    (nvidia("NVIDIA GeForce RTX 4060 Ti 16GB", 16380, 15800), (10, 14)),
+    (nvidia("NVIDIA GeForce RTX 4060", 8188, 7782), (31, 35)),
+    (nvidia("NVIDIA GeForce RTX 3050", 6144, 5800), (37, 41)),
+])
+def test_a_moe_short_of_gpu_memory_keeps_its_experts_in_ram_first(gpu, in_ram):
+    """As llama.cpp's --fit: every layer on the GPU with its attention and KV, the experts
+    in RAM, then the first layers' experts back while they fit; the GPU is not overfilled."""
+    chosen = plan(QWEN3_30B_A3B, FILES_30B, [gpu], 64 * GIB, n_ctx=8192)
+    assert (chosen.quant, chosen.n_gpu_layers) == ("Q4_K_M", 49)
+    first = chosen.cpu_experts[0]
+    assert chosen.cpu_experts == tuple(range(first, 48))  # the last layers' experts
+    assert in_ram[0] <= len(chosen.cpu_experts) <= in_ram[1], len(chosen.cpu_experts)
+    on_gpu, ram = chosen.placement
+    assert (on_gpu.index, ram.index) == (0, None)
+    assert on_gpu.experts == tuple(range(first)) and ram.experts == chosen.cpu_experts
+    assert on_gpu.kv_cache == chosen.parts["kv_cache"] == 48 * 4 * 256 * 2 * 8192
+    assert ram.kv_cache == 0 and on_gpu.total <= gpu.free_bytes
+    per_layer = int(0.95 / 48 * FILES_30B["Q4_K_M"])
+    assert ram.expert_bytes == pytest.approx(len(chosen.cpu_experts) * per_layer, abs=48)
+    assert chosen.gpu_bytes == on_gpu.total and "experts of" in chosen.reason
+
+
+def test_a_moe_that_fits_stays_whole_and_one_too_big_for_attention_alone_splits_layers():
+    whole = plan(QWEN3_30B_A3B, FILES_30B, [nvidia("NVIDIA GeForce RTX 4090", 24564, 23552)],
+                 64 * GIB, n_ctx=8192)
+    assert whole.quant == "Q4_K_M" and whole.n_gpu_layers == 49 and not whole.cpu_experts
+    # two 12 GiB cards hold it split by layers: no expert leaves the GPUs
+    two = plan(QWEN3_30B_A3B, FILES_30B, [card(0, "NVIDIA GeForce RTX 3060", 12288, 11776),
+                                          card(1, "NVIDIA GeForce RTX 3060", 12288, 11776)],
+               64 * GIB, n_ctx=8192)
+    assert two.split_mode == "layer" and not two.cpu_experts
+    # 2 GiB: not even every layer's attention and KV fit; some layers go, without experts
+    small = plan(QWEN3_30B_A3B, FILES_30B, [nvidia("NVIDIA GeForce GT 1030", 2048, 1900)],
+                 64 * GIB, n_ctx=8192)
+    assert 0 < small.n_gpu_layers < 48 and small.cpu_experts == tuple(range(48))
+    assert small.placement[0].expert_bytes == 0 and small.placement[0].total <= 1900 * 2**20
+
+
+def test_a_dense_models_plan_has_no_experts_and_no_state():
+    chosen = plan(LLAMA31_8B, FILES_8B, [nvidia("NVIDIA GeForce RTX 4060", 8188, 7782)],
+                  32 * GIB, n_ctx=8192)
+    assert not chosen.cpu_experts and "recurrent_state" not in chosen.parts
+    assert chosen.parts["kv_cache"] == 32 * 8 * 256 * 2 * 8192

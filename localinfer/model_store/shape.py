@@ -1,0 +1,145 @@
+"""A model's shape as its memory plan needs it, the one place that knows what each layer keeps.
+
+Read from the GGUF header (gguf_info), used by the planner, the RAM check and `show`. Per
+layer: attention over every cell (KV per token), over a sliding window (KV per token of
+its window, unless llama.cpp is told to keep full-size SWA caches), a recurrent state (per
+sequence, whatever the context: Mamba, Gated DeltaNet, short convolutions, RWKV), or
+neither; and the bytes of its expert tensors, which a GPU short of memory leaves in RAM
+first. A dense transformer's shape lists no layers: each is full attention with n_head_kv.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localinfer.settings import KvType
+
+__all__ = ["KV_BYTES", "Layer", "ModelShape", "swa_cells"]
+
+KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
+# block scales (a StrEnum: the plain names index it as well)
+_SWA_PAD = 256  # llama.cpp pads a sliding-window cache to this many cells
+
+
+@dataclass(frozen=True)
+class Layer:
+    """What one layer keeps besides its weights."""
+
+    n_head_kv: int = 0  # attention's KV heads; 0: the layer attends to nothing
+    window: int = 0  # a sliding-window layer's window, in tokens; 0: full attention
+    recurrent: bool = False  # a recurrent state per sequence (Falcon-H1's layers have both)
+    expert_share: float = 0.0  # of the file's bytes, this layer's expert tensors (ffn_*_exps)
+
+
+def swa_cells(window: int, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
+              unified: bool = False) -> int:
+    """The cells a sliding-window layer's cache holds when it is not kept full size, as
+    llama.cpp sizes it (llama-kv-cache-iswa.cpp): per stream (one per slot; one in all when
+    unified) its window, the window of each slot when unified, and a micro-batch, within
+    the stream's context, padded to 256."""
+    streams, per_stream = (1, n_ctx * n_slots) if unified else (n_slots, n_ctx)
+    cells = min(per_stream, window * (n_slots if unified else 1) + n_ubatch)
+    return -(-cells // _SWA_PAD) * _SWA_PAD * streams
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    n_layer: int
+    n_head_kv: int
+    head_dim_k: int
+    head_dim_v: int
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    input_embd_share: float = 0.0  # of the weights, what stays in RAM (GGUFInfo says)
+    # per layer, where the header says more than "full attention, n_head_kv heads"
+    layers: tuple[Layer, ...] = ()
+    state_bytes_per_layer: int = 0  # a recurrent layer's state of one sequence (F32 r + s)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    recurrent_kind: str = "recurrent"  # what the recurrent layers are: "Gated DeltaNet", …
+
+    def per_layer(self) -> tuple[Layer, ...]:
+        return self.layers or (Layer(self.n_head_kv),) * self.n_layer
+
+    def gpu_weights(self, file_size: int) -> int:
+        """Of a file's weights, what a full offload puts on the GPU."""
+        return int(file_size * (1 - self.input_embd_share))
+
+    def _per_cell(self, heads: int, kv_type: str) -> float:
+        """K and V of one cell over layers with `heads` KV heads in all (the one formula)."""
+        return heads * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
+
+    def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
+        """K and V for one token across the attention layers, as llama.cpp stores them with
+        full-size sliding-window caches (the engine's setting)."""
+        return self._per_cell(sum(layer.n_head_kv for layer in self.per_layer()), kv_type)
+
+    def kv_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
+                 swa_full: bool = True, n_ubatch: int = 512, unified: bool = False) -> int:
+        """The KV cache of n_slots slots of n_ctx cells: full-attention layers hold every
+        cell; sliding-window ones their window (`swa_cells`) unless swa_full."""
+        windowed = [] if swa_full else [layer for layer in self.per_layer() if layer.window]
+        full = sum(layer.n_head_kv for layer in self.per_layer()) - sum(
+            layer.n_head_kv for layer in windowed)
+        total = self._per_cell(full, kv_type) * n_ctx * n_slots
+        for layer in windowed:
+            total += self._per_cell(layer.n_head_kv, kv_type) * swa_cells(
+                layer.window, n_ctx, n_slots, n_ubatch, unified)
+        return int(total)
+
+    def state_bytes(self, n_slots: int = 1, snapshots: int = 0) -> int:
+        """The recurrent state of n_slots sequences, with `snapshots` more copies of each
+        (llama.cpp's n_rs_seq, for rolling back rejected guesses on a hybrid)."""
+        return (self.n_recurrent * self.state_bytes_per_layer * max(n_slots, 1)
+                * (1 + snapshots))
+
+    def context_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
+                      swa_full: bool = True, n_ubatch: int = 512, snapshots: int = 0) -> int:
+        """What a context holds besides the weights and buffers: KV and recurrent state."""
+        return (self.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
+                + self.state_bytes(n_slots, snapshots))
+
+    def expert_bytes(self, file_size: int) -> list[int]:
+        """Per layer, the bytes of its expert tensors in a file of this size."""
+        return [round(layer.expert_share * file_size) for layer in self.per_layer()]
+
+    @property
+    def n_attention(self) -> int:
+        return sum(1 for layer in self.per_layer() if layer.n_head_kv)
+
+    @property
+    def n_recurrent(self) -> int:
+        return sum(1 for layer in self.per_layer() if layer.recurrent)
+
+    @property
+    def n_swa(self) -> int:
+        return sum(1 for layer in self.per_layer() if layer.n_head_kv and layer.window)
+
+    @property
+    def moe(self) -> bool:
+        return any(layer.expert_share for layer in self.per_layer())
+
+    @property
+    def hybrid(self) -> bool:
+        """Recurrent layers beside attention ones (llama.cpp's llama_model_is_hybrid)."""
+        return bool(self.n_recurrent and self.n_attention)
+
+    def describe(self) -> list[str]:
+        """What the model is, in a few words each: "hybrid: 1 attention + 3 Gated DeltaNet
+        layers", "sliding window 64 on 5 of 6 layers", "MoE 8 experts, 2 active"."""
+        said = []
+        if self.hybrid:
+            said.append(f"hybrid: {self.n_attention} attention + {self.n_recurrent} "
+                        f"{self.recurrent_kind} layers")
+        elif self.n_recurrent:
+            said.append(f"recurrent: {self.n_recurrent} {self.recurrent_kind} layers, no KV "
+                        f"cache")
+        if self.n_swa:
+            windows = "/".join(str(w) for w in sorted({layer.window for layer in
+                                                       self.per_layer() if layer.window}))
+            of = "attention layers" if self.n_attention < self.n_layer else "layers"
+            said.append(f"sliding window {windows} on {self.n_swa} of {self.n_attention} {of}")
+        if self.n_expert:
+            said.append(f"MoE {self.n_expert} experts, {self.n_expert_used} active")
+        return said
