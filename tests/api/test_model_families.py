@@ -253,28 +253,32 @@ def test_tools_too_costly_to_hold_to_their_schema_are_left_free_with_auto(famili
 def test_a_reasoning_budget_closes_the_block_and_the_answer_follows(families, oai):
     """DeepSeek-R1's template opens the reasoning block in the prompt, and a random model
     never closes it: each reply here would be all reasoning. With a budget the block ends
-    after that many tokens (a line break and its closing mark written for the model), and
-    the answer follows; OpenAI's effort "minimal" is a budget of none, Anthropic's
-    budget_tokens the same path. (The random model writes line breaks and spaces unless they
-    are banned: then " Inv" again and again, a token each.)"""
+    after that many tokens (a line break and its closing mark written for the model: two
+    more), and the answer follows; OpenAI's effort "minimal" is a budget of none,
+    Anthropic's budget_tokens the same path. Counted in tokens, whichever the model picks
+    (line breaks and spaces banned, it writes " Inv" again and again; then, the block
+    closed, the closing mark again and again: it repeats its last token)."""
     server, names = families
     words = {"198": -100, "220": -100, "256": -100, "271": -100}
 
     def reply(**asked):
-        message = oai.chat.completions.create(model=names["r1"], messages=ASK, max_tokens=30,
-                                              temperature=0, logit_bias=words,
-                                              extra_body=asked).choices[0].message
-        return message.model_extra.get("reasoning_content") or "", message.content or ""
+        answer = oai.chat.completions.create(model=names["r1"], messages=ASK, max_tokens=30,
+                                             temperature=0, logit_bias=words, extra_body=asked)
+        return (answer.usage.completion_tokens_details.reasoning_tokens,
+                answer.choices[0].message.content or "")
 
-    unbounded, nothing = reply()
-    assert unbounded.count("Inv") == 30 and not nothing  # (all of it reasoning)
+    assert reply() == (30, "")  # (all of it reasoning)
     for budget in (3, 10):
         reasoning, answer = reply(reasoning_budget_tokens=budget)
-        assert reasoning.count("Inv") == budget and answer  # (the answer after the block)
+        assert reasoning == budget + 2 and answer  # (the answer after the block)
     reasoning, answer = reply(reasoning_effort="minimal")
-    assert "Inv" not in reasoning and answer
+    assert reasoning <= 2 and answer
     client = anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0)
-    message = client.messages.create(model=names["r1"], max_tokens=30, messages=ASK,
-                                     thinking={"type": "enabled", "budget_tokens": 4},
-                                     extra_body={"temperature": 0})
-    assert [block.type for block in message.content][-1] == "text"
+
+    def text(budget: int) -> str:
+        message = client.messages.create(model=names["r1"], max_tokens=30, messages=ASK,
+                                         thinking={"type": "enabled", "budget_tokens": budget},
+                                         extra_body={"temperature": 0})
+        return "".join(block.text for block in message.content if block.type == "text")
+
+    assert text(1 << 20) == "" and text(4)

@@ -270,13 +270,16 @@ def test_logprobs_are_the_models_own_for_each_written_token(client, smollm2, smo
         reference.close()
     best = logits.max()
     first = best - (best + math.log(sum(math.exp(x - best) for x in logits.tolist())))
-    assert abs(content[0].logprob - first) < 0.05
-    streamed = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
-                                              max_tokens=6, temperature=0, logprobs=True,
-                                              stream=True)
+    # (another batch shape moves a logit by up to 0.43 here: tests/greedy.py; a figure
+    # after temperature or penalties, or not normalised, is further off)
+    assert content[0].logprob < 0 and abs(content[0].logprob - first) < 0.5
+    streamed = list(client.chat.completions.create(
+        model="smollm2:135m", messages=QUESTION, max_tokens=6, temperature=0, logprobs=True,
+        stream=True))
     entries = [e for chunk in streamed if chunk.choices and chunk.choices[0].logprobs
                for e in chunk.choices[0].logprobs.content]
-    assert [e.token for e in entries] == [e.token for e in content]
+    text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+    assert entries and "".join(e.token for e in entries) == text
     assert all(e.top_logprobs == [] for e in entries)  # (none asked for)
     plain = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
                                            max_tokens=2, logprobs=False)
