@@ -306,7 +306,9 @@ class _Output:
         """One event, holding a copy of what it shows: an item sent as added is not
         changed by the deltas after it (a client appends them to it)."""
         self.sequence += 1
-        return {"type": kind, "sequence_number": self.sequence - 1, **copy.deepcopy(data)}
+        return {"type": kind, "sequence_number": self.sequence - 1,  # (a delta's text is
+                **{k: copy.deepcopy(v) if isinstance(v, (dict, list)) else v  # no copy)
+                   for k, v in data.items()}}
 
     def _start(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         events = self._close()

@@ -41,3 +41,20 @@ def test_a_budget_of_none_closes_at_once():
     budget = ThinkBudget(ThinkLimit(0, OPEN, CLOSE, (NEWLINE, *CLOSE)), [1, *OPEN])
     assert _written(budget, [5, 6, 7]) == [NEWLINE, *CLOSE, 7]
     assert budget.done and budget.spent == 0
+
+
+def test_a_grammar_that_will_not_take_the_closing_mark_keeps_its_sampler_as_it_was(smollm2):
+    """A forced token a request's grammar does not allow is refused, not fed to llama.cpp
+    (it would abort the process): the budget is then dropped, the model goes on."""
+    from localinfer.backends.base import SamplingParams
+    from localinfer.backends.llama_native import SamplerChain
+
+    native = smollm2.native
+    chain = SamplerChain(native, SamplingParams(temperature=0, grammar='root ::= "yes"'))
+    try:
+        no = native.tokenize("no", add_special=False)[0]
+        yes = native.tokenize("yes", add_special=False)[0]
+        assert not chain.accept(no)
+        assert chain.accept(yes)
+    finally:
+        chain.close()

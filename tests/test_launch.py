@@ -1,0 +1,48 @@
+"""`localinfer launch`'s choices, as data: which installed model serves an agent, and each
+agent's settings for one run (the agents themselves run in tests/api/test_agents.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from localinfer.errors import LocalinferError
+from localinfer.launch import AGENTS, Candidate, Server, choose_model, find
+
+GiB = 1 << 30
+EMBEDDED = [Candidate("smollm2:135m", GiB // 10, tools=False, trained=8192),
+            Candidate("gemma3:270m", GiB // 4, tools=False, trained=32768)]
+
+
+def test_the_largest_model_with_tools_and_the_context_the_agent_needs():
+    small = Candidate("qwen3:1.7b", 1 * GiB, tools=True, trained=40960)
+    large = Candidate("qwen3:8b", 5 * GiB, tools=True, trained=40960)
+    short = Candidate("mistral:16k", 9 * GiB, tools=True, trained=16384)
+    assert choose_model([*EMBEDDED, small, large, short], AGENTS["claude"]) == large
+    assert choose_model([*EMBEDDED, short], AGENTS["opencode"]) == short  # (16,384 needed)
+    with pytest.raises(LocalinferError, match="no installed model can serve Claude Code.*"
+                                              "32,768-token context.*localinfer pull"):
+        choose_model([*EMBEDDED, short], AGENTS["claude"])
+
+
+def test_an_unknown_agent_is_one_line_naming_the_ones_there_are():
+    with pytest.raises(LocalinferError, match="launch one of: claude, codex, opencode, qwen"):
+        find("cursor")
+
+
+def test_each_agents_settings_name_the_server_the_model_and_its_window():
+    server = Server("http://127.0.0.1:4321", "k3y", 32768)
+    env, args = AGENTS["claude"].configure(server, "qwen3:8b", 32768)
+    assert (env["ANTHROPIC_BASE_URL"], env["ANTHROPIC_AUTH_TOKEN"], env["ANTHROPIC_MODEL"],
+            env["CLAUDE_CODE_MAX_CONTEXT_TOKENS"]) == (server.url, "k3y", "qwen3:8b", "32768")
+    env, args = AGENTS["codex"].configure(server, "qwen3:8b", 32768)
+    overrides = dict(a.split("=", 1) for a in args[1::2])
+    assert args[::2] == ["-c"] * len(overrides) and env["LOCALINFER_AGENT_KEY"] == "k3y"
+    assert 'base_url="http://127.0.0.1:4321/v1"' in overrides["model_providers.localinfer"]
+    assert overrides["model_context_window"] == "32768"
+    env, args = AGENTS["opencode"].configure(server, "qwen3:8b", 32768)
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    provider = config["provider"]["localinfer"]
+    assert config["model"] == "localinfer/qwen3:8b" and provider["options"]["apiKey"] == "k3y"
+    assert provider["models"]["qwen3:8b"]["limit"]["context"] == 32768
