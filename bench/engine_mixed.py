@@ -3,7 +3,7 @@
     python3 bench/engine_mixed.py [--levels 1,2,4,8,16] [--requests-per-client 2]
                                   [--results FOLDER]
 
-Writes bench/results/engine_mixed.{json,png,md}. See localinfer/bench.py for
+Writes bench/results/engine_mixed.{json,png,md}. See app/bench.py for
 what is measured and how.
 """
 

@@ -81,7 +81,7 @@ def buffers(log: list[str]) -> dict[str, dict[str, float]]:
 
 def measure(path: Path, n_ctx: int, n_slots: int) -> dict:
     from localinfer.model_store.gguf_info import read_gguf_info
-    from localinfer.backends.machine import detect
+    from localinfer.backends.native.machine import detect
     from localinfer.service import plan_for
 
     plan = plan_for(read_gguf_info(path), detect(), n_ctx, n_slots)

@@ -265,7 +265,7 @@ def uncache_token_calls() -> tuple:
     the GIL. Returns what it replaced. bench/step_profile.py's baseline runs it in-process,
     bench/stream_cost.py's baseline server at start-up."""
     import llama_cpp
-    from localinfer.backends.llama_native import NativeModel
+    from localinfer.backends.native.model import NativeModel
 
     saved = NativeModel.is_eog, NativeModel.piece
     NativeModel.is_eog = lambda self, t: bool(llama_cpp.llama_vocab_is_eog(self.vocab, t))

@@ -25,7 +25,7 @@ import harness
 import llama_cpp
 
 from localinfer.backends.base import LoadOptions
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.native.model import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.bench import FILLER, Workload, closed_loop, decode_bare, read_prompt
 from localinfer.model_store.sources import resolve

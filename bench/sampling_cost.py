@@ -5,7 +5,7 @@
 N streams (1 and 8) decode together from short prompts; greedy and Ollama's default
 sampling (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1). With the shortcuts off,
 every token goes through llama.cpp's plain sampler chain (see SamplerChain in
-backends/llama_native.py); the tokens are the same either way (tests check it). Reported:
+backends/native/model.py); the tokens are the same either way (tests check it). Reported:
 output tok/s of each, and their ratio within each round (median over rounds, alternating
 order). Writes bench/results/sampling_cost.{json,png,md}.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.llama_native import SamplerChain
+from localinfer.backends.native.model import SamplerChain
 from localinfer.backends.llamacpp import LlamaCppBackend, default_threads
 from localinfer.model_store.sources import resolve
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import harness
 from localinfer.backends import engine as engine_module
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.native.model import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.service import prepare
 from random_gguf import fast_step_model  # bench/, the script's own folder

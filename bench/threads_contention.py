@@ -24,7 +24,7 @@ from pathlib import Path
 import harness
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.backends.threads import physical_cores
+from localinfer.backends.engine.threads import physical_cores
 from localinfer.model_store.sources import resolve
 
 TOKENS = 160

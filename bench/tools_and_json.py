@@ -31,8 +31,8 @@ import time
 import harness
 import openai
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
-from localinfer.backends.llama_native import SamplerChain
+from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
+from localinfer.backends.native.model import SamplerChain
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.model_store.sources import resolve
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import llama_cpp
 import numpy
 
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.native.model import NativeModel
 
 __all__ = ["MARGIN", "Reference", "eog_ban"]
 

@@ -115,7 +115,7 @@ def test_the_gpus_setting_chooses_the_cards():
 
 
 def test_the_placement_reaches_llama_cpps_model_params():
-    from localinfer.backends.llama_native import model_params
+    from localinfer.backends.native.model import model_params
 
     params, keep = model_params(31, "layer", 0, (0.25, 0.75))
     assert (params.n_gpu_layers, params.main_gpu) == (31, 0)
@@ -153,7 +153,7 @@ def test_show_plans_for_gpus_this_machine_does_not_have():
 
 
 def test_more_devices_than_the_build_takes_is_one_clear_error():
-    from localinfer.backends.llama_native import model_params
+    from localinfer.backends.native.model import model_params
     from localinfer.errors import ModelLoadFailed
 
     too_many = (1.0,) * (llama_cpp.llama_max_devices() + 1)
@@ -263,7 +263,7 @@ def test_experts_left_in_ram_become_llama_cpps_tensor_overrides(caplog):
     names those layers' ffn_*_exps tensors and nothing else, as the load log shows."""
     import logging
 
-    from localinfer.backends.llama_native import model_params
+    from localinfer.backends.native.model import model_params
     from localinfer.backends.llamacpp import LlamaCppBackend
 
     from .families import arch_model

@@ -1,4 +1,4 @@
-"""Picture files as every front end reads them (localinfer/images.py): bounded before they
+"""Picture files as every front end reads them (app/images.py): bounded before they
 are decoded, scaled, and upright."""
 
 from __future__ import annotations

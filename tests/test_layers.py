@@ -6,6 +6,7 @@ each other in a circle. docs/ARCHITECTURE.md draws the same layers.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,6 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [
     ("foundation", ["localinfer", "localinfer.errors", "localinfer.files", "localinfer.settings"]),
     ("model store", ["localinfer.model_store"]),
+    ("chat formats", ["localinfer.chat_formats"]),
     ("backends", ["localinfer.backends"]),
     ("services", ["localinfer.service", "localinfer.pool", "localinfer.repl",
                   "localinfer.model_rows", "localinfer.bench", "localinfer.worker",
@@ -28,15 +30,13 @@ INDEPENDENT = ["localinfer.api", "localinfer.tui"]
 
 
 def _modules() -> dict[str, Path]:
-    found = {}
-    for path in (ROOT / "localinfer").rglob("*.py"):
-        parts = ("localinfer", *path.relative_to(ROOT / "localinfer").with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        if not path.parent.joinpath("__init__.py").exists():
-            continue  # a folder of files that are not modules (web/static)
-        found[".".join(parts)] = path
-    return found
+    """Every module, read through pyproject.toml's package-dir (the folders at the top map
+    onto `localinfer.*`)."""
+    spec = importlib.util.spec_from_file_location("installed_tree",
+                                                  ROOT / "packaging" / "installed_tree.py")
+    tree = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tree)
+    return tree.modules(ROOT)
 
 
 def _imports(path: Path, modules: dict[str, Path]) -> set[str]:
@@ -71,10 +71,10 @@ def _graph() -> dict[str, set[str]]:
 
 def test_the_layers_are_read_from_every_module():
     graph = _graph()
-    assert {"localinfer.cli", "localinfer.backends.engine", "localinfer.api.core",
+    assert {"localinfer.cli", "localinfer.backends.engine.scheduler", "localinfer.api.core",
             "localinfer.model_store.planner", "localinfer.tui.chat_app",
             "localinfer.tui.screens.model_picker"} <= graph.keys()
-    assert "localinfer.backends.llama_native" in graph["localinfer.backends.engine"]
+    assert "localinfer.backends.native.model" in graph["localinfer.backends.engine.scheduler"]
     assert "localinfer.pool" in graph["localinfer.cli"]  # imported inside a function
 
 

@@ -128,7 +128,7 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
     from localinfer import pool as pool_module
     from localinfer import service
     from localinfer.api import server
-    from localinfer.backends.machine import detect
+    from localinfer.backends.native.machine import detect
     from localinfer.settings import Settings
 
     probes = []
@@ -245,7 +245,7 @@ def test_replicas_put_a_copy_on_each_card_and_spread_the_requests(settings):
     from dataclasses import replace
 
     from localinfer.backends.base import SamplingParams
-    from localinfer.backends.replicas import Replicas
+    from localinfer.backends.runner.replicas import Replicas
     from localinfer.service import prepare
 
     from .backends.test_replicas import settled_loads

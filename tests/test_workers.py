@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import ollama
 import pytest
 
-from localinfer.backends.workers import WorkerUnusable, parse_endpoint, probe
+from localinfer.backends.rpc.workers import WorkerUnusable, parse_endpoint, probe
 
 from .api.conftest import free_port, start_server, stop_server
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.chat_format import (Reply, call_grammar, detect, lazy_call_grammar,
+from localinfer.chat_formats.formats import (Reply, call_grammar, detect, lazy_call_grammar,
                                              parser)
-from localinfer.backends.chat_template import ChatTemplate
-from localinfer.backends.llama_native import grammar_sampler
+from localinfer.chat_formats.template import ChatTemplate
+from localinfer.backends.native.model import grammar_sampler
 
 from ..families import llama_cpp_file
 

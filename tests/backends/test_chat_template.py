@@ -1,6 +1,6 @@
 import pytest
 
-from localinfer.backends.chat_template import ChatTemplate, fallback_template
+from localinfer.chat_formats.template import ChatTemplate, fallback_template
 from localinfer.errors import InvalidRequest
 
 
@@ -67,7 +67,7 @@ SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% e
     ("{{ messages[0].content + 5 }}", "failed to render: TypeError"),
 ])
 def test_a_costly_or_broken_template_is_one_clear_error(monkeypatch, source, message):
-    from localinfer.backends import chat_template
+    from localinfer.chat_formats import template as chat_template
 
     monkeypatch.setattr(chat_template, "MAX_SECONDS", 0.2)
     messages = HI * 100_000 if "for a in messages" in source else HI

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from localinfer.backends.base import SamplingParams, TokenEvent
-from localinfer.backends.engine import Engine
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.engine.scheduler import Engine
+from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineBusy, EngineClosed
 
 
@@ -34,8 +34,8 @@ def test_full_queue_is_busy_and_closed_engine_refuses(smollm2_path):
 _TOO_MANY_LOGITS = """
 import sys
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.engine import Engine
-from localinfer.backends.llama_native import NativeModel
+from localinfer.backends.engine.scheduler import Engine
+from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError
 native = NativeModel(sys.argv[1], n_ctx_total=512, n_slots=2, n_batch=64, n_threads=2,
                      n_outputs=2)

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.grammar import MAX_REPEAT, _nested_repeats, _nesting, json_schema_grammar
+from localinfer.chat_formats.grammar import MAX_REPEAT, _nested_repeats, _nesting, json_schema_grammar
 from localinfer.errors import InvalidRequest
 
 QUESTION = [{"role": "user", "content": "Say something."}]
@@ -89,7 +89,7 @@ def test_the_largest_allowed_grammar_builds_on_a_small_thread_stack(smollm2_path
     code = textwrap.dedent(f"""
         import json, threading
         from localinfer.backends.base import LoadOptions, SamplingParams
-        from localinfer.backends.grammar import json_schema_grammar
+        from localinfer.chat_formats.grammar import json_schema_grammar
         from localinfer.backends.llamacpp import LlamaCppBackend
         backend = LlamaCppBackend({str(smollm2_path)!r}, LoadOptions(n_ctx=256), name="m")
         grammar = json_schema_grammar({{"type": "string", "maxLength": 1000}})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy
 import pytest
 
-from localinfer.backends.llama_native import _likeliest
+from localinfer.backends.native.model import _likeliest
 
 
 @pytest.mark.parametrize("n", [5, 100, 262_144])

@@ -10,8 +10,8 @@ import pytest
 from collections.abc import Sequence
 
 from localinfer.backends.base import Backend, Generation, ModelInfo, SamplingParams
-from localinfer.backends.engine import Engine
-from localinfer.backends.replicas import Replicas
+from localinfer.backends.engine.scheduler import Engine
+from localinfer.backends.runner.replicas import Replicas
 from localinfer.errors import InvalidRequest
 
 from .fake_native import FakeNative, reference, text

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
-from localinfer.backends.runner import RunnerBackend
+from localinfer.backends.runner.process import RunnerBackend
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -80,7 +80,7 @@ def test_runners_loaded_and_closed_again_and_again_all_exit_with_status_0(smollm
     freed. With a heartbeat every millisecond, every close met it; now each runner, whatever
     it did before — generated, embedded, answered for its figures, was closed mid-stream —
     exits with status 0."""
-    import localinfer.backends.runner as runner_module
+    import localinfer.backends.runner.process as runner_module
 
     assert runner_module.__file__.startswith(str(Path(__file__).parents[2]))  # this tree's
     monkeypatch.setenv("LOCALINFER_RUNNER_BEAT", "0.001")

@@ -12,8 +12,8 @@ import pytest
 
 from localinfer.backends import batch as batch_module
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
-from localinfer.backends.llama_native import SamplerChain
-from localinfer.backends.grammar import ANY_JSON, json_schema_grammar
+from localinfer.backends.native.model import SamplerChain
+from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
 from localinfer.errors import InvalidRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from localinfer.backends.base import SamplingParams
-from localinfer.backends.engine import Engine
+from localinfer.backends.engine.scheduler import Engine
 from localinfer.errors import EngineBusy
 
 from . import fake_native

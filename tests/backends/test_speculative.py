@@ -7,7 +7,7 @@ import re
 import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.draft import ngram_draft
+from localinfer.backends.engine.draft import ngram_draft
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 

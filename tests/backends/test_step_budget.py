@@ -8,7 +8,7 @@ import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.backends.step_budget import StepBudget
+from localinfer.backends.engine.step_budget import StepBudget
 from localinfer.errors import InvalidRequest
 
 from ..greedy import eog_ban

@@ -1,6 +1,6 @@
 import pytest
 
-from localinfer.backends.stop import StopMatcher
+from localinfer.backends.engine.stop import StopMatcher
 
 
 def _run(stops, pieces):

@@ -1,10 +1,10 @@
-"""A reasoning budget's bookkeeping, token by token (backends/think_budget.py)."""
+"""A reasoning budget's bookkeeping, token by token (backends/engine/think_budget.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from localinfer.backends.think_budget import ThinkBudget, ThinkLimit
+from localinfer.backends.engine.think_budget import ThinkBudget, ThinkLimit
 
 OPEN, CLOSE, NEWLINE = (90, 91), (92,), 10  # a mark of two tokens, one of one
 LIMIT = ThinkLimit(budget=3, opening=OPEN, closing=CLOSE, forced=(NEWLINE, *CLOSE))
@@ -47,7 +47,7 @@ def test_a_grammar_that_will_not_take_the_closing_mark_keeps_its_sampler_as_it_w
     """A forced token a request's grammar does not allow is refused, not fed to llama.cpp
     (it would abort the process): the budget is then dropped, the model goes on."""
     from localinfer.backends.base import SamplingParams
-    from localinfer.backends.llama_native import SamplerChain
+    from localinfer.backends.native.model import SamplerChain
 
     native = smollm2.native
     chain = SamplerChain(native, SamplingParams(temperature=0, grammar='root ::= "yes"'))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from localinfer.backends.threads import ThreadTuner, free_cores
+from localinfer.backends.engine.threads import ThreadTuner, free_cores
 
 IDLE = {2: 0.008, 1: 0.011}
 BUSY = {2: 0.025, 1: 0.013}

@@ -17,7 +17,7 @@ import llama_cpp
 import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.backends.engine import SlotState
+from localinfer.backends.engine.scheduler import SlotState
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.errors import EngineBusy, PromptTooLong
 

@@ -11,7 +11,7 @@ import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.backends.vision import Image
+from localinfer.backends.native.vision import Image
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
 from ..families import projector
@@ -166,7 +166,7 @@ def _mrope_reference(backend, messages, picture) -> tuple[numpy.ndarray, int]:
 
     from llama_cpp import mtmd_cpp
 
-    from localinfer.backends.vision import with_markers
+    from localinfer.backends.native.vision import with_markers
 
     projector = backend.projector
     text = backend.apply_chat_template(with_markers(messages, projector.marker)).encode()

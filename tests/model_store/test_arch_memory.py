@@ -26,7 +26,7 @@ def _allocated(path, n_ctx: int, n_slots: int, swa_full: bool, snapshots: int,
                caplog) -> dict[str, float]:
     """Load the model and a context as the engine does, but for the settings given (the
     engine keeps swa_full on): the KV, SWA-cache and recurrent-state bytes the log reports."""
-    from localinfer.backends.ggml_backends import ensure_loaded, route_llama_log
+    from localinfer.backends.native.ggml import ensure_loaded, route_llama_log
 
     route_llama_log()
     ensure_loaded()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from localinfer.backends.machine import detect
+from localinfer.backends.native.machine import detect
 from localinfer.model_store.hardware import apple_gpu_share, parse_nvidia_smi, parse_rocm_smi
 
 # nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits
@@ -150,7 +150,7 @@ DL_BUILD = ["libggml-base.so", "libggml.so", "libllama.so", "libggml-cpu-haswell
 
 
 def test_backend_libraries_say_which_were_loaded(tmp_path):
-    from localinfer.backends.ggml_backends import backend_libraries
+    from localinfer.backends.native.ggml import backend_libraries
 
     for name in DL_BUILD:
         (tmp_path / name).write_bytes(b"\x7fELF")
@@ -164,7 +164,7 @@ def test_backend_libraries_say_which_were_loaded(tmp_path):
 
 
 def test_a_backend_library_reached_by_a_link_counts_as_loaded(tmp_path):
-    from localinfer.backends.ggml_backends import backend_libraries
+    from localinfer.backends.native.ggml import backend_libraries
 
     (tmp_path / "libggml-cuda.so.0.25.3").write_bytes(b"\x7fELF")
     (tmp_path / "libggml-cuda.so").symlink_to("libggml-cuda.so.0.25.3")
@@ -175,7 +175,7 @@ def test_a_backend_library_reached_by_a_link_counts_as_loaded(tmp_path):
 def test_a_gpu_library_that_did_not_load_says_why(tmp_path):
     """A CUDA build on a machine without the driver: the library needs libcuda.so.1, which
     is not there. llama.cpp's release build skips it silently; hw names what is missing."""
-    from localinfer.backends.ggml_backends import backend_libraries
+    from localinfer.backends.native.ggml import backend_libraries
 
     if shutil.which("gcc") is None:
         pytest.skip("no C compiler to build a library that needs a missing one")

@@ -236,7 +236,7 @@ def test_a_gpu_head_keeps_a_model_that_fits_its_gpu_and_spreads_one_that_does_no
 
 
 def test_shares_in_llama_cpps_order_put_the_workers_first():
-    from localinfer.backends.rpc import llama_order
+    from localinfer.backends.rpc.library import llama_order
 
     # two GPUs here (0, 1), a worker's two devices after them (2, 3): llama.cpp lists RPC
     # devices first

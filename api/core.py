@@ -1,0 +1,412 @@
+"""The one internal chat/generate path; the OpenAI and Ollama routes only convert shapes.
+
+`start()` does everything that can fail with a 4xx — name check, load, template, queue —
+before any byte of a response is sent, and hands back a `Job` whose events the route
+streams or collects. Leaving the job's event stream early (a client that disconnects)
+cancels the request in the engine, which frees its slot within one step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import json
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from localinfer.api.errors import ApiError
+from localinfer.api.images import Remote, decode_all
+from localinfer.api.tools import ToolSpec
+from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
+                                     Generation, Logprob, SamplingParams)
+from localinfer.chat_formats.formats import (ChatFormat, Piece, Reply, ReplyParser, detect,
+                                             opens_reasoning, parser, think_limit,
+                                             with_thinking)
+from localinfer.backends.native.fim import Infill, infill_prompt
+from localinfer.backends.metrics import RequestStats
+from localinfer.backends.native.vision import Image
+from localinfer.errors import InvalidRequest, PromptTooLong
+from localinfer.pool import LoadedModel, ModelPool
+
+__all__ = ["Job", "Lenient", "check_model_name", "count", "logprob_entries", "sampling_field",
+           "start"]
+
+class Lenient(BaseModel):
+    """A request body of either dialect: clients send fields we do not use, and that is fine."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+def sampling_field(name: str, default: Any) -> Any:
+    """A request's field for the sampling parameter `name`, under its one rule
+    (`SAMPLING_BOUNDS`), the same in every dialect: out of it, a 400 naming the field."""
+    bound = SAMPLING_BOUNDS[name]
+    low = {"gt": bound.low} if bound.above else {"ge": bound.low}
+    finite = {} if bound.whole else {"allow_inf_nan": False}
+    return Field(default, le=bound.high, description=bound.means or None, **low, **finite)
+
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")
+
+
+def check_model_name(name: str | None) -> str | None:
+    """A model name from a request: never a filesystem path, never outside the store."""
+    if not name:
+        return None
+    if not _NAME.fullmatch(name) or ".." in name or name.lower().endswith(".gguf"):
+        raise ApiError(400, f"'{name[:80]}' is not a valid model name — use a name such as "
+                            f"smollm2:135m (see /api/tags or /v1/models)")
+    return name
+
+
+@dataclass
+class Job:
+    model: LoadedModel
+    generation: Generation
+    prompt_tokens: int
+    started: float  # when the request reached us, for Ollama's total_duration
+    load_duration: float
+    tools: ToolSpec | None = None
+    _release: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+    stats: RequestStats | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
+    fmt: ChatFormat | None = None  # how the model writes calls and reasoning (a chat)
+    reasoning: bool = False  # the prompt opened a reasoning block the reply continues
+    # TTFT as the client sees it (backends/metrics.py): the token of the last event read,
+    # and the first token whose text, or a piece parsed from it, went out
+    _token: int = 0
+    _shown: int | None = None
+    # the written tokens' log probabilities so far, where the request asked for them
+    logprobs: list[Logprob] = field(default_factory=list)
+
+    def parser(self) -> ReplyParser | None:
+        """A parser of this chat's reply into content, reasoning and calls (None for a
+        plain completion, whose text is all content). What it gives out first marks the
+        token the client was first shown."""
+        if self.fmt is None:
+            return None
+        return _Shown(parser(self.fmt, self.tools.by_name if self.tools else None,
+                             self.reasoning), self)
+
+    def shown(self) -> None:
+        """The client is shown something of the reply now (the first time counts)."""
+        if self._shown is None:
+            self._shown = self._token
+            if self.stats is not None:  # (shown only as the reply ended)
+                self.stats.shown_from = self._shown
+
+    async def events(self) -> AsyncIterator[Event]:
+        finished = False
+        try:
+            async for event in self.generation.events():
+                if isinstance(event, DoneEvent):
+                    self.stats = event.stats
+                    if self._shown is not None:
+                        self.stats.shown_from = self._shown
+                    finished = True
+                elif isinstance(event, ErrorEvent):
+                    finished = True
+                else:
+                    self.logprobs += event.logprobs
+                    if event.index >= 0:
+                        self._token = event.index
+                        if self.fmt is None and event.text:  # a completion's text goes out
+                            self.shown()  # as it is
+                yield event
+        finally:
+            if not finished:
+                self.generation.cancel()
+            await self._release.aclose()
+
+    async def cancel(self) -> None:
+        """Give up on a job whose events nobody will read."""
+        self.generation.cancel()
+        await self._release.aclose()
+
+    async def read(self) -> tuple[Reply, RequestStats, int]:
+        """A whole chat reply, taken apart as it streamed: content, reasoning and calls, the
+        numbers, and how many of its tokens were reasoning."""
+        reader = self.parser()
+        pieces: list[Piece] = []
+        async for event in self.events():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if not isinstance(event, DoneEvent):
+                pieces += reader.feed(event.text)
+        pieces += reader.close()
+        return Reply.of(pieces), self.stats, reader.reasoning_tokens
+
+    async def collect(self) -> tuple[str, RequestStats]:
+        pieces = []
+        async for event in self.events():
+            if isinstance(event, ErrorEvent):
+                raise event.error
+            if not isinstance(event, DoneEvent):
+                pieces.append(event.text)
+        return "".join(pieces), self.stats
+
+
+async def start(
+    pool: ModelPool,
+    model: str | None,
+    params: SamplingParams,
+    *,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    prompt: str | Sequence[int] | None = None,
+    keep_alive: str | float | None = None,
+    tools: ToolSpec | None = None,
+    plain_without_template: bool = False,
+    n_ctx: int | None = None,
+    context: Sequence[int] | None = None,
+    template_args: Mapping[str, Any] | None = None,
+    infill: Infill | None = None,
+    images: Sequence[bytes | Remote] = (),
+    think_budget: int | None = None,
+) -> Job:
+    """Load (or wait for) the model, build the prompt, queue the request.
+    think_budget: the most tokens its reasoning block may take (backends/engine/think_budget.py),
+    for a family that marks reasoning with tags.
+    A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
+    capped); its reply still ends sooner if the context fills, as does one whose limit is
+    past the context. plain_without_template:
+    a model whose file has no chat template (a base model) gets the messages' text as it
+    is, not wrapped in a family's turns (Ollama's /api/generate: a template of `{{ .Prompt }}`)."""
+    began = time.monotonic()
+    # (each bounded before it is decoded; those named by URL fetched if the settings say so:
+    # api/images.py)
+    pictures = await decode_all(images, pool.settings.image_urls)
+    stack = contextlib.AsyncExitStack()
+    try:
+        was_loaded = {m.name for m in pool.loaded()}
+        loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive,
+                                                          n_ctx))
+        backend = loaded.backend  # (a max_tokens past the context is taken, as llama-server
+        # takes it: the reply ends when the context fills; agents ask for 32,000 or 64,000)
+        if (messages is not None and plain_without_template and not pictures
+                and not backend.info.has_chat_template):  # (images need the turn format's place)
+            messages, prompt = None, "\n\n".join(m["content"] for m in messages)
+        fmt = chat_format(backend) if messages is not None else None
+        if infill is not None:
+            if not backend.info.fim:
+                raise ApiError(400, f"{loaded.name} has no fill-in-the-middle tokens, so it "
+                                    f"cannot complete between a prefix and a suffix — use a "
+                                    f"code model such as qwen2.5-coder")
+            prompt = await asyncio.get_running_loop().run_in_executor(
+                _STARTS, infill_prompt, backend, params, infill)
+        # templating and tokenizing a long body takes seconds, and a runner answers over its
+        # pipe: off the loop, which keeps serving every other stream meanwhile
+        if pictures and not backend.info.vision:
+            raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
+                                f"vision model")
+        if think_budget is not None and fmt is not None:  # (its marks tokenized once a model)
+            limit = await asyncio.get_running_loop().run_in_executor(
+                _STARTS, think_limit, backend, fmt, think_budget)
+            params = dataclasses.replace(params, think=limit) if limit else params
+        prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
+                                                         tools, context, fmt, template_args,
+                                                         pictures)
+        if pool.closing:  # a shutdown began as it was queued, after its engine was told
+            generation.cancel()
+            pool.check_open()
+    except BaseException:
+        await stack.aclose()
+        raise
+    load = 0.0 if loaded.name in was_loaded else loaded.load_duration
+    return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
+               prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+async def count(pool: ModelPool, model: str | None, messages: Sequence[Mapping[str, Any]],
+                tools: ToolSpec | None = None, template_args: Mapping[str, Any] | None = None,
+                images: Sequence[bytes | Remote] = ()) -> int:
+    """How many tokens the messages take as a request's prompt: the same template, tools
+    and pictures as `start` renders them (Anthropic's count_tokens, OpenAI's input_tokens)."""
+    pictures = await decode_all(images, pool.settings.image_urls)
+    async with pool.use(check_model_name(model)) as loaded:
+        backend = loaded.backend
+        if pictures and not backend.info.vision:
+            raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
+                                f"vision model")
+        fmt = chat_format(backend)
+
+        def counted() -> int:
+            args = with_thinking(fmt, template_args) or {}
+            turns = messages
+            if tools is not None:
+                turns, _, more = tools.prepare(messages, SamplingParams(), fmt,
+                                               bool(args.get("enable_thinking")))
+                args.update(more)
+            return len(backend.prompt_tokens(turns, args or None, pictures))
+
+        return await asyncio.get_running_loop().run_in_executor(_STARTS, counted)
+
+
+class _Shown:
+    """A reply's parser that tells its job when it first gives something out."""
+
+    def __init__(self, reader: ReplyParser, job: Job):
+        self._reader, self._job = reader, job
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._reader.reasoning_tokens
+
+    def feed(self, text: str) -> list[Piece]:
+        return self._said(self._reader.feed(text))
+
+    def close(self) -> list[Piece]:
+        return self._said(self._reader.close())
+
+    def _said(self, pieces: list[Piece]) -> list[Piece]:
+        if pieces:
+            self._job.shown()
+        return pieces
+
+
+def logprob_entries(written: Sequence[Logprob]) -> list[dict[str, Any]]:
+    """Tokens' log probabilities as OpenAI's chat API gives them (Ollama's are the same):
+    each token's text, its log probability and bytes, and the likeliest tokens'."""
+    return [{"token": text.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(text),
+             "top_logprobs": [{"token": t.decode("utf-8", "replace"), "logprob": lp,
+                               "bytes": list(t)} for _, t, lp in top]}
+            for _, text, logprob, top in written]
+
+
+def sse(data: Mapping[str, Any] | str) -> str:
+    """One server-sent event of JSON data (or a bare word such as OpenAI's [DONE])."""
+    return f"data: {data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def unless_gone(request: Any, awaitable: Any) -> Any:
+    """The awaitable's result, or None when the client hangs up first: then it is cancelled
+    (a job's request leaves the engine within one step). Editors give up on most completions
+    they ask for, one keystroke later."""
+    task = asyncio.ensure_future(awaitable)
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _disconnected(request: Any) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def chat_format(backend: Backend) -> ChatFormat:
+    """How this model's template writes calls and reasoning."""
+    return _detect(backend.info.chat_template)
+
+
+@functools.lru_cache(maxsize=16)
+def _detect(source: str | None) -> ChatFormat:
+    return detect(source)
+
+
+async def _queue(backend: Backend, params: SamplingParams,
+                 messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+                 tools: ToolSpec | None, context: Sequence[int] | None,
+                 fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
+                 images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
+    """The prompt's tokens, the request queued with it, and whether the prompt opened a
+    reasoning block, in one trip off the loop. A caller cancelled meanwhile (a client gone)
+    cancels the request once queued."""
+    queued = asyncio.get_running_loop().run_in_executor(
+        _STARTS, _start, backend, params, messages, prompt, tools, context, fmt, template_args,
+        images)
+    try:
+        return await asyncio.shield(queued)
+    except asyncio.CancelledError:
+        queued.add_done_callback(_cancel_queued)
+        raise
+
+
+# threads of their own for the trips to the runners: a runner that hangs or restarts holds its
+# requests' threads until its watchdog or its load ends, and the loop's default pool (a few
+# threads) also plans loads and answers /metrics
+_STARTS = ThreadPoolExecutor(64, thread_name_prefix="localinfer-start")
+
+
+def _cancel_queued(queued: asyncio.Future[tuple[list[int], Generation, bool]]) -> None:
+    if not queued.cancelled() and queued.exception() is None:
+        queued.result()[1].cancel()
+
+
+def _start(backend: Backend, params: SamplingParams,
+           messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+           tools: ToolSpec | None, context: Sequence[int] | None = None,
+           fmt: ChatFormat | None = None, template_args: Mapping[str, Any] | None = None,
+           images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
+    tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
+                                template_args, images)
+    try:
+        return tokens, generation, opens_reasoning(backend, fmt, tokens)
+    except BaseException:
+        generation.cancel()
+        raise
+
+
+def _begin(backend: Backend, params: SamplingParams,
+           messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
+           tools: ToolSpec | None, context: Sequence[int] | None,
+           fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
+           images: Sequence[Image] = ()) -> tuple[list[int], Generation]:
+    _refuse_by_size(backend, messages, prompt)
+    template_args = with_thinking(fmt, template_args) or {}
+    if messages is not None and tools is not None:
+        messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend),
+                                               bool(template_args.get("enable_thinking")))
+        template_args.update(more)
+    if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
+        # new text goes on after it without a beginning-of-text token
+        if images:
+            raise InvalidRequest("images cannot follow a `context` — send the conversation "
+                                 "as /api/chat messages")
+        if len(context) >= backend.info.n_ctx:  # (before a long list crosses to the runner)
+            raise PromptTooLong(len(context), backend.info.n_ctx)
+        text = (backend.apply_chat_template(messages, True, template_args or None)
+                if messages is not None else prompt)
+        more = (backend.tokenize(text, add_special=False) if isinstance(text, str)
+                else list(text or ()))
+        tokens = [*context, *more]
+        return tokens, backend.generate(tokens, params)
+    return backend.start(params, messages, prompt, template_args or None, images)
+
+
+def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,
+                    prompt: str | Sequence[int] | None) -> None:
+    """A text too big for the context is refused before it is templated and tokenized: 100,000
+    messages (2.4 MB) kept a thread tokenizing for minutes after the client had gone."""
+    texts = [prompt] if isinstance(prompt, str) else [
+        text for m in messages or () for text in _texts(m.get("content"))]
+    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    n_ctx = backend.info.n_ctx
+    if size > n_ctx:  # (fewest_tokens(size) <= size: a smaller text is never refused here)
+        fewest = backend.fewest_tokens(size)
+        if fewest > n_ctx:
+            raise PromptTooLong(fewest, n_ctx, at_least=True)
+
+
+def _texts(content: Any) -> list[str]:
+    """A message's text: its content, or its text parts (a message with images)."""
+    if isinstance(content, str):
+        return [content]
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p.get("text"), str)]
+    return []
+

@@ -1,0 +1,351 @@
+"""The service: turns "run this model" into a loaded backend, checking everything first."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+from localinfer.backends.base import Backend, LoadOptions
+from localinfer.backends.rpc.workers import HEAD
+from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
+from localinfer.model_store import pulled
+from localinfer.model_store.catalog import HubRef, parse_hub_ref
+from localinfer.backends.native.machine import detect
+from localinfer.model_store.hardware import GPU, Hardware, gpu_count, select_gpus
+from localinfer.model_store.hub import Progress, RemoteFile, remote_info, remote_projector
+from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
+                                            free_memory, plan)
+from localinfer.model_store.fit import (MemoryEstimate, check_context, estimate_memory,
+                                        projector_memory)
+from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info, read_projector_info
+from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
+from localinfer.model_store.pulled import Manifest
+from localinfer.settings import Settings
+
+__all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
+           "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
+           "warm_runner"]
+
+log = logging.getLogger("localinfer.service")
+
+# (path, options, name, loop=None): loop is the event loop of the server that will use it
+BackendFactory = Callable[..., Backend]
+
+
+def ram_available() -> int:
+    return psutil.virtual_memory().available
+
+
+def llama_cpp_backend(path: Path, options: LoadOptions, name: str,
+                      loop: asyncio.AbstractEventLoop | None = None) -> Backend:
+    """The model in this process (benchmarks and tests of the engine itself)."""
+    from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
+
+    return LlamaCppBackend(path, options, name=name)
+
+
+def runner_backend(path: Path, options: LoadOptions, name: str,
+                   loop: asyncio.AbstractEventLoop | None = None) -> Backend:
+    """The model in a runner process of its own: a crash inside llama.cpp ends that runner,
+    not the program that uses it. loop: a server's, to read the runner's events on."""
+    from localinfer.backends.runner.process import RunnerBackend
+
+    return RunnerBackend(path, options, name=name, loop=loop)
+
+
+def warm_runner(factory: BackendFactory) -> None:
+    """Before planning a load by `factory`: a runner's process starts meanwhile (see
+    runner.warm_spare), so the load that follows waits ~0.25 s less."""
+    if factory is runner_backend:
+        from localinfer.backends.runner.process import warm_spare
+
+        warm_spare()
+
+
+def default_context(info: GGUFInfo, settings: Settings) -> int:
+    """The context a chat gets when none is asked for: the setting, within what the model
+    was trained on."""
+    return min(settings.ctx, info.n_ctx_train or settings.ctx)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model checked and planned for this machine, before anything is loaded: the one fit
+    check of `run`, the chat app and the server alike."""
+
+    model: ResolvedModel
+    info: GGUFInfo
+    options: LoadOptions  # the context, GPU layers and draft model's file filled in
+    ram_bytes: int  # what it takes of RAM (weights the GPU does not hold, KV and buffers)
+    # and of each GPU (by index), as the planner counts it (a draft model and a vision
+    # projector on the main GPU)
+    gpu_use: dict[int, int] = dataclasses.field(default_factory=dict)
+    # more copies of the model, each whole on a GPU of its own (`options` is the first's)
+    copies: tuple[LoadOptions, ...] = ()
+
+    @property
+    def gpu_bytes(self) -> int:
+        return sum(self.gpu_use.values())
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.ram_bytes + self.gpu_bytes
+
+
+def prepare(
+    ref: str | None,
+    options: LoadOptions,
+    settings: Settings | None = None,
+    available_memory: Callable[[], int] = ram_available,
+    allow_paths: bool = True,
+    hardware: Callable[[], Hardware | None] = lambda: detect(),
+) -> Prepared:
+    """Resolve, validate the file, plan the GPU layers and check the memory — all before
+    loading anything."""
+    settings = settings or Settings()
+    model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
+    info = read_gguf_info(model.path)
+    n_ctx = options.n_ctx or default_context(info, settings)
+    draft_model, draft_bytes = None, 0
+    if options.draft_model:  # a name or a path: it comes from whoever starts us, never the network
+        draft = resolve(options.draft_model, settings.models_dir)
+        draft_model = str(draft.path)
+        draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
+    projector = options.projector or (str(model.projector) if model.projector else None)
+    # a projector goes where the model's layers go, as a draft model does: counted with it
+    beside = draft_bytes + (projector_memory(read_projector_info(projector)) if projector else 0)
+    what = " and ".join(w for w, b in (("the draft model", draft_bytes),
+                                       ("the vision projector", beside - draft_bytes)) if b)
+    options = dataclasses.replace(options, n_ctx=n_ctx, draft_model=draft_model,
+                                  projector=projector,
+                                  reply_cap=settings.max_tokens if options.reply_cap is None
+                                  else options.reply_cap)
+    chosen = None
+    snapshots = rollback_snapshots(info, options)
+    if options.n_gpu_layers is None:  # a draft model (and a projector) goes whole onto a GPU
+        machine = hardware()
+        machine = machine and select_gpus(machine, settings.gpus)  # --gpus
+        machine = with_workers(machine, settings.workers, settings.worker_key)
+        used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
+        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
+                          options.kv_type, options.n_outputs, snapshots)
+        options = placed(options, chosen)
+        if chosen is not None and any(p.remote for p in chosen.placement):
+            options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
+                                          worker_key=settings.worker_key, worker_head=HEAD)
+    if chosen is not None:
+        # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
+        in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
+        # (this machine's memory only: a worker's is the worker's, and it serves one model)
+        use = {p.index: p.total for p in chosen.placement if p.index is not None
+               and not p.remote}
+        if use:  # a draft model goes on the main GPU; with workers alone, into RAM
+            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + beside
+        ram = in_ram + chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
+        prepared = Prepared(model, info, options, ram, use)
+        return replicate(prepared, machine, settings.replicas)
+    estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
+                               options.kv_type, options.n_outputs, snapshots=snapshots)
+    if not options.n_gpu_layers:  # all of it in RAM: check it fits there
+        check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
+                      model.name, options.kv_type, beside=(beside, what),
+                      n_outputs=options.n_outputs, snapshots=snapshots)
+    # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
+    return Prepared(model, info, options, estimate.ram + beside)
+
+
+def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:
+    """Copies of each slot's recurrent state llama.cpp keeps for a load (n_rs_seq): one per
+    guess where a hybrid model speculates (the backend's `rollback`), else none."""
+    return options.guesses if info.shape().hybrid else 0
+
+
+def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
+                 ) -> Hardware | None:
+    """The machine with its RPC workers' devices (probed now, with timeouts: a worker that is
+    down, busy or of another llama.cpp is an error naming it), numbered after the GPUs
+    llama.cpp has here."""
+    if hw is None or not workers:
+        return hw
+    from localinfer.backends.rpc.library import identity
+    from localinfer.backends.rpc.workers import check_usable, probe
+
+    ours = identity()
+    remote = []
+    for endpoint in workers:
+        info = probe(endpoint, key)
+        if info.busy and info.busy_head == HEAD:
+            log.info("worker %s holds another model of ours: planned without it", endpoint)
+            continue
+        check_usable(info, *ours)
+        for device in info.devices:
+            remote.append(GPU(vendor="rpc", index=local_gpu_count(hw) + len(remote),
+                              name=f"{endpoint}/{device.name}", total_bytes=device.total_bytes,
+                              free_bytes=device.free_bytes, backend="rpc",
+                              driver=device.description))
+    return dataclasses.replace(hw, remote=tuple(remote))
+
+
+def local_gpu_count(hw: Hardware) -> int:
+    """The GPUs llama.cpp numbers on this machine."""
+    if hw.devices:
+        return gpu_count(hw.devices)
+    return len(hw.gpus) if hw.gpu_offload else 0
+
+
+def replicate(prepared: Prepared, hardware: Hardware | None, copies: int) -> Prepared:
+    """Up to `copies` copies of a model planned whole onto one GPU: the first as planned,
+    each other on another GPU with room for all of it (the most free first). A model split
+    over GPUs, or partly in RAM, stays one copy."""
+    options = prepared.options
+    whole = (options.split_mode == "none" and len(prepared.gpu_use) == 1
+             and options.n_gpu_layers == prepared.info.n_layer + 1 and not options.cpu_experts)
+    if copies < 2 or hardware is None or not whole:
+        return prepared
+    need = prepared.gpu_use[options.main_gpu]
+    room = sorted((g for g in hardware.usable_gpus if g.backend != "rpc"
+                   and g.index != options.main_gpu and free_memory(g) >= need),
+                  key=free_memory, reverse=True)[:copies - 1]
+    if not room:
+        return prepared
+    return dataclasses.replace(
+        prepared, ram_bytes=prepared.ram_bytes * (1 + len(room)),
+        gpu_use={**prepared.gpu_use, **{g.index: need for g in room}},
+        copies=tuple(dataclasses.replace(options, main_gpu=g.index) for g in room))
+
+
+def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:
+    """The options with the plan's placement: its GPU layers, and on one GPU that GPU alone;
+    on several, their shares (split by layer or by row, as the options say)."""
+    if chosen is None:
+        return dataclasses.replace(options, n_gpu_layers=0, split_mode="none", main_gpu=0,
+                                   tensor_split=(), cpu_experts=())
+    several = chosen.split_mode != "none"
+    return dataclasses.replace(options, n_gpu_layers=chosen.n_gpu_layers,
+                               main_gpu=chosen.main_gpu, tensor_split=chosen.tensor_split,
+                               split_mode=options.split_mode if several else "none",
+                               cpu_experts=chosen.cpu_experts)
+
+
+def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
+    """A draft model's memory: its weights, an f16 KV cache for one stream (for the whole pool
+    with --kv-unified) and its compute buffer, as the backend creates it."""
+    n_streams = options.n_slots if options.kv_unified else 1
+    return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1)
+
+
+def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hardware | None:
+    """The machine as the model's plan sees it once `taken` bytes are in use: of each GPU
+    (a number), or of the GPU of each index (a mapping)."""
+    if hw is None or not taken:
+        return hw
+    use = taken if isinstance(taken, Mapping) else {g.index: taken for g in hw.gpus}
+    gpus = tuple(dataclasses.replace(g, free_bytes=max(0, free_memory(g) - use.get(g.index, 0)))
+                 for g in hw.gpus)
+    return dataclasses.replace(hw, gpus=gpus)
+
+
+def less_memory(hw: Hardware, taken: int) -> Hardware:
+    """The machine once something loaded beside the model takes `taken` bytes: of each GPU
+    (where it goes with the model's layers), or of the RAM on a machine without one."""
+    if not taken:
+        return hw
+    if hw.usable_gpus:
+        return less_gpu_memory(hw, taken)
+    return dataclasses.replace(hw, ram_available_bytes=max(0, hw.ram_available_bytes - taken))
+
+
+def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
+    """What a hub projector will hold once loaded (its header read remotely; 0 for none)."""
+    return projector_memory(remote_projector(repo, projector)) if projector else 0
+
+
+def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
+             ) -> Plan:
+    """The planner's plan for this one file on this machine; raises WontFit."""
+    gpus = list(hw.usable_gpus)
+    return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
+                n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs,
+                snapshots=snapshots)
+
+
+def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
+             ) -> Plan | None:
+    """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
+    a CPU-only build, or no layer fits)."""
+    if hw is None or not hw.usable_gpus:
+        return None
+    try:
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots)
+    except WontFit:
+        return None  # the RAM check that follows says what to do
+    log.info("plan for %s: %s", info.name, chosen.reason)
+    return chosen if chosen.n_gpu_layers else None
+
+
+def load_model(
+    ref: str | None,
+    options: LoadOptions,
+    settings: Settings | None = None,
+    available_memory: Callable[[], int] = ram_available,
+    backend_factory: BackendFactory = runner_backend,
+) -> Backend:
+    warm_runner(backend_factory)
+    prepared = prepare(ref, options, settings, available_memory)
+    return backend_factory(prepared.model.path, prepared.options, prepared.model.name)
+
+
+def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
+                n_ctx: int = 8192, n_slots: int = 1, info: GGUFInfo | None = None
+                ) -> tuple[GGUFInfo, Plan]:
+    """A hub model's plan before it is pulled: the header of one file read remotely (unless
+    given), each quant's size from the listing (only the quant the name asks for, if it
+    asks); raises WontFit."""
+    info = info or remote_info(ref.repo, min(files, key=lambda f: f.size))
+    sizes = {f.quant: f.size for f in files if f.quant and ref.quant in (None, f.quant)}
+    if not sizes:
+        raise ModelNotFound(f"{ref.repo} (no file names {ref.quant or 'a quant'})")
+    return info, plan(info.shape(), sizes, list(hardware.usable_gpus),
+                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots)
+
+
+def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
+                 hardware: Hardware | None = None, projector: RemoteFile | None = None) -> str:
+    """The planner's pick for this machine, from the header of one file read remotely; with
+    room kept for the vision projector that comes with it."""
+    try:
+        _, chosen = plan_remote(ref, files, less_memory(hardware or detect(), projector_bytes(
+            ref.repo, projector)), n_ctx)
+    except WontFit as exc:
+        raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
+    log.info("plan for %s: %s", ref.installed_name, chosen.reason)
+    return chosen.quant
+
+
+def pull_model(ref: str, settings: Settings | None = None,
+               progress: Progress | None = None, allow_paths: bool = True
+               ) -> Manifest | ResolvedModel:
+    """Download a hub model; an embedded one is only located (assembled if need be).
+    allow_paths: False where the name comes from a client, who may not probe for files."""
+    settings = settings or Settings()
+    if is_embedded(ref):
+        return resolve(ref, settings.models_dir, allow_paths=False)
+    hub_ref = parse_hub_ref(ref)
+    if hub_ref is None:
+        resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
+        raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
+    def choose(ref: HubRef, files: Sequence[RemoteFile], projector: RemoteFile | None
+               ) -> str:  # for the GPUs chosen
+        return choose_quant(ref, files, hardware=with_workers(
+            select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key),
+            projector=projector)
+
+    return pulled.pull(hub_ref, settings.models_dir, choose, progress)

@@ -1,0 +1,552 @@
+"""The engine: one thread owns the llama.cpp context and serves every request from it.
+
+Vocabulary follows llama.cpp's server. A `Task` enters through a queue; a free `Slot`
+(one sequence id in the shared context) takes it. Each step builds one batch holding the
+next token of every generating slot plus prompt chunks of slots still processing their
+prompt, decodes it once, and samples every slot whose logits came out of that batch.
+A slot keeps its tokens' KV after a request ends, so the next request that shares the
+prefix (the same system prompt, earlier turns of the same chat) prefills only the rest.
+"""
+
+from __future__ import annotations
+
+import codecs
+import itertools
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import CancelledError
+from dataclasses import replace
+
+from localinfer.backends.engine.batch import StepBatch
+from localinfer.backends.engine.draft import DraftModel
+from localinfer.backends.engine.cells import SharedCells, SplitCells
+from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
+from localinfer.backends.native.model import NativeModel
+from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.engine.slots import Slot, SlotState, Task
+from localinfer.backends.engine.speculator import Speculator
+from localinfer.backends.engine.think_budget import ThinkBudget
+from localinfer.backends.engine.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQueue, check_request
+from localinfer.backends.engine.step_budget import StepBudget
+from localinfer.backends.engine.stop import StopMatcher
+from localinfer.backends.engine.threads import ThreadTuner
+from localinfer.backends.native.vision import Pictures, Projector, is_image
+from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequest, LocalinferError
+
+__all__ = ["Engine", "Slot", "SlotState", "Task"]
+
+log = logging.getLogger("localinfer.engine")
+
+
+class Engine:
+    def __init__(
+        self,
+        native: NativeModel,
+        n_slots: int,
+        n_batch: int,
+        max_waiting: int = 64,
+        clock: Callable[[], float] = time.perf_counter,
+        prefill_chunk: int | None = None,
+        step_budget: float | None = None,
+        draft_tokens: int = 0,
+        unified: bool = False,
+        drafter: DraftModel | None = None,
+        threads: ThreadTuner | None = None,
+        grammar_limit_s: float = 1.0,
+        reply_cap: int | None = None,
+        cache_reuse: int = 0,
+        projector: Projector | None = None,
+    ):
+        self.native = native
+        self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
+        # an image is encoded while the other streams decode (False: they wait for it, as
+        # before; bench/vision.py's baseline)
+        self.overlap_images = True
+        # the longest reply of a request that sets no limit (the one place it is applied:
+        # every front end's requests pass here); None or 0: none
+        self.reply_cap = reply_cap or None
+        # one token of a grammar-constrained reply may take this long to sample; past it the
+        # request ends with an error, so a costly grammar cannot stall every other stream
+        # (measured here: JSON grammars on gemma3's 262k vocabulary take 41 ms a token, at
+        # most 121 ms; a slower CPU has room to spare)
+        self.grammar_limit_s = grammar_limit_s
+        # re-chooses llama.cpp's thread count as other processes load the CPU (threads.py);
+        # None: the count the context was made with stays
+        self.threads = threads
+        self.n_batch = max(n_batch, n_slots)
+        # prompt tokens one slot may add to a step: smaller chunks keep running streams
+        # moving while a long prompt is read, at some cost to that prompt's own prefill speed
+        self.prefill_chunk = max(1, min(prefill_chunk or self.n_batch, self.n_batch))
+        # while streams generate, prompt tokens per step are held to what keeps a step within
+        # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
+        self.budget = StepBudget(step_budget)
+        # a lone stream also decodes guesses with its next token (speculator.py); a
+        # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
+        # does only for hybrids, and as many tokens as it keeps snapshots for
+        if draft_tokens and native.stateful and native.rollback < draft_tokens:
+            log.warning("speculative decoding is off for this model: its recurrent state "
+                        "cannot be rolled back to a rejected guess")
+            draft_tokens = 0
+            if drafter is not None:
+                drafter.close()
+                drafter = None
+        self.speculator = Speculator(draft_tokens, drafter)
+        # how the slots share the context's cells: a fixed share each, or one pool that
+        # admits and preempts requests by free cells (cells.py); past a request's cached
+        # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off)
+        self.cells = (SharedCells if unified else SplitCells)(native, n_slots, cache_reuse)
+        self.n_cells = self.cells.n_cells
+        self.n_ctx_slot = self.cells.per_slot
+        self.slots = [Slot(id=i) for i in range(n_slots)]
+        self._clock = clock
+        self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)
+        self._ids = itertools.count(1)
+        self._closed = False
+        self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0,
+                          "preempted": 0}
+        # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
+        # their difference is what the engine itself costs on top of llama.cpp
+        self._seconds = {"decode": 0.0, "step": 0.0}
+        self.batch = StepBatch(native, self.n_batch)  # the step being filled (batch.py)
+        # called on the engine thread after each step with (seconds, decode tokens, prompt
+        # tokens): for tracing and benchmarks
+        self.on_step: Callable[[float, int, int], None] | None = None
+        # called on the engine thread after each pass of its loop, before it waits for work,
+        # and once it has stopped: every event of the pass has been put by then (a runner
+        # process sends them to its parent in one message)
+        self.after_pass: Callable[[], None] = lambda: None
+        self._freed = False
+        self._thread = threading.Thread(target=self._run, name="localinfer-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ callers' side
+    def submit(self, prompt: Sequence[int], params: SamplingParams,
+               pictures: Pictures | None = None) -> Generation:
+        """Queue a request. `pictures`: its images' chunks, by the placeholder ids that stand
+        for them in `prompt` (vision.py); the engine frees them when the request ends."""
+        try:
+            if self._closed:
+                raise EngineClosed("the engine has been shut down")
+            prompt = list(prompt)
+            if params.max_tokens is None and params.capped and self.reply_cap:
+                params = replace(params, max_tokens=self.reply_cap, context_shift=False)
+            if pictures and pictures.chunks:  # an image's tokens are never cut in half
+                params = replace(params, context_shift=False)
+            check_request(prompt, params, self.native.n_vocab, self.n_ctx_slot,
+                          pictures.chunks if pictures else ())
+            # built here, in the caller's thread (it reads only the vocabulary): a grammar
+            # that does not parse is refused before it is queued, and parsed once
+            sampler = self.native.sampler(params, prompt)
+            if not self.queue.admit():
+                sampler.close()
+                raise EngineBusy(f"{self.queue.queued} requests are already waiting — retry "
+                                 f"shortly")
+        except BaseException:
+            if pictures:
+                pictures.close()
+            raise
+        task_id = next(self._ids)
+        generation = Generation(id=task_id, _on_cancel=self._wake)
+        stats = RequestStats(submitted_at=self._clock())
+        self.queue.put(Task(task_id, prompt, params, generation, stats, sampler,
+                            pictures=pictures if pictures and pictures.chunks else None,
+                            think=ThinkBudget(params.think, prompt) if params.think else None))
+        return generation
+
+    def stats(self) -> EngineStats:
+        """Safe from any thread; the figures may be one step apart from each other."""
+        slots = list(self.slots)
+        return EngineStats(
+            n_slots=len(slots),
+            active=sum(1 for s in slots if s.task is not None),
+            waiting=self.queue.queued,
+            kv_cells_used=sum(len(s.cache) for s in slots),
+            kv_cells_total=self.native.n_cells(),
+            steps=self._counters["steps"],
+            tokens_evaluated=self._counters["evaluated"],
+            tokens_generated=self._counters["generated"],
+            requests_finished=self._counters["finished"],
+            preemptions=self._counters["preempted"],
+            decode_seconds=self._seconds["decode"],
+            step_seconds=self._seconds["step"],
+            threads=self.native.threads(),
+        )
+
+    @property
+    def steps(self) -> int:
+        """Steps so far: a counter, safe from any thread, before and after close."""
+        return self._counters["steps"]
+
+    def cancel_all(self) -> None:
+        """End every request submitted so far within a step (a server shutting down): each
+        gets its DoneEvent, so its stream closes properly. Safe from any thread."""
+        self.queue.put(CANCEL_ALL)
+
+    def stop(self) -> None:
+        """The engine's thread ends: every request ends (EngineClosed), its sampler freed;
+        nothing runs on the model afterwards. (close frees what the engine holds.)"""
+        if self._closed:
+            return
+        self._closed = True
+        self.queue.put(CLOSE)
+        self._thread.join()
+
+    def close(self) -> None:
+        if self._freed:
+            return
+        self._freed = True
+        self.stop()
+        self.batch.free()
+        self.speculator.close()
+        self.native.close()
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self.after_pass()
+
+    def _loop(self) -> None:
+        while self._take_new_tasks():
+            self._drop_cancelled()
+            self._assign_slots()
+            if not any(s.task for s in self.slots):
+                continue
+            try:
+                self.cells.before_step(self.slots, self._preempt)
+                self._step()
+            except Exception as exc:  # never let one bad step kill the engine thread
+                log.exception("decode step failed")
+                self._fail_active(EngineError(f"generation failed: {exc}"))
+        self._fail_all(EngineClosed("the engine was shut down"))
+
+    def _take_new_tasks(self) -> bool:
+        """Move arrivals into the wait queue; block only when there is nothing to do."""
+        self.after_pass()
+        idle = ((not self.queue.waiting and not any(s.task for s in self.slots))
+                or self._waiting_for_images())
+        for signal in self.queue.arrivals(block=idle):
+            if signal is CLOSE:
+                return False
+            if signal is CANCEL_ALL:  # every request so far ends now, with what it has
+                for task in [*self.queue.waiting, *(s.task for s in self.slots if s.task)]:
+                    task.generation.cancelled = True
+        return True
+
+    def _drop_cancelled(self) -> None:
+        for task in self.queue.drop_cancelled():
+            task.close()
+            task.stats.finish_reason = "cancelled"
+            task.generation.put(DoneEvent(task.stats))
+        for slot in self.slots:
+            if slot.task and slot.task.generation.cancelled:
+                self._finish(slot, "cancelled")
+
+    def _assign_slots(self) -> None:
+        while self.queue.waiting:
+            idle = [s for s in self.slots if s.state is SlotState.IDLE]
+            if not idle:
+                return
+            task = self.queue.waiting[0]
+            tokens = task.resume.tokens if task.resume else task.prompt
+            limit = len(tokens) - (0 if task.resume else 1)
+            # the most cached tokens win (the prefix, and runs to be moved into place);
+            # among equals, the least recently used
+            slot = max(idle, key=lambda s: (self.cells.reusable(s, tokens, limit, self.slots),
+                                            -s.last_used))
+            if not self.cells.admit(slot, tokens, self.slots):
+                return  # first come, first served: nobody overtakes the head of the queue
+            self.queue.waiting.popleft()
+            self.queue.taken(task)
+            self._start(slot, task)
+
+    def _start(self, slot: Slot, task: Task) -> None:
+        resume, task.resume = task.resume, None
+        tokens = resume.tokens if resume else task.prompt
+        self.cells.borrow_prefix(slot, tokens, self.slots)
+        # a new prompt keeps at least one token to evaluate: its logits give the first token
+        limit = len(tokens) - (0 if resume else 1)
+        n_keep = min(slot.common_prefix(tokens), limit)
+        if not task.pictures:  # (an image's KV is not moved: a run could start inside one)
+            n_keep = self.cells.reuse_chunks(slot, tokens, n_keep, limit, self.slots)
+        n_keep = self.cells.keep_prefix(slot, tokens, n_keep)
+        slot.task = task
+        slot.to_read = tokens
+        slot.n_prompt_done = n_keep
+        slot.draft_quality = 1.0
+        if resume:
+            slot.sampler, slot.decoder, slot.stop = resume.sampler, resume.decoder, resume.stop
+            slot.next_token = resume.next_token
+            slot.state = SlotState.PROCESSING_PROMPT if n_keep < len(tokens) else SlotState.GENERATING
+            log.debug("slot %d: task %d resumes, %d tokens, %d cached",
+                      slot.id, task.id, len(tokens), n_keep)
+            return
+        slot.state = SlotState.PROCESSING_PROMPT
+        slot.sampler, task.sampler = task.sampler, None
+        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        slot.stop = StopMatcher(task.params.stop, task.params.min_indent)
+        task.stats.started_at = self._clock()
+        task.stats.prompt_tokens = len(task.prompt)
+        task.stats.cached_tokens = n_keep
+        log.debug("slot %d: task %d, %d prompt tokens, %d cached",
+                  slot.id, task.id, len(task.prompt), n_keep)
+
+    # ------------------------------------------------------------ unified cache: preemption
+    def _preempt(self, slot: Slot) -> None:
+        """Drop a request's KV and queue it first, to be rebuilt from its tokens later (what
+        it keeps to go on where it was: Slot.hand_back)."""
+        task = slot.task
+        task.stats.preemptions += 1
+        self._counters["preempted"] += 1
+        slot.hand_back()
+        log.debug("slot %d: task %d preempted at %d tokens", slot.id, task.id, len(slot.cache))
+        self.cells.forget(slot)
+        slot.release(self._clock())
+        self.queue.requeue_first(task)
+
+    def _step(self) -> None:
+        started = time.perf_counter()
+        n_decode, n_prompt = self._fill_batch()
+        if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
+            return
+        decode_started = time.perf_counter()
+        rc = self.batch.decode()  # until the device is done: the wait for a GPU
+        # belongs to the decode, not to the engine's own time
+        self._seconds["decode"] += time.perf_counter() - decode_started
+        if rc != 0:
+            raise EngineError(f"llama_decode returned {rc}")
+        self._counters["steps"] += 1
+        self._counters["evaluated"] += n_prompt
+        best = self.batch.greedy_picks(self.slots)
+        for slot in self.slots:
+            if slot.task and slot.draft:
+                if not self.speculator.verify(slot, self._sample, self._on_token,
+                                              self.native.forget):
+                    self._lost(slot, "llama.cpp could not drop the guesses it rejected")
+            elif slot.task and slot.batch_index >= 0:
+                forced = self._forced(slot)
+                if forced is not None:
+                    token = forced
+                elif best is not None and slot.sampler.argmax:
+                    token = int(best[slot.output_row])
+                else:
+                    token = self._sample(slot, slot.batch_index)
+                    if token is None:
+                        continue
+                slot.state = SlotState.GENERATING
+                self._on_token(slot, token, slot.batch_index)
+            elif (slot.state is SlotState.PROCESSING_PROMPT and slot.rebuilding
+                  and slot.n_prompt_done == len(slot.to_read)):
+                slot.state = SlotState.GENERATING
+        seconds = time.perf_counter() - started
+        self._seconds["step"] += seconds
+        self.budget.observe(seconds, n_decode, n_prompt)
+        if self.threads is not None:
+            count = self.threads.observe(seconds, n_decode, n_prompt)
+            if count is not None:
+                self.native.set_threads(count)
+        if self.on_step is not None:
+            self.on_step(seconds, n_decode, n_prompt)
+
+    def _fill_batch(self) -> tuple[int, int]:
+        """Fill the batch: every generating slot's next token, a lone stream's guesses, then
+        prompt chunks as the step budget and the free cells allow."""
+        batch = self.batch
+        batch.clear()
+        for slot in self.slots:
+            slot.batch_index = -1
+            if slot.state is SlotState.GENERATING:
+                batch.add(slot, slot.next_token, logits=True)
+        self.speculator.add_guesses(self.slots, batch, min(
+            self.n_batch - batch.n_tokens, self.cells.free(self.slots)), self.n_ctx_slot)
+        n_decode = batch.n_tokens
+        allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
+        # (the decode tokens' cells are already counted in the caches)
+        allowed = min(allowed, self.cells.free(self.slots))
+        for slot in self.slots:
+            room = min(self.prefill_chunk, allowed - (batch.n_tokens - n_decode))
+            if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
+                continue
+            encoding = False
+            while (slot.task and slot.n_prompt_done < len(slot.to_read)
+                   and is_image(slot.to_read[slot.n_prompt_done])):
+                if not self._read_image(slot):  # a decode of its own once it is encoded
+                    encoding = True
+                    break
+            if encoding or not slot.task or slot.n_prompt_done == len(slot.to_read):
+                continue  # (its image being encoded; failed; a rebuilt request all read)
+            end = min(len(slot.to_read), slot.n_prompt_done + room)
+            if slot.task.pictures:  # up to its next image
+                end = next((i for i in range(slot.n_prompt_done, end)
+                            if is_image(slot.to_read[i])), end)
+            batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
+                             logits_last=not slot.rebuilding)
+            slot.n_prompt_done = end
+        return n_decode, batch.n_tokens - n_decode
+
+    def _read_image(self, slot: Slot) -> bool:
+        """The image whose placeholders come next in the slot's prompt. It is encoded on the
+        projector's own thread while the other streams go on (with `overlap_images`; else
+        the engine waits for it), then decoded into the slot's sequence whole, between steps
+        (one image cannot be split: its tokens may attend to each other both ways). False
+        while it is being encoded (bench/vision.py measures both ways)."""
+        start = slot.n_prompt_done
+        place = slot.to_read[start]
+        pictures = slot.task.pictures
+        size = pictures.sizes[place]
+        try:
+            if self.projector is None:
+                raise InvalidRequest("this model takes no images")
+            future = pictures.encoding.get(place) or self.projector.encode(
+                pictures, place, self.n_batch, self._wake)
+            if self.overlap_images and not future.done():
+                return False
+            try:
+                embeddings = future.result()  # (its copy stays: a rebuilt request reuses it)
+            except CancelledError:
+                raise EngineError("the image's encode was cancelled") from None
+            self.projector.decode(pictures, place, embeddings, slot.id, slot.position(start),
+                                  self.n_batch)
+        except LocalinferError as exc:
+            self.cells.forget(slot)  # (what the decode may have half-written)
+            self._fail(slot, exc)
+            return True
+        positions = pictures.positions[place]
+        if positions != size:  # (M-RoPE: its tokens share positions)
+            slot.spans[place] = (size, positions)
+            slot.deficit += size - positions
+        slot.cache.extend(slot.to_read[start:start + size])
+        slot.n_prompt_done = start + size
+        self._counters["evaluated"] += size
+        return True
+
+    def _wake(self) -> None:
+        self.queue.put(WAKE)
+
+    def _waiting_for_images(self) -> bool:
+        """Whether the last step had nothing to decode but images being encoded: the engine
+        then sleeps until one is done (its encode wakes it), or a request comes."""
+        return not self.batch.n_tokens and any(
+            not future.done() for slot in self.slots if slot.task and slot.task.pictures
+            for future in slot.task.pictures.encoding.values())
+
+    def _sample(self, slot: Slot, batch_index: int) -> int | None:
+        """The slot's next token; None when its grammar took too long and it was failed."""
+        if not slot.sampler.constrained:
+            return slot.sampler.sample(self.native, batch_index)
+        started = time.perf_counter()
+        token = slot.sampler.sample(self.native, batch_index)
+        spent = time.perf_counter() - started
+        if spent <= self.grammar_limit_s:
+            return token
+        log.warning("slot %d: task %d's grammar took %.2f s for one token; ending it",
+                    slot.id, slot.task.id, spent)
+        self._fail(slot, InvalidRequest(
+            f"following the response format took {spent:.2f} s for one token, more than the "
+            f"{self.grammar_limit_s:g} s allowed — simplify the schema (nested repetitions, "
+            "long alternatives)"))
+        return None
+
+    @staticmethod
+    def _forced(slot: Slot) -> int | None:
+        """The token a spent reasoning budget writes now (think_budget.py), taken by the
+        request's sampler as if drawn; None: sample as usual."""
+        think = slot.task.think
+        token = think.forced() if think is not None else None
+        if token is not None and not slot.sampler.accept(token):
+            slot.task.think = None  # (its grammar will not have it: the model goes on)
+            return None
+        return token
+
+    def _on_token(self, slot: Slot, token: int, row: int) -> None:
+        """A written token (drawn from the logits at `row` of this step's decode)."""
+        task = slot.task
+        task.stats.token_times.append(self._clock())
+        self._counters["generated"] += 1
+        if task.think is not None:
+            task.think.observe(token)
+        if self.native.is_eog(token):
+            return self._finish(slot, "stop")
+        if task.params.logprobs is not None:  # (paid only by a request that asks)
+            task.logprobs.append(self.native.logprob(row, token, task.params.logprobs))
+        text = slot.stop.feed(slot.decoder.decode(self.native.piece(token)))
+        if text:
+            task.generation.put(TokenEvent(text, token, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
+        if slot.stop.stopped:
+            task.stats.stop_string = slot.stop.matched
+            return self._finish(slot, "stop")
+        max_tokens = task.params.max_tokens
+        if max_tokens is not None and task.stats.generated_tokens >= max_tokens:
+            return self._finish(slot, "length")
+        limit = task.params.line_time_limit
+        if (limit is not None and slot.stop.newline
+                and task.stats.token_times[-1] - task.stats.token_times[0] > limit):
+            return self._finish(slot, "length")
+        if len(slot.cache) >= self.n_ctx_slot:  # no cell left to feed this token back
+            # shifting only with a limit: without one, a model that never writes its end
+            # token would hold the slot for ever
+            shift = task.params.context_shift and task.params.max_tokens is not None
+            if not (shift and self.cells.shift(slot, task.params.n_keep)):
+                return self._finish(slot, "length")
+            task.stats.context_shifts += 1
+        slot.next_token = token
+
+    def _finish(self, slot: Slot, reason: str) -> None:
+        task = slot.task
+        # the decoder's pending bytes are a character cut short (by max_tokens, say): they
+        # are dropped, not sent as U+FFFD
+        tail = slot.stop.flush()
+        if tail and reason != "cancelled":
+            task.generation.put(TokenEvent(tail, -1, len(task.stats.token_times) - 1,
+                                           self._take_logprobs(task)))
+        task.stats.finish_reason = reason
+        self._counters["finished"] += 1
+        slot.release(self._clock())  # first: whoever sees the end may count on a free slot
+        task.close()
+        task.generation.put(DoneEvent(task.stats))
+
+    @staticmethod
+    def _take_logprobs(task: Task) -> tuple:
+        """The log probabilities of the tokens whose text goes out now (a stop string's
+        tokens, whose text never does, keep theirs)."""
+        taken, task.logprobs = tuple(task.logprobs), []
+        return taken
+
+    def _fail(self, slot: Slot, error: LocalinferError) -> None:
+        """End one request with an error; its slot's KV stays valid for the next."""
+        task = slot.task
+        task.generation.put(ErrorEvent(error))
+        self._counters["finished"] += 1
+        slot.release(self._clock())
+        task.close()
+
+    def _lost(self, slot: Slot, why: str) -> None:
+        """The slot's sequence no longer holds what the slot says (llama.cpp refused a cut):
+        its request ends with an error rather than go on from a wrong state, and the
+        sequence is dropped."""
+        log.error("slot %d: %s", slot.id, why)
+        if slot.task:
+            self._fail(slot, EngineError(f"generation stopped: {why}"))
+        self.cells.forget(slot)
+
+    def _fail_active(self, error: LocalinferError) -> None:
+        for slot in self.slots:
+            if slot.task:
+                task = slot.task
+                task.generation.put(ErrorEvent(error))
+                # its KV may be half-written: forget it
+                self.native.forget(slot.id)
+                slot.cache.clear()
+                slot.deficit = 0
+                slot.release(self._clock())
+                task.close()
+
+    def _fail_all(self, error: LocalinferError) -> None:
+        self._fail_active(error)
+        for task in self.queue.drain():
+            task.close()
+            task.generation.put(ErrorEvent(error))
