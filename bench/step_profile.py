@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 
 import harness
-from localinfer.backends import engine as engine_module
+from localinfer.backends.engine import scheduler as engine_module
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.llamacpp import LlamaCppBackend

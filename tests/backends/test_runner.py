@@ -154,7 +154,7 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         smollm2_path, monkeypatch):
     """`run`, `chat`, `serve` and `app` start a runner before they plan; the load takes it.
     One started under other variables (tests set those a runner reads) is not used."""
-    from localinfer.backends import runner as runner_module
+    from localinfer.backends.runner import process as runner_module
 
     runner_module.warm_spare()
     spare = runner_module._spare[0]
@@ -214,7 +214,7 @@ def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    from localinfer.backends import runner as runner_module
+    from localinfer.backends.runner import process as runner_module
 
     main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
     bundle = tmp_path / "localinfer"

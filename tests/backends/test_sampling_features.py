@@ -10,7 +10,7 @@ import time
 import llama_cpp
 import pytest
 
-from localinfer.backends import batch as batch_module
+from localinfer.backends.engine import batch as batch_module
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
 from localinfer.backends.native.model import SamplerChain
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
