@@ -9,16 +9,10 @@ import mmap
 import os
 import re
 import struct
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-# llama.cpp's libraries must be in the process before the gguf package imports sentencepiece
-# (it does where sentencepiece is installed): in the other order a CUDA build of llama.cpp
-# crashes in its tokenizer set-up while loading any model. Every gguf import goes through
-# here; tests/test_import_order.py checks that nothing brings gguf or sentencepiece in first.
-import llama_cpp  # noqa: F401  (loads the shared libraries)
-import gguf  # noqa: E402
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.arch import read_layers
@@ -28,6 +22,29 @@ __all__ = ["GGUFInfo", "ProjectorInfo", "has_fim_tokens", "part_paths", "quant_n
            "read_gguf_header", "read_gguf_info", "read_gguf_part", "read_projector_header",
            "read_projector_info"]
 
+
+
+def _import_gguf() -> Any:
+    """The gguf package, with sentencepiece and mistral_common kept out of the process.
+
+    gguf's vocab module imports them where they are installed, to write vocabularies, which
+    the store never does; and sentencepiece in a process before llama.cpp's libraries makes a
+    CUDA build of llama.cpp crash in its tokenizer set-up while loading any model. Kept out,
+    the order of imports no longer matters, and the store loads no native library
+    (tests/test_import_order.py, tests/test_layers.py)."""
+    blocked = [name for name in ("sentencepiece", "mistral_common") if name not in sys.modules]
+    for name in blocked:
+        sys.modules[name] = None  # type: ignore[assignment]  # an import of it fails at once
+    try:
+        import gguf
+    finally:
+        for name in blocked:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
+    return gguf
+
+
+gguf = _import_gguf()
 _MAGIC = b"GGUF"
 
 
