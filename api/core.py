@@ -30,9 +30,9 @@ from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, Error
 from localinfer.chat_formats.formats import (ChatFormat, Piece, Reply, ReplyParser, detect,
                                              opens_reasoning, parser, think_limit,
                                              with_thinking)
-from localinfer.backends.native.fim import Infill, infill_prompt
+from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 

@@ -14,13 +14,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from localinfer.model_store.hub import HubError
 from localinfer.errors import (
     Cancelled,
     ContextError,
     DiskFull,
     EngineBusy,
     EngineClosed,
+    HubError,
     InvalidRequest,
     LocalinferError,
     ModelError,

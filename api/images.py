@@ -23,7 +23,7 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 
 from localinfer.api.errors import ApiError
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.images import MAX_BYTES, MAX_IMAGES, decode
 from localinfer.settings import ImageUrls
 

@@ -1,5 +1,5 @@
 """llama-server's `/infill`: code completion as the llama.vscode and llama.vim plugins ask for
-it, a converter onto the one generate path with the model's own FIM prompt (backends/native/fim.py).
+it, a converter onto the one generate path with the model's own FIM prompt (app/chat_formats/fim.py).
 
 It takes `input_prefix`, `input_suffix`, `input_extra` (other files: `filename`, `text`),
 `prompt` (text after the middle mark), `n_predict`, `stream`, `stop`, `temperature`,
@@ -25,7 +25,7 @@ from localinfer.api import core
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
-from localinfer.backends.native.fim import Infill
+from localinfer.chat_formats.fim import Infill
 
 __all__ = ["router"]
 

@@ -29,7 +29,7 @@ from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
 from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece, arguments_object, detect
 from localinfer.chat_formats.template import fallback_template
-from localinfer.backends.native.fim import Infill
+from localinfer.chat_formats.fim import Infill
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message

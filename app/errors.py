@@ -33,6 +33,7 @@ __all__ = [
     "EngineBusy",
     "EngineClosed",
     "EngineError",
+    "HubError",
     "InvalidModelFile",
     "InvalidRequest",
     "LocalinferError",
@@ -53,6 +54,10 @@ class LocalinferError(Exception):
 
 class ModelError(LocalinferError):
     """Something is wrong with the model the user asked for."""
+
+
+class HubError(ModelError):
+    """The hub could not be asked, or said no."""
 
 
 class ModelNotFound(ModelError, LookupError):

@@ -15,7 +15,7 @@ import io
 import os
 from pathlib import Path
 
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest
 
 __all__ = ["MAX_BYTES", "MAX_IMAGES", "decode", "read"]

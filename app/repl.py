@@ -13,9 +13,9 @@ from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
 from localinfer.chat_formats.formats import Piece, start_chat
-from localinfer.backends.native.fim import Infill, infill_prompt
+from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, LocalinferError
 from localinfer.images import read as read_image
 

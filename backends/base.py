@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import hashlib
 import queue
 import threading
 import weakref
@@ -27,15 +28,43 @@ __all__ = [
     "Logprob",
     "Event",
     "Generation",
+    "Image",
     "LoadOptions",
     "ModelInfo",
     "SamplingParams",
     "TokenEvent",
+    "is_image",
 ]
 
 
 _INT32 = 2**31 - 1
 _FLOAT32 = 3.4028234663852886e38  # llama.cpp reads the samplers' numbers as 32-bit floats
+
+
+@dataclass(frozen=True)
+class Image:
+    """A decoded picture: RGB bytes, row by row (what the server hands a runner); in a
+    prompt, a run of its placeholder id (native/vision.py)."""
+
+    rgb: bytes = field(repr=False)
+    width: int
+    height: int
+
+    def __post_init__(self) -> None:
+        if self.width <= 0 or self.height <= 0 or len(self.rgb) != self.width * self.height * 3:
+            raise InvalidRequest("an image's pixels do not match its size")
+
+    @property
+    def placeholder(self) -> int:
+        """Its ids in a prompt: negative, from its pixels (the same picture, the same ids)."""
+        digest = hashlib.blake2b(self.rgb, digest_size=8,
+                                 person=f"{self.width}x{self.height}".encode()[:16]).digest()
+        return -1 - (int.from_bytes(digest, "little") >> 34)  # in [-2^30, -1]
+
+
+def is_image(token: int) -> bool:
+    """A prompt's id that stands for part of an image, not a vocabulary token."""
+    return token < 0
 
 
 @dataclass(frozen=True)
@@ -266,7 +295,7 @@ class ModelInfo:
     # the chat template in use (the file's, or the family's stand-in): how its family writes
     # tool calls and reasoning is read from it (chat_format.detect)
     chat_template: str | None = None
-    fim: bool = False  # the vocabulary has fill-in-the-middle tokens (backends/native/fim.py)
+    fim: bool = False  # the vocabulary has fill-in-the-middle tokens (app/chat_formats/fim.py)
     vision: bool = False  # a projector beside it takes images (backends/native/vision.py)
 
 
@@ -453,7 +482,7 @@ class Backend(ABC):
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
                       prompt: str = "", room: int | None = None) -> list[int]:
-        """A fill-in-the-middle prompt in the model's own FIM tokens (backends/native/fim.py), at
+        """A fill-in-the-middle prompt in the model's own FIM tokens (app/chat_formats/fim.py), at
         most `room` tokens (the context by default); InvalidRequest for a model without."""
         raise InvalidRequest("this model has no fill-in-the-middle tokens")
 

@@ -9,17 +9,17 @@ from dataclasses import dataclass
 from typing import Any
 from pathlib import Path
 
-from localinfer.backends.base import Backend, Generation, LoadOptions, ModelInfo, SamplingParams
+from localinfer.backends.base import Backend, Generation, Image, LoadOptions, ModelInfo, SamplingParams
 from localinfer.chat_formats.formats import detect
 from localinfer.chat_formats.template import ChatTemplate, fallback_template
 from localinfer.backends.engine.draft import DraftModel
-from localinfer.backends.native.fim import infill_tokens
+from localinfer.chat_formats.fim import infill_tokens
 from localinfer.backends.native.embeddings import Embedder
 from localinfer.backends.engine.scheduler import Engine
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.metrics import EngineStats
 from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical_cores
-from localinfer.backends.native.vision import Image, Pictures, Projector, count_images, with_markers
+from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest
 from localinfer.model_store.gguf_info import quant_name
 from localinfer.settings import default

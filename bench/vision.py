@@ -33,7 +33,7 @@ import numpy
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.model_store.sources import resolve
 
 WAYS = {True: "encoded beside the streams (now)", False: "waited for between steps (before)"}

@@ -32,9 +32,9 @@ from huggingface_hub.utils import build_hf_headers
 
 from localinfer.errors import (
     DiskFull,
+    HubError,
     InvalidModelFile,
     LocalinferError,
-    ModelError,
     ModelNotFound,
 )
 from localinfer.model_store.gguf_info import (GGUFInfo, ProjectorInfo, read_gguf_header,
@@ -46,10 +46,6 @@ __all__ = ["HubError", "RemoteFile", "download", "list_ggufs", "list_repo", "fil
 
 _QUANT_IN_NAME = re.compile(r"[-_.]((?:I?Q\d(?:_[A-Z0-9]+)*)|F16|BF16|F32)\.gguf$", re.IGNORECASE)
 _SPLIT = re.compile(r"-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
-
-
-class HubError(ModelError):
-    """The hub could not be asked, or said no."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from filelock import FileLock
 
-from localinfer.errors import ModelNotFound
+from localinfer.errors import HubError, ModelNotFound
 from localinfer.files import write_atomically
 from localinfer.model_store import hub
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
@@ -96,7 +96,7 @@ def pull(ref: HubRef, models_dir: Path, choose_quant: QuantChooser,
          progress: hub.Progress | None = None) -> Manifest:
     files, projectors = hub.list_repo(ref.repo)
     if not files:
-        raise hub.HubError(f"'{ref.repo}' holds no GGUF model")
+        raise HubError(f"'{ref.repo}' holds no GGUF model")
     quant = ref.quant or choose_quant(ref, files, hub.pick_projector(
         projectors, min(files, key=lambda f: f.size)))
     remote = hub.pick_file(ref.repo, files, quant)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest
 from localinfer.images import MAX_IMAGES, decode, read
 

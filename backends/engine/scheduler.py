@@ -32,7 +32,8 @@ from localinfer.backends.engine.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQ
 from localinfer.backends.engine.step_budget import StepBudget
 from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
-from localinfer.backends.native.vision import Pictures, Projector, is_image
+from localinfer.backends.base import is_image
+from localinfer.backends.native.vision import Pictures, Projector
 from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequest, LocalinferError
 
 __all__ = ["Engine", "Slot", "SlotState", "Task"]

@@ -16,7 +16,7 @@ import numpy
 
 from localinfer.backends.base import Logprob, SamplingParams
 from localinfer.backends.native.ggml import cpu_buffer_type, ensure_loaded, route_llama_log
-from localinfer.backends.native.fim import FimTokens
+from localinfer.chat_formats.fim import FimTokens
 from localinfer.chat_formats.grammar import check_gbnf
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 from localinfer.settings import KvType

@@ -16,47 +16,22 @@ wrapping tokens (Gemma 3's <start_of_image> … <end_of_image>).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy
 
+from localinfer.backends.base import Image
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, ModelLoadFailed
 
-__all__ = ["Image", "Pictures", "Projector", "is_image"]
+__all__ = ["Pictures", "Projector"]
 
 log = logging.getLogger("localinfer.vision")
-
-
-@dataclass(frozen=True)
-class Image:
-    """A decoded picture: RGB bytes, row by row (what the server hands a runner)."""
-
-    rgb: bytes = field(repr=False)
-    width: int
-    height: int
-
-    def __post_init__(self) -> None:
-        if self.width <= 0 or self.height <= 0 or len(self.rgb) != self.width * self.height * 3:
-            raise InvalidRequest("an image's pixels do not match its size")
-
-    @property
-    def placeholder(self) -> int:
-        """Its ids in a prompt: negative, from its pixels (the same picture, the same ids)."""
-        digest = hashlib.blake2b(self.rgb, digest_size=8,
-                                 person=f"{self.width}x{self.height}".encode()[:16]).digest()
-        return -1 - (int.from_bytes(digest, "little") >> 34)  # in [-2^30, -1]
-
-
-def is_image(token: int) -> bool:
-    return token < 0
 
 
 class Pictures:

@@ -1,4 +1,4 @@
-"""Fill-in-the-middle prompts in each code family's own tokens (backends/native/fim.py), on
+"""Fill-in-the-middle prompts in each code family's own tokens (app/chat_formats/fim.py), on
 random-weight models with the real coder vocabularies (tests/families.py): Qwen2.5-Coder's
 (with its repository tokens), StarCoder's and DeepSeek-Coder's."""
 
@@ -87,7 +87,7 @@ def test_a_model_without_fim_tokens_says_so(smollm2):
 def test_a_huge_request_is_cut_to_the_text_nearest_the_cursor_before_it_is_read():
     """Megabytes from an editor are cut by characters before they cross to the runner: the
     prefix's end, the suffix's start, the last other files."""
-    from localinfer.backends.native.fim import Infill
+    from localinfer.chat_formats.fim import Infill
 
     big = Infill("a" * 1_000_000 + "END", "START" + "b" * 1_000_000,
                  (("old.py", "o" * 1_000_000), ("new.py", "n" * 10)), "p" * 1_000_000)

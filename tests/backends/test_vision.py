@@ -11,7 +11,7 @@ import pytest
 
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
-from localinfer.backends.native.vision import Image
+from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, ModelLoadFailed
 
 from ..families import projector
