@@ -18,7 +18,7 @@ from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
 from localinfer.errors import EngineClosed
-from localinfer.model_store.sources import installed_models
+from localinfer.installed import installed_models
 from localinfer.pool import ModelPool
 from localinfer import web
 from localinfer.settings import Settings

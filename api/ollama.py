@@ -27,17 +27,14 @@ from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
-from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece, arguments_object, detect
+from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece, arguments_object
 from localinfer.chat_formats.template import fallback_template
 from localinfer.chat_formats.fim import Infill
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
 from localinfer.errors import InvalidRequest, LocalinferError, user_message
-from localinfer.model_store.gguf_info import GGUFInfo, has_fim_tokens, read_gguf_info
-from localinfer.model_store import pulled
-from localinfer.model_store.sources import (delete_model, digest, installed_models, is_embedded,
-                                            packaged_header)
-from localinfer.model_store.pulled import Manifest
+from localinfer.installed import (Manifest, capabilities, delete_model, digest, header,
+                                  installed_models, is_pulled, listed_header)
 from localinfer.service import pull_model
 from localinfer.pool import LoadedModel
 
@@ -434,8 +431,8 @@ async def tags(request: Request) -> dict[str, Any]:
         # an embedded one not unpacked yet: its package's (header, size and sha256 as the
         # file will have them), so it lists the same before its first use and after
         info = (loaded[name].info if name in loaded else
-                await asyncio.to_thread(_header, path) if stat else
-                await asyncio.to_thread(_packaged_header, name, models_dir) if known else None)
+                await asyncio.to_thread(header, path) if stat else
+                await asyncio.to_thread(listed_header, name, models_dir) if known else None)
         models.append({
             "name": name, "model": name,
             "modified_at": datetime.fromtimestamp(stat.st_mtime, timezone.utc).isoformat()
@@ -446,20 +443,6 @@ async def tags(request: Request) -> dict[str, Any]:
             "details": _details(name, info, known and known.quant),
         })
     return {"models": models}
-
-
-def _header(path: Path) -> GGUFInfo | None:
-    try:
-        return read_gguf_info(path)
-    except LocalinferError:  # a damaged file still gets listed, without details
-        return None
-
-
-def _packaged_header(name: str, models_dir: Path) -> GGUFInfo | None:
-    try:
-        return packaged_header(name, models_dir)
-    except (LocalinferError, OSError):  # a package missing a part: listed, without details
-        return None
 
 
 @router.post("/show")
@@ -483,25 +466,6 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
         "capabilities": capabilities(info) + (["vision"] if resolved.projector else []),
         "modified_at": _now(),
     }
-
-
-def capabilities(info: GGUFInfo) -> list[str]:
-    """What a model can do here, in Ollama's words: an embedding model embeds; any other
-    completes, takes tools where its own chat template writes them (a template that knows
-    no tools gets them only through a generic instruction), thinks where its template marks
-    reasoning, and fills in the middle where its vocabulary has FIM tokens (insert). Vision
-    is the model's projector's, not its file's: /api/show adds it."""
-    if info.embedding:
-        return ["embedding"]
-    found = ["completion"]
-    fmt = detect(info.chat_template)
-    if fmt.template_tools:
-        found.append("tools")
-    if fmt.think:
-        found.append("thinking")
-    if has_fim_tokens(info.path):
-        found.append("insert")
-    return found
 
 
 def _ps_entry(m: LoadedModel, sha256: str) -> dict[str, Any]:
@@ -578,7 +542,7 @@ async def _pull_lines(name: str, job: PullJob) -> AsyncIterator[dict[str, Any]]:
 async def delete(body: NameRequest, request: Request):
     name = core.check_model_name(body.which)
     models_dir = request.app.state.settings.models_dir
-    if not is_embedded(name) and pulled.find(models_dir, name) is not None:
+    if is_pulled(models_dir, name):
         await request.app.state.pool.unload(name)  # as Ollama does: a deleted model stops
     await asyncio.to_thread(delete_model, models_dir, name)
     return Response(status_code=200)

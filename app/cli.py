@@ -197,9 +197,9 @@ def _warm_runner() -> None:
     """For a command that loads a model: its runner process starts now and loads llama.cpp
     while this one imports, reads the model's header and plans (the first reply of `run`
     came ~0.2 s sooner: bench/results/runner_start.md)."""
-    from localinfer.backends.runner.process import warm_spare
+    from localinfer.service import runner_backend, warm_runner
 
-    warm_spare()
+    warm_runner(runner_backend)
 
 
 def _read_piped_text() -> str:
@@ -211,7 +211,7 @@ def _read_piped_text() -> str:
 
 
 def _pull(name: str, settings: Settings) -> None:
-    from localinfer.model_store.pulled import Manifest
+    from localinfer.installed import Manifest
     from localinfer.service import pull_model
 
     _err.print(f"pulling {name} …", style="dim", highlight=False, markup=False)
@@ -240,7 +240,7 @@ def pull(
 @commands.command("list")
 def list_models() -> None:
     """Installed models: the embedded ones and those pulled from the hub."""
-    from localinfer.model_store.sources import installed_models
+    from localinfer.installed import installed_models
 
     with _user_errors():
         models_dir = Settings.read().models_dir
@@ -258,7 +258,7 @@ def list_models() -> None:
 @commands.command()
 def rm(model: Annotated[str, typer.Argument(help="An installed model's name.")]) -> None:
     """Delete a pulled model."""
-    from localinfer.model_store.sources import delete_model
+    from localinfer.installed import delete_model
 
     with _user_errors():
         print(f"deleted {delete_model(Settings.read().models_dir, model)}")
@@ -281,95 +281,31 @@ def show(
 ) -> None:
     """Architecture, quant, size, KV bytes per token, and the plan: for this machine, or for
     the GPUs and RAM named (what-if)."""
-    import dataclasses
     import json
 
-    from localinfer.backends.native.machine import detect
-    from localinfer.model_store.gguf_info import read_gguf_info
-    from localinfer.model_store.hardware import parse_size, select_gpus, what_if
-    from localinfer.model_store.planner import WontFit
-    from localinfer.model_store.catalog import parse_hub_ref
-    from localinfer.model_store.fit import projector_memory
-    from localinfer.model_store.gguf_info import read_projector_info
-    from localinfer.model_store.hub import list_repo, pick_projector, remote_info, remote_projector
-    from localinfer.model_store.sources import resolve
-    from localinfer.service import (default_context, less_memory, plan_for, plan_remote,
-                                    with_workers)
+    from localinfer.service import describe
 
     with _user_errors():
         settings = Settings.read({"gpus": gpus, "workers": workers})
-        machine = with_workers(select_gpus(detect(), settings.gpus), settings.workers,
-                               settings.worker_key)
-        if gpu or ram:  # the same planner, on the hardware named
-            machine = what_if(machine, [parse_size(g) for g in gpu] if gpu else
-                              [g.total_bytes for g in machine.usable_gpus],
-                              parse_size(ram) if ram else None)
-        name = model or settings.default_model
-        try:
-            resolved = resolve(name, settings.models_dir)
-            info, remote = read_gguf_info(resolved.path), None
-            path = str(resolved.path)
-            projector = resolved.projector and read_projector_info(resolved.projector)
-        except ModelNotInstalled:  # a hub model not pulled: planned from the hub's listing
-            remote = parse_hub_ref(name)
-            if remote is None:
-                raise
-            files, projectors = list_repo(remote.repo)
-            if not files:
-                raise LocalinferError(f"'{remote.repo}' holds no GGUF model") from None
-            info = remote_info(remote.repo, min(files, key=lambda f: f.size))
-            path = f"{remote.repo} on the hub (not pulled)"
-            projector = pick_projector(projectors, min(files, key=lambda f: f.size))
-            projector = projector and remote_projector(remote.repo, projector)
-        # a vision model's projector loads beside it, where its layers go: planned with it
-        vision_bytes = projector_memory(projector) if projector else 0
-        machine = less_memory(machine, vision_bytes)
-        try:
-            n_ctx = ctx or default_context(info, settings)
-            chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
-                      plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel))
-            plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
-                         "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
-                         "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,
-                         "memory": chosen.parts, "reason": chosen.reason,
-                         "placement": [{**dataclasses.asdict(p), "total": p.total}
-                                       for p in chosen.placement],
-                         "split_mode": (chosen.split_mode if chosen.split_mode == "none"
-                                        else str(settings.split_mode)),
-                         "main_gpu": chosen.main_gpu, "tensor_split": chosen.tensor_split,
-                         "cpu_experts": chosen.cpu_experts, "what_if": bool(gpu or ram)}
-        except WontFit as exc:
-            plan_dict = {"device": None, "reason": str(exc), "what_if": bool(gpu or ram)}
-        facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
-                 "architecture": info.architecture,
-                 "quant": chosen.quant if remote and plan_dict["device"] else info.quant,
-                 "file_size": ({f.quant: f.size for f in files}[chosen.quant]
-                               if remote and plan_dict["device"] else info.file_size), "n_layer": info.n_layer,
-                 "n_head": info.n_head, "n_head_kv": info.n_head_kv,
-                 "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
-                 "kv_bytes_per_token": int(info.kv_bytes_per_token()),
-                 **_shape_facts(info),
-                 "chat_template": info.chat_template is not None, "plan": plan_dict,
-                 "projector": projector and {
-                     "file": projector.path.name, "type": projector.projector_type,
-                     "quant": projector.quant, "file_size": projector.file_size,
-                     "memory_bytes": vision_bytes}}
+        facts, on_hub = describe(model, settings, ctx=ctx, parallel=parallel, gpu=gpu or (),
+                                 ram=ram)
+        plan_dict, projector = facts["plan"], facts["projector"]
         if as_json:
             print(json.dumps(facts, indent=2))
             return
-        print(f"{facts['name']}  ({info.architecture}, {facts['quant']}, "
+        print(f"{facts['name']}  ({facts['architecture']}, {facts['quant']}, "
               f"{facts['file_size'] / 2**20:,.0f} MiB)" + ("  — on the hub, not pulled"
-                                                            if remote else ""))
-        print(f"  layers {info.n_layer} · heads {info.n_head} (KV {info.n_head_kv}) · "
-              f"trained context {info.n_ctx_train} · vocabulary {info.n_vocab}")
+                                                            if on_hub else ""))
+        print(f"  layers {facts['n_layer']} · heads {facts['n_head']} (KV {facts['n_head_kv']}) · "
+              f"trained context {facts['context_length']} · vocabulary {facts['n_vocab']}")
         for line in _shape_lines(facts):
             print(f"  {line}")
-        if info.chat_template is None:
+        if not facts["chat_template"]:
             print("  no chat template in the file: likely a base model, which continues text "
                   "rather than answering (chats use a generic turn format)")
         if projector:
-            print(f"  vision: {projector.path.name} ({projector.projector_type}, "
-                  f"{projector.quant}): {vision_bytes / 2**20:,.0f} MiB with "
+            print(f"  vision: {projector['file']} ({projector['type']}, "
+                  f"{projector['quant']}): {projector['memory_bytes'] / 2**20:,.0f} MiB with "
                   f"an image's compute buffer, on the model's GPU or in RAM, kept free by "
                   f"the plan below")
         print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")
@@ -387,22 +323,6 @@ def show(
                   f"(weights {place['weights'] / 2**30:.2f}, KV {place['kv_cache'] / 2**30:.2f}, "
                   f"{state}compute {place['compute'] / 2**30:.2f}, "
                   f"runtime {place['runtime'] / 2**30:.2f}){experts}")
-
-
-def _shape_facts(info) -> dict:
-    """What `show` says of a model's architecture: its kinds of layer, what a slot's
-    recurrent state and the experts weigh."""
-    shape = info.shape()
-    windows = sorted({layer.window for layer in shape.per_layer() if layer.window})
-    return {"kinds": shape.describe(),
-            "layers": {"attention": shape.n_attention, "sliding_window": shape.n_swa,
-                       "window": windows[0] if windows else None,
-                       "recurrent": shape.n_recurrent,
-                       "recurrent_kind": shape.recurrent_kind if shape.n_recurrent else None},
-            "recurrent_state_bytes_per_slot": shape.state_bytes(1),
-            "experts": {"count": shape.n_expert, "used": shape.n_expert_used,
-                        "bytes": sum(shape.expert_bytes(info.file_size))}
-            if shape.n_expert else None}
 
 
 def _shape_lines(facts: dict) -> list[str]:
@@ -505,7 +425,7 @@ def bench(
     import json
 
     from localinfer.bench import Workload, run_bench
-    from localinfer.model_store.sources import resolve
+    from localinfer.service import resolve
 
     _setup_logging(False)
     with _user_errors():
@@ -708,12 +628,9 @@ def hw(
     import json
     import textwrap
 
-    from localinfer.backends.native.machine import detect
+    from localinfer.service import hardware_report
 
-    from localinfer.backends.rpc.library import status as rpc_status
-
-    found = detect()
-    rpc = rpc_status()
+    found, rpc = hardware_report()
     if as_json:
         print(json.dumps({**found.to_dict(), "rpc": rpc}, indent=2))
         return

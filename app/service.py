@@ -13,7 +13,8 @@ import psutil
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.backends.rpc.workers import HEAD
-from localinfer.errors import ContextTooLarge, InvalidRequest, ModelNotFound
+from localinfer.errors import (ContextTooLarge, InvalidRequest, LocalinferError, ModelNotFound,
+                               ModelNotInstalled)
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.native.machine import detect
@@ -30,7 +31,8 @@ from localinfer.settings import Settings
 
 __all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
            "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
-           "warm_runner"]
+           "warm_runner", "describe", "hardware_report", "kv_cache_bytes", "Hardware",
+           "resolve"]
 
 log = logging.getLogger("localinfer.service")
 
@@ -349,3 +351,103 @@ def pull_model(ref: str, settings: Settings | None = None,
             projector=projector)
 
     return pulled.pull(hub_ref, settings.models_dir, choose, progress)
+
+
+def describe(model: str | None, settings: Settings, *, ctx: int | None = None, parallel: int = 1,
+             gpu: Sequence[str] = (), ram: str | None = None) -> tuple[dict, bool]:
+    """What `show` says of a model — its header's facts, its architecture's parts and what each
+    costs, and the plan — for this machine, or for the GPUs and RAM named (what-if); a hub
+    model not pulled is planned from the hub's listing. Returns (the facts, as `show --json`
+    prints them; whether the model is on the hub, not pulled)."""
+    from localinfer.model_store.catalog import parse_hub_ref
+    from localinfer.model_store.fit import projector_memory
+    from localinfer.model_store.hardware import parse_size, what_if
+    from localinfer.model_store.hub import list_repo, pick_projector
+
+    machine = with_workers(select_gpus(detect(), settings.gpus), settings.workers,
+                           settings.worker_key)
+    if gpu or ram:  # the same planner, on the hardware named
+        machine = what_if(machine, [parse_size(g) for g in gpu] if gpu else
+                          [g.total_bytes for g in machine.usable_gpus],
+                          parse_size(ram) if ram else None)
+    name = model or settings.default_model
+    try:
+        resolved = resolve(name, settings.models_dir)
+        info, remote = read_gguf_info(resolved.path), None
+        path = str(resolved.path)
+        projector = resolved.projector and read_projector_info(resolved.projector)
+    except ModelNotInstalled:  # a hub model not pulled: planned from the hub's listing
+        remote = parse_hub_ref(name)
+        if remote is None:
+            raise
+        files, projectors = list_repo(remote.repo)
+        if not files:
+            raise LocalinferError(f"'{remote.repo}' holds no GGUF model") from None
+        info = remote_info(remote.repo, min(files, key=lambda f: f.size))
+        path = f"{remote.repo} on the hub (not pulled)"
+        projector = pick_projector(projectors, min(files, key=lambda f: f.size))
+        projector = projector and remote_projector(remote.repo, projector)
+    # a vision model's projector loads beside it, where its layers go: planned with it
+    vision_bytes = projector_memory(projector) if projector else 0
+    machine = less_memory(machine, vision_bytes)
+    try:
+        n_ctx = ctx or default_context(info, settings)
+        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
+                  plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel))
+        plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
+                     "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
+                     "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,
+                     "memory": chosen.parts, "reason": chosen.reason,
+                     "placement": [{**dataclasses.asdict(p), "total": p.total}
+                                   for p in chosen.placement],
+                     "split_mode": (chosen.split_mode if chosen.split_mode == "none"
+                                    else str(settings.split_mode)),
+                     "main_gpu": chosen.main_gpu, "tensor_split": chosen.tensor_split,
+                     "cpu_experts": chosen.cpu_experts, "what_if": bool(gpu or ram)}
+    except WontFit as exc:
+        plan_dict = {"device": None, "reason": str(exc), "what_if": bool(gpu or ram)}
+    facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
+             "architecture": info.architecture,
+             "quant": chosen.quant if remote and plan_dict["device"] else info.quant,
+             "file_size": ({f.quant: f.size for f in files}[chosen.quant]
+                           if remote and plan_dict["device"] else info.file_size),
+             "n_layer": info.n_layer, "n_head": info.n_head, "n_head_kv": info.n_head_kv,
+             "context_length": info.n_ctx_train, "n_vocab": info.n_vocab,
+             "kv_bytes_per_token": int(info.kv_bytes_per_token()),
+             **_shape_facts(info),
+             "chat_template": info.chat_template is not None, "plan": plan_dict,
+             "projector": projector and {
+                 "file": projector.path.name, "type": projector.projector_type,
+                 "quant": projector.quant, "file_size": projector.file_size,
+                 "memory_bytes": vision_bytes}}
+    return facts, remote is not None
+
+
+def _shape_facts(info: GGUFInfo) -> dict:
+    """What `show` says of a model's architecture: its kinds of layer, what a slot's
+    recurrent state and the experts weigh."""
+    shape = info.shape()
+    windows = sorted({layer.window for layer in shape.per_layer() if layer.window})
+    return {"kinds": shape.describe(),
+            "layers": {"attention": shape.n_attention, "sliding_window": shape.n_swa,
+                       "window": windows[0] if windows else None,
+                       "recurrent": shape.n_recurrent,
+                       "recurrent_kind": shape.recurrent_kind if shape.n_recurrent else None},
+            "recurrent_state_bytes_per_slot": shape.state_bytes(1),
+            "experts": {"count": shape.n_expert, "used": shape.n_expert_used,
+                        "bytes": sum(shape.expert_bytes(info.file_size))}
+            if shape.n_expert else None}
+
+
+def kv_cache_bytes(info: GGUFInfo, options: LoadOptions) -> int:
+    """The KV cache (and recurrent state) a loaded model holds, by the planner's arithmetic:
+    the chat app's KV figure."""
+    return estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type).kv_cache
+
+
+def hardware_report() -> tuple[Hardware, dict]:
+    """`localinfer hw`: what the probes found (GPUs, CPU, memory, llama.cpp's devices and
+    backend libraries), and whether RPC workers can run here."""
+    from localinfer.backends.rpc.library import status
+
+    return detect(), status()

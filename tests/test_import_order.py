@@ -17,7 +17,6 @@ import pkgutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 

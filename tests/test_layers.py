@@ -19,7 +19,7 @@ LAYERS = [
     ("backends", ["localinfer.backends"]),
     ("services", ["localinfer.service", "localinfer.pool", "localinfer.repl",
                   "localinfer.model_rows", "localinfer.bench", "localinfer.worker",
-                  "localinfer.images"]),
+                  "localinfer.images", "localinfer.installed"]),
     ("front ends", ["localinfer.api", "localinfer.tui", "localinfer.web"]),
     ("commands", ["localinfer.cli", "localinfer.desktop", "localinfer.launch",
                   "localinfer.__main__"]),
@@ -27,6 +27,13 @@ LAYERS = [
 # front ends of one layer that stay apart: each stands on the services alone (the server
 # serves the web page: api may import web)
 INDEPENDENT = ["localinfer.api", "localinfer.tui"]
+# the front ends and the commands reach models through the manager (service, pool, installed,
+# model_rows: the services layer) and the chat formats; of the backends, only the interface
+# that crosses to them (the Backend, its events and parameters, the timings)
+FRONT_ENDS = ["localinfer.api", "localinfer.tui", "localinfer.web", "localinfer.cli",
+              "localinfer.desktop", "localinfer.launch", "localinfer.__main__"]
+INTERFACE = ["localinfer.backends", "localinfer.backends.base", "localinfer.backends.metrics"]
+INTERNALS = ["localinfer.backends", "localinfer.model_store"]
 
 
 def _modules() -> dict[str, Path]:
@@ -89,6 +96,21 @@ def test_no_module_imports_from_a_layer_above_it():
                 upward.append(f"{module} ({LAYERS[level][0]}) imports {target} "
                               f"({LAYERS[target_level][0]})")
     assert not upward, "\n".join(upward)
+
+
+def test_the_front_ends_reach_models_through_the_manager_only():
+    """api/, tui/, the web app and the commands import no backend internals (engine, runner,
+    ctypes, RPC) and nothing of the model store: `show`, `/api/tags` and the chat app's
+    figures ask the services, which own those rules."""
+    reached = []
+    for module, imported in sorted(_graph().items()):
+        if not any(module == f or module.startswith(f + ".") for f in FRONT_ENDS):
+            continue
+        for target in sorted(imported):
+            inside = any(target == i or target.startswith(i + ".") for i in INTERNALS)
+            if inside and target not in INTERFACE:
+                reached.append(f"{module} imports {target}")
+    assert not reached, "\n".join(reached)
 
 
 def test_no_modules_import_each_other_in_a_circle():

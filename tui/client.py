@@ -30,7 +30,7 @@ from localinfer.chat_formats.formats import start_chat
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
-from localinfer.model_store.hardware import Hardware
+from localinfer.service import Hardware
 from localinfer.settings import DEFAULT_MODEL, Settings
 
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient", "Thought"]
@@ -153,7 +153,7 @@ class LocalClient(ChatClient):
             return await self.status()
 
     def _describe(self, model: Any) -> ModelStatus:
-        from localinfer.model_store.fit import estimate_memory
+        from localinfer.service import kv_cache_bytes
 
         info, options = model.info, model.options
         layers = options.n_gpu_layers or 0
@@ -161,7 +161,7 @@ class LocalClient(ChatClient):
         device = "CPU" if not layers else (
             f"{gpu.backend.upper() if gpu else 'GPU'} {min(layers, info.n_layer)}/{info.n_layer} "
             f"layers")
-        kv = estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type).kv_cache
+        kv = kv_cache_bytes(info, options)
         return ModelStatus(model.name, info.quant, device, options.n_ctx or 0, kv_bytes=kv,
                            vision=model.backend.info.vision)
 
@@ -228,7 +228,7 @@ class LocalClient(ChatClient):
         return got.name
 
     async def delete(self, name: str) -> None:
-        from localinfer.model_store.sources import delete_model, is_embedded
+        from localinfer.installed import delete_model, is_embedded
 
         if not is_embedded(name) and self._model is not None and self._model.name == name:
             raise LocalinferError(f"{name} is in use — switch to another model first")
