@@ -9,7 +9,8 @@ again. Each installed program then, with a fresh LOCALINFER_HOME and no network:
 `--version`; `hw --json` names a CPU device (and, for a build whose backends load at run
 time, exactly one CPU library loaded); `serve` answers an OpenAI chat with the embedded model
 and serves the web app; `app --no-browser` names a launch page only its user can read (the key
-is not in its output), refuses a request without that key and answers one with it; SIGTERM ends both cleanly. Standard library only.
+is not in its output), refuses a request without that key and answers one with it; SIGTERM
+ends both cleanly. Standard library only.
 """
 
 from __future__ import annotations
