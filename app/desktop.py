@@ -8,6 +8,14 @@ can read (`ps`): the browser is given a page of its own, a file only this user c
 that forwards to the app with the key; it is deleted a minute later and when the app ends.
 The file is written to the Downloads folder: browsers confined as snaps (Ubuntu's default)
 or flatpaks see neither the system's /tmp nor hidden folders, but they can read that one.
+
+Where no browser can be opened — no display on Linux (webbrowser would run a console browser,
+lynx or w3m, in this terminal), or none the system knows — or with --no-browser, the app says
+how to open the page. On a terminal it prints the address with the key in its fragment: the
+user needs it to open the page from another machine (through `ssh -L`), the fragment is never
+sent in a request (so no access log holds it), and only the terminal sees it. Where stdout is
+not a terminal (a pipe, a file, a service's journal, which others may read) it names the file
+instead; the file stays until the app ends.
 """
 
 from __future__ import annotations
@@ -45,13 +53,12 @@ def run_app(settings: Settings, model: str | None, options: LoadOptions,
     forget = threading.Timer(60, launch.unlink, kwargs={"missing_ok": True})
     try:
         if not open_window or not _in_window(page):
-            if open_window:
+            if open_window and _open_in_browser(launch):
                 print(f"localinfer app: {url} (opening it in the browser)", flush=True)
                 forget.start()  # the browser has read it by then
-                webbrowser.open(launch.as_uri())
-            else:  # the file, not the key: stdout may be a log others read
-                print(f"localinfer app: open {launch.as_uri()} (it forwards to {url} with "
-                      "this launch's key; only you can read it)", flush=True)
+            else:
+                why = _no_browser() if open_window else None
+                print(_how_to_open(url, page, launch, why, sys.stdout.isatty()), flush=True)
             print("Ctrl-C stops the app.", file=sys.stderr, flush=True)
             while thread.is_alive():
                 time.sleep(0.2)
@@ -74,6 +81,45 @@ def _launch_page(page: str) -> Path:
         f.write('<!doctype html><meta charset="utf-8"><title>localinfer</title>'
                 f"<script>location.replace({json.dumps(page)})</script>")
     return Path(name)
+
+
+def _no_browser(environ=os.environ, platform: str = sys.platform) -> str:
+    """Why no browser could be opened, in a few words."""
+    if _headless(environ, platform):
+        return "no display: neither DISPLAY nor WAYLAND_DISPLAY is set"
+    return "the system has none to open it with"
+
+
+def _headless(environ=os.environ, platform: str = sys.platform) -> bool:
+    """A Linux or BSD session without a display, and no browser of the user's own (BROWSER)."""
+    return (platform not in ("darwin", "win32") and not environ.get("BROWSER")
+            and not (environ.get("DISPLAY") or environ.get("WAYLAND_DISPLAY")))
+
+
+def _open_in_browser(launch: Path, environ=os.environ, platform: str = sys.platform,
+                     open_url=webbrowser.open) -> bool:
+    """Hand the launch page to the system's browser; False where none could be opened."""
+    if _headless(environ, platform):
+        return False  # webbrowser would run lynx or w3m in this terminal, or find nothing
+    try:
+        return bool(open_url(launch.as_uri()))
+    except webbrowser.Error:
+        return False
+
+
+def _how_to_open(url: str, page: str, launch: Path, why: str | None, terminal: bool) -> str:
+    """What to tell the user where no browser was opened (`why`; None: --no-browser asked
+    for none): on a terminal the address with its key, else the file (module docstring)."""
+    said = f"localinfer app: no browser could be opened ({why}) — " if why else \
+        "localinfer app: "
+    if not terminal:
+        return (f"{said}open {launch.as_uri()} (it forwards to {url} with this launch's key; "
+                "only you can read it)")
+    port = url.rsplit(":", 1)[1]
+    return (f"{said}open this address in a browser on this machine, or on another through "
+            f"`ssh -L {port}:127.0.0.1:{port} <this machine>`:\n\n    {page}\n\n"
+            "What follows #key= lets a page use the app until it stops: it is shown on this "
+            "terminal only, not logged — keep it to yourself.")
 
 
 def _interrupt(signum: int, frame: object) -> None:

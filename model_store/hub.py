@@ -1,9 +1,10 @@
 """The Hugging Face hub as a model source: list a repo's GGUF quants, read a remote file's
 header with HTTP range requests, and download one file — resumable, locked, verified.
 
-Addresses, tokens and listings come from huggingface_hub, so HF_ENDPOINT, HF_HUB_OFFLINE and
-HF_TOKEN work as users of the hub expect; the file itself is fetched here, to resume it
-across runs (see `download`).
+Addresses and tokens come from huggingface_hub, so HF_ENDPOINT, HF_HUB_OFFLINE and HF_TOKEN
+work as users of the hub expect; every request goes through one client (`hub_http`: proxies
+from the environment, connections reused, retries), the listing and the file too — the file
+fetched here to resume it across runs (see `download`).
 """
 
 from __future__ import annotations
@@ -13,22 +14,14 @@ import errno
 import hashlib
 import re
 import shutil
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from urllib.parse import urlsplit
+from urllib.parse import quote
 
 import httpx
-from huggingface_hub import HfApi, constants, hf_hub_url
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    OfflineModeIsEnabled,
-    RepositoryNotFoundError,
-)
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub import constants, hf_hub_url
 
 from localinfer.errors import (
     DiskFull,
@@ -37,6 +30,7 @@ from localinfer.errors import (
     LocalinferError,
     ModelNotFound,
 )
+from localinfer.model_store import hub_http
 from localinfer.model_store.gguf_info import (GGUFInfo, ProjectorInfo, read_gguf_header,
                                               read_gguf_part, read_projector_header)
 from localinfer.model_store.planner import QUALITY
@@ -66,37 +60,55 @@ class RemoteFile:
         return self.parts or (self,)
 
 
-def _check_reachable() -> None:
-    """Fail in seconds, not after the hub client's retries, when the hub cannot be reached."""
-    if constants.HF_HUB_OFFLINE:
-        return  # the hub client says so itself
-    url = urlsplit(constants.ENDPOINT)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except OSError as exc:
-        raise HubError(f"cannot reach {constants.ENDPOINT} ({exc.strerror or exc}) — check the "
-                       f"network or HF_ENDPOINT; installed models still work") from None
-
-
 def _hub_call(repo: str, action):
-    try:
-        _check_reachable()
-        return action()
-    except OfflineModeIsEnabled:
+    """Ask the hub (`action`, through hub_http's client); what fails becomes one line that
+    says what to do."""
+    if constants.HF_HUB_OFFLINE:
         raise HubError(f"'{repo}' is not installed and HF_HUB_OFFLINE is set — pull it while "
-                       f"online, or pick an installed model (localinfer list)") from None
-    except GatedRepoError:
-        raise HubError(f"'{repo}' is gated — accept its terms on the hub and set HF_TOKEN") from None
-    except RepositoryNotFoundError:
-        raise ModelNotFound(repo) from None
+                       f"online, or pick an installed model (localinfer list)")
+    try:
+        return action()
     except LocalinferError:  # ours, raised inside the action (a cancelled download's)
         raise
-    except Exception as exc:  # the hub client's transport errors have no common public base
-        if isinstance(exc, HfHubHTTPError) and exc.response is not None \
-                and exc.response.status_code == 404:
-            raise ModelNotFound(repo) from None
+    except httpx.HTTPStatusError as exc:
+        raise _refusal(repo, exc.response) from None
+    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.ProxyError) as exc:
+        raise HubError(hub_http.unreachable(exc)) from None
+    except (httpx.HTTPError, ValueError) as exc:  # cut off, timed out, or not what it should be
         raise HubError(f"the hub failed for '{repo}': {exc}".splitlines()[0]) from None
+
+
+def _refusal(repo: str, response: httpx.Response) -> LocalinferError:
+    """What the hub's answer means, by its error code (X-Error-Code) or its status."""
+    code, status = response.headers.get("X-Error-Code"), response.status_code
+    if code == "GatedRepo" or status == 403:
+        return HubError(f"'{repo}' is gated — accept its terms on the hub and set HF_TOKEN")
+    if code in ("RepoNotFound", "RevisionNotFound") or status in (401, 404):
+        # the hub answers 401 for a repo that is missing, private, or gated to a stranger
+        return ModelNotFound(repo)
+    if status == 429:
+        return HubError(f"the hub is limiting requests (429) — wait a minute and pull '{repo}' "
+                        "again, or set HF_TOKEN (a signed-in user may ask more)")
+    return HubError(f"the hub failed for '{repo}': {status} {response.reason_phrase}")
+
+
+def _get(url: str, params: dict[str, str] | None = None,
+         headers: dict[str, str] | None = None) -> httpx.Response:
+    response = hub_http.get(url, {**hub_http.headers(), **(headers or {})}, params)
+    response.raise_for_status()
+    return response
+
+
+def _tree(repo: str, revision: str) -> list[dict]:
+    """Every file of the repo, page after page (the hub's Link header names the next)."""
+    url = (f"{constants.ENDPOINT.rstrip('/')}/api/models/{repo}/tree/"
+           f"{quote(revision, safe='')}")
+    response = _get(url, {"recursive": "true"})
+    entries = list(response.json())
+    while next_page := response.links.get("next", {}).get("url"):
+        response = _get(next_page)
+        entries += response.json()
+    return entries
 
 
 def quant_of(filename: str) -> str | None:
@@ -113,17 +125,15 @@ def list_ggufs(repo: str, revision: str = "main") -> list[RemoteFile]:
 def list_repo(repo: str, revision: str = "main") -> tuple[list[RemoteFile], list[RemoteFile]]:
     """The repo's GGUF models (as `list_ggufs`) and its vision projectors (`mmproj` files),
     from one listing."""
-    entries = _hub_call(repo, lambda: list(HfApi().list_repo_tree(repo, revision=revision,
-                                                                  recursive=True)))
+    entries = _hub_call(repo, lambda: _tree(repo, revision))
     files, sets, projectors = [], {}, []
     for entry in entries:
-        path = getattr(entry, "path", "")
+        path = entry.get("path", "") if entry.get("type") == "file" else ""
         if not path.lower().endswith(".gguf"):
             continue
-        lfs = getattr(entry, "lfs", None)
+        lfs = entry.get("lfs") or {}
         split = _SPLIT.search(path)
-        file = RemoteFile(path, int(getattr(entry, "size", 0) or 0),
-                          getattr(lfs, "sha256", None) if lfs else None,
+        file = RemoteFile(path, int(entry.get("size") or 0), lfs.get("oid"),
                           quant_of(_SPLIT.sub(".gguf", path) if split else path))
         if "mmproj" in path.lower():
             if not split:
@@ -189,15 +199,9 @@ def remote_info(repo: str, file: RemoteFile, revision: str = "main",
         return dataclasses.replace(info, file_size=file.size, n_params=n_params,
                                    separate_output=separate)
     url = hf_hub_url(repo, file.path, revision=revision)
-    headers = build_hf_headers()
     end = first_chunk
     while True:
-        def fetch():
-            response = httpx.get(url, headers={**headers, "Range": f"bytes=0-{end - 1}"},
-                                 follow_redirects=True, timeout=30)
-            response.raise_for_status()
-            return response.content
-        data = _hub_call(repo, fetch)
+        data = _hub_call(repo, lambda: _get(url, headers={"Range": f"bytes=0-{end - 1}"}).content)
         try:
             return read(data, Path(file.path), file.size)
         except InvalidModelFile as exc:
@@ -253,10 +257,8 @@ def download(repo: str, file: RemoteFile, dest: Path, revision: str = "main",
 
 def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None) -> None:
     """Append the rest of the file at `url` to `partial`, resuming from its length."""
-    if constants.HF_HUB_OFFLINE:
-        raise OfflineModeIsEnabled("offline")
     # identity: the bytes as stored, so a resumed range lines up with what is on disk
-    headers = {**build_hf_headers(), "Accept-Encoding": "identity"}
+    headers = {**hub_http.headers(), "Accept-Encoding": "identity"}
     failures = 0
     while True:
         have = partial.stat().st_size if partial.exists() else 0
@@ -271,12 +273,14 @@ def _fetch(url: str, partial: Path, size: int | None, progress: Progress | None)
                 return
             failures = 0  # it got further: a later drop may be picked up as often again
         except (httpx.TransportError, httpx.HTTPStatusError) as exc:
-            if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code < 500:
+            answer = exc.response if isinstance(exc, httpx.HTTPStatusError) else None
+            if answer is not None and answer.status_code not in hub_http.RETRY_STATUS:
                 raise
-            failures += 1  # a dropped connection, or the hub's CDN busy for a moment
+            failures += 1  # a dropped connection, or the hub's CDN busy (5xx) or strict (429)
             if failures >= _ATTEMPTS:
                 raise
-            time.sleep(min(2 ** (failures - 1), 8))
+            time.sleep((answer is not None and hub_http.retry_after(answer))
+                       or min(2 ** (failures - 1), 8))
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DiskFull(f"the disk filled while {partial.name} was downloaded — free "
@@ -288,8 +292,7 @@ def _fetch_once(url: str, headers: dict[str, str], partial: Path, have: int, siz
                 progress: Progress | None) -> bool:
     """One GET: True when the file is whole (as far as can be told without its size)."""
     # (httpx drops the Authorization header when the hub redirects to its CDN)
-    with httpx.stream("GET", url, headers=headers, follow_redirects=True,
-                      timeout=httpx.Timeout(30, connect=10)) as response:
+    with hub_http.client().stream("GET", url, headers=headers) as response:
         if response.status_code == 416 and have and size is None:
             return True  # nothing after what we have: it was whole
         _raise_for_status(response)
@@ -322,6 +325,8 @@ def _raise_for_status(response: httpx.Response) -> None:
                        "gated or private — accept its terms on the hub and set HF_TOKEN")
     if response.status_code == 404:
         raise HubError("the hub no longer has this file (404) — pull again to see what it offers")
+    if response.status_code >= 400:
+        response.read()  # the connection goes back to the pool for the next try
     response.raise_for_status()
 
 

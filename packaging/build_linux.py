@@ -117,7 +117,7 @@ def deb(bundle: Path, version: str, out: Path) -> Path:
     _install(PACKAGING / "linux" / "copyright", stage / "usr/share/doc/localinfer")
     control = (PACKAGING / "linux" / "control").read_text().format(
         version=version, arch=DEB_ARCH.get(platform.machine(), platform.machine()),
-        glibc=platform.libc_ver()[1], size_kib=_size(stage) // 1024)
+        glibc=glibc_needed(bundle), size_kib=_size(stage) // 1024)
     (stage / "DEBIAN").mkdir()
     (stage / "DEBIAN" / "control").write_text(control)
     target = out / f"localinfer_{version}_{DEB_ARCH.get(platform.machine(), platform.machine())}.deb"
@@ -125,6 +125,23 @@ def deb(bundle: Path, version: str, out: Path) -> Path:
     run("dpkg-deb", "--root-owner-group", "-Zxz", "--build", stage, partial)
     partial.replace(target)
     return target
+
+
+def glibc_needed(folder: Path) -> str:
+    """The newest glibc symbol version any ELF file in `folder` asks for (GLIBC_2.N in its
+    version needs): the .deb's libc6 floor. The build machine's own glibc would overstate it
+    (Debian 12's 2.36 shut out Ubuntu 22.04's 2.35 while nothing in the bundle needed 2.36)."""
+    newest = (2, 17)  # x86-64 and arm64 binaries ask for at least this much
+    for path in folder.rglob("*"):
+        if not path.is_file() or path.is_symlink():
+            continue
+        with path.open("rb") as f:
+            if f.read(4) != b"\x7fELF":
+                continue
+            data = f.read()
+        for match in re.finditer(rb"GLIBC_2\.(\d+)(?:\.(\d+))?\x00", data):
+            newest = max(newest, (2, int(match[1])))
+    return ".".join(map(str, newest))
 
 
 def _install(source: Path, folder: Path) -> None:

@@ -8,8 +8,9 @@ scratch root (its own dpkg database, so this machine's packages are untouched) a
 again. Each installed program then, with a fresh LOCALINFER_HOME and no network:
 `--version`; `hw --json` names a CPU device (and, for a build whose backends load at run
 time, exactly one CPU library loaded); `serve` answers an OpenAI chat with the embedded model
-and serves the web app; `app --no-browser` refuses a request without its launch key and
-answers one with it; SIGTERM ends both cleanly. Standard library only.
+and serves the web app; `app --no-browser` names a launch page only its user can read (the key
+is not in its output), refuses a request without that key and answers one with it; SIGTERM
+ends both cleanly. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -27,6 +29,7 @@ import tempfile
 import time
 import tomllib
 import urllib.error
+import urllib.parse
 import urllib.request
 from pathlib import Path
 
@@ -141,9 +144,19 @@ def check_app(program: Path, env: dict[str, str]) -> None:
     app = subprocess.Popen([program, "app", "--no-browser"], env=env, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
-        line = app.stdout.readline()  # "localinfer app: http://127.0.0.1:PORT/#key=KEY"
-        _expect(line.startswith("localinfer app: http://127.0.0.1:"), f"app printed {line!r}")
-        page, key = line.split(": ", 1)[1].strip().split("/#key=")
+        # "localinfer app: open file:///…/localinfer-app-….html (it forwards to
+        # http://127.0.0.1:PORT with this launch's key; only you can read it)": the key is
+        # not on stdout (a pipe here, which may be a log), only in that file
+        line = app.stdout.readline()
+        found = re.fullmatch(r"localinfer app: open (file://\S+) \(it forwards to "
+                             r"(http://127\.0\.0\.1:\d+) with this launch's key; .*\)\n", line)
+        _expect(found and "key=" not in line, f"app printed {line!r}")
+        launch = Path(urllib.request.url2pathname(urllib.parse.urlsplit(found[1]).path))
+        _expect(sys.platform == "win32" or launch.stat().st_mode & 0o077 == 0,
+                f"{launch} is this user's alone")
+        page, key = re.search(r'"(http://127\.0\.0\.1:\d+)/#key=([^"]+)"',
+                              launch.read_text("utf-8")).groups()
+        _expect(page == found[2], f"the launch page forwards to {page}, the line says {found[2]}")
         _wait_until_up(f"{page}/health", app)
         try:
             _get(f"{page}/v1/models")
@@ -155,6 +168,7 @@ def check_app(program: Path, env: dict[str, str]) -> None:
         print("   app: refuses requests without its launch key, answers with it")
     finally:
         _stop(app)
+    _expect(not launch.exists(), f"{launch} removed when the app stopped")
 
 
 def _stop(process: subprocess.Popen) -> None:

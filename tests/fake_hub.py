@@ -4,12 +4,17 @@ Serves the routes huggingface_hub uses to list and download: the repo tree
 (`/api/models/{repo}/tree/{rev}`) with LFS sha256 and sizes, and `/{repo}/resolve/{rev}/{file}`
 (HEAD and GET) with the hub's headers (X-Repo-Commit, ETag = sha256, X-Linked-Size) and Range.
 Faults can be injected per file: drop the connection after N bytes (once), serve bytes that
-do not match the advertised hash, or send slowly (bytes a second), counting what was sent.
+do not match the advertised hash, or send slowly (bytes a second), counting what was sent; and
+for the whole hub: answer the next requests with given statuses (503, 429: busy for a moment).
+
+`ForwardingProxy` is an HTTP proxy to put in front of it (HTTP_PROXY), counting the requests it
+forwards and the client connections they came on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import re
 import threading
@@ -18,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -40,6 +46,7 @@ class FakeHub:
     repos: dict[str, dict[str, HubFile]] = field(default_factory=dict)
     gets: Counter = field(default_factory=Counter)  # (repo, file) → GETs that sent bytes
     ranges: list[str] = field(default_factory=list)
+    busy: list[int] = field(default_factory=list)  # statuses for the next requests, in order
     url: str = ""
     _server: ThreadingHTTPServer | None = None
 
@@ -77,6 +84,9 @@ class FakeHub:
 
     # ------------------------------------------------------------------ routes
     def _route(self, req: BaseHTTPRequestHandler, send_body: bool) -> None:
+        if self.busy:
+            return self._json(req, self.busy.pop(0), {"error": "busy"}, send_body,
+                              {"Retry-After": "0"})
         path = req.path.split("?", 1)[0]
         tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/[^/]+/?", path)
         resolve = re.fullmatch(r"/([^/]+/[^/]+)/resolve/[^/]+/(.+)", path)
@@ -155,3 +165,65 @@ class FakeHub:
             entry.sent += len(body[at:at + piece])
             if entry.rate:
                 time.sleep(piece / entry.rate)
+
+
+_HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "proxy-authorization",
+               "transfer-encoding", "te", "upgrade"}
+
+
+@dataclass
+class ForwardingProxy:
+    """An HTTP proxy on 127.0.0.1: it forwards the absolute-URI GETs a client sends to its
+    HTTP_PROXY, each on a fresh connection upstream, and counts them and the client
+    connections they came on."""
+
+    requests: int = 0
+    connections: int = 0
+    url: str = ""
+    _server: ThreadingHTTPServer | None = None
+
+    def start(self) -> ForwardingProxy:
+        proxy, lock = self, threading.Lock()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def setup(self) -> None:
+                super().setup()
+                with lock:
+                    proxy.connections += 1
+
+            def do_GET(self) -> None:
+                target = urlsplit(self.path)
+                if target.scheme != "http":  # not a proxy request
+                    self.send_error(400)
+                    return
+                with lock:
+                    proxy.requests += 1
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                upstream.request("GET", target.path + (f"?{target.query}" if target.query else ""),
+                                 headers={k: v for k, v in self.headers.items()
+                                          if k.lower() not in _HOP_BY_HOP})
+                answer = upstream.getresponse()
+                self.send_response(answer.status, answer.reason)
+                for key, value in answer.getheaders():
+                    if key.lower() not in _HOP_BY_HOP | {"server", "date"}:
+                        self.send_header(key, value)
+                self.end_headers()
+                while chunk := answer.read(256 * 1024):
+                    self.wfile.write(chunk)
+                upstream.close()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server:
+            self._server.shutdown()
+            self._server.server_close()

@@ -8,6 +8,7 @@ import stat
 import subprocess
 import sys
 import time
+import webbrowser
 from pathlib import Path
 
 import httpx
@@ -49,3 +50,83 @@ def test_the_launch_key_is_on_no_command_line_and_in_no_output(tmp_path):
     assert app.returncode == 0, rest
     assert key not in rest and "key=" not in rest
     assert not launch.exists()  # gone with the app
+
+
+@pytest.mark.parametrize("environ, platform, headless", [
+    ({}, "linux", True),  # a server over ssh, a text console
+    ({"DISPLAY": ":0"}, "linux", False),
+    ({"WAYLAND_DISPLAY": "wayland-0"}, "linux", False),
+    ({"BROWSER": "w3m"}, "linux", False),  # the user's own choice, even in a terminal
+    ({}, "freebsd14", True),
+    ({}, "darwin", False),
+    ({}, "win32", False),
+])
+def test_no_display_means_no_browser(environ, platform, headless):
+    from localinfer.desktop import _headless, _no_browser, _open_in_browser
+
+    opened: list[str] = []
+    launch = Path("/tmp/localinfer-app-x.html")
+    assert _open_in_browser(launch, environ, platform, lambda u: opened.append(u) or True) \
+        is not headless
+    assert opened == ([] if headless else [launch.as_uri()])  # no console browser started
+    assert _headless(environ, platform) is headless
+    assert ("DISPLAY" in _no_browser(environ, platform)) is headless
+
+
+def test_a_browser_that_does_not_open_is_no_browser():
+    from localinfer.desktop import _open_in_browser
+
+    def refuse(url):
+        raise webbrowser.Error("could not locate runnable browser")
+    launch = Path("/tmp/localinfer-app-x.html")
+    assert not _open_in_browser(launch, {"DISPLAY": ":0"}, "linux", lambda u: False)
+    assert not _open_in_browser(launch, {"DISPLAY": ":0"}, "linux", refuse)
+
+
+def test_how_to_open_the_page_gives_the_key_to_a_terminal_only():
+    from localinfer.desktop import _how_to_open
+
+    url, key = "http://127.0.0.1:8123", "s3cret-Key_"
+    launch = Path("/home/u/Downloads/localinfer-app-x.html")
+    on_terminal = _how_to_open(url, f"{url}/#key={key}", launch, "no display", terminal=True)
+    assert "no browser could be opened (no display)" in on_terminal
+    assert f"\n    {url}/#key={key}\n" in on_terminal  # alone on its line, to copy
+    assert "ssh -L 8123:127.0.0.1:8123" in on_terminal
+    to_a_log = _how_to_open(url, f"{url}/#key={key}", launch, "no display", terminal=False)
+    assert "no browser could be opened" in to_a_log and key not in to_a_log
+    assert launch.as_uri() in to_a_log and "\n" not in to_a_log
+    asked = _how_to_open(url, f"{url}/#key={key}", launch, None, terminal=False)
+    assert asked.startswith(f"localinfer app: open {launch.as_uri()} ")  # --no-browser
+
+
+@pytest.mark.slow
+def test_with_no_display_the_terminal_is_told_how_to_open_the_page(tmp_path):
+    """No DISPLAY, no BROWSER: no browser is started (not even a console one), and the
+    terminal gets the address with its key, which opens the app."""
+    import pty
+    import select
+
+    env = {**os.environ, "LOCALINFER_HOME": str(tmp_path / "home"), "HOME": str(tmp_path),
+           "XDG_CONFIG_HOME": str(tmp_path / "config")}
+    for name in ("DISPLAY", "WAYLAND_DISPLAY", "BROWSER", "LOCALINFER_API_KEY"):
+        env.pop(name, None)
+    leader, follower = pty.openpty()
+    app = subprocess.Popen([sys.executable, "-m", "localinfer", "app", "--ctx", "256"], env=env,
+                           stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 90
+        while b"Ctrl-C" not in seen and time.monotonic() < deadline:
+            if select.select([leader], [], [], 0.5)[0]:
+                seen += os.read(leader, 65536)
+        text = seen.decode(errors="replace")
+        assert "no browser could be opened (no display" in text, text
+        url, key = re.search(r"\n\s+(http://127\.0\.0\.1:\d+)/#key=(\S+)\r?\n", text).groups()
+        assert httpx.get(f"{url}/localinfer/models", headers={"Authorization": f"Bearer {key}"},
+                         timeout=30).status_code == 200
+    finally:
+        app.terminate()
+        app.wait(timeout=30)
+        os.close(leader)
+    assert app.returncode == 0

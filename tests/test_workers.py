@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import ollama
 import pytest
@@ -250,3 +252,31 @@ def test_a_packaged_app_finds_the_rpc_backend_it_carries(tmp_path, monkeypatch):
     found = backend.built()
     assert found is not None and found.library == carried / backend._LIB
     assert found.protocol == "7.0.0"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the bundle's RUNPATH is an ELF one")
+def test_the_rpc_backend_built_for_a_bundle_finds_libggml_in_the_bundle(tmp_path):
+    """The packaging builds it afresh (not the user cache's copy, which may be another
+    environment's) with a RUNPATH into the bundle: it loads there with nothing preloaded, and
+    names no folder of the environment it was built in."""
+    import importlib.util
+
+    from localinfer.backends.rpc import library as backend
+
+    libs = Path(importlib.util.find_spec("llama_cpp").submodule_search_locations[0]) / "lib"
+    internal = tmp_path / "_internal"
+    (internal / "localinfer_rpc").mkdir(parents=True)
+    (internal / "llama_cpp").mkdir()
+    shutil.copytree(libs, internal / "llama_cpp" / "lib")
+    built = backend.build(internal / "localinfer_rpc", rpath=backend.BUNDLE_RPATH)
+    data = built.library.read_bytes()
+    assert b"$ORIGIN/../llama_cpp/lib" in data and str(libs).encode() not in data
+    assert json.loads((built.library.parent / "build.json").read_text())["protocol"] == \
+        built.protocol
+    load = ("import ctypes, sys; "
+            "ctypes.CDLL(sys.argv[1]).ggml_backend_rpc_add_server; "
+            "print(open('/proc/self/maps').read())")
+    maps = subprocess.run([sys.executable, "-c", load, str(built.library)], capture_output=True,
+                          text=True, timeout=60, check=True).stdout
+    assert str(internal / "llama_cpp" / "lib" / "libggml-base.so") in maps

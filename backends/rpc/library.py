@@ -33,12 +33,15 @@ from filelock import FileLock
 
 from localinfer.errors import LocalinferError
 
-__all__ = ["RpcUnavailable", "attach", "built", "identity", "join", "library", "llama_order",
-           "serve", "status"]
+__all__ = ["BUNDLE_RPATH", "RpcUnavailable", "attach", "build", "built", "identity", "join",
+           "library", "llama_order", "serve", "status"]
 
 _SOURCES = ("ggml/src/ggml-rpc/ggml-rpc.cpp", "ggml/src/ggml-rpc/transport.cpp")
 _HEADERS = re.compile(r"^(ggml/include/[^/]+\.h|ggml/src/[^/]+\.h|ggml/src/ggml-rpc/[^/]+\.h)$")
 _LIB = "libggml-rpc.dylib" if sys.platform == "darwin" else "libggml-rpc.so"
+# where a packaged app's copy finds libggml: beside it in the bundle (localinfer_rpc/ and
+# llama_cpp/lib/ side by side), not in the environment it was built in
+BUNDLE_RPATH = f"{'@loader_path' if sys.platform == 'darwin' else '$ORIGIN'}/../llama_cpp/lib"
 
 
 class RpcUnavailable(LocalinferError):
@@ -88,24 +91,30 @@ def library() -> Build:
     found = built()
     if found:
         return found
-    if sys.platform == "win32":
-        raise RpcUnavailable("RPC workers are not built on Windows yet — run the worker and "
-                             "the head on Linux or macOS")
     folder = _folder()
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(folder / ".lock")):
-        found = built()
-        if found:
-            return found
-        with tempfile.TemporaryDirectory(prefix="localinfer-rpc-") as scratch:
-            tree = _unpack(_sdist(Path(scratch)), Path(scratch) / "src")
-            protocol = _protocol_of(tree / "ggml/include/ggml-rpc.h")
-            tmp = folder / f".{_LIB}.tmp"
-            _compile(tree, tmp)
-            os.replace(tmp, folder / _LIB)
-        (folder / "build.json").write_text(json.dumps({"protocol": protocol,
-                                                       "llama_cpp_python": _version()}))
-    return built() or _fail("the RPC backend was built but cannot be found")
+        return built() or build(folder)
+
+
+def build(folder: Path, rpath: str | None = None) -> Build:
+    """Build the RPC backend into `folder` from the source of the installed llama.cpp's
+    release, against this environment's libggml; `rpath` is where it finds libggml when
+    loaded (default: this environment's llama_cpp/lib; a bundle's copy: BUNDLE_RPATH). The
+    packaging builds it so, not from the user cache, which is keyed by version alone and may
+    hold a build of another environment."""
+    if sys.platform == "win32":
+        raise RpcUnavailable("RPC workers are not built on Windows yet — run the worker and "
+                             "the head on Linux or macOS")
+    with tempfile.TemporaryDirectory(prefix="localinfer-rpc-") as scratch:
+        tree = _unpack(_sdist(Path(scratch)), Path(scratch) / "src")
+        protocol = _protocol_of(tree / "ggml/include/ggml-rpc.h")
+        tmp = folder / f".{_LIB}.tmp"
+        _compile(tree, tmp, rpath)
+        os.replace(tmp, folder / _LIB)
+    (folder / "build.json").write_text(json.dumps({"protocol": protocol,
+                                                   "llama_cpp_python": _version()}))
+    return _built_in(folder) or _fail("the RPC backend was built but cannot be found")
 
 
 def status() -> dict:
@@ -177,7 +186,7 @@ def _protocol_of(header: Path) -> str:
     return ".".join(m.group(1) for m in parts)
 
 
-def _compile(tree: Path, out: Path) -> None:
+def _compile(tree: Path, out: Path, rpath: str | None = None) -> None:
     import importlib.util
 
     # (found, not imported: the server builds this without loading llama.cpp)
@@ -189,7 +198,7 @@ def _compile(tree: Path, out: Path) -> None:
     command = [compiler, "-std=c++17", "-O2", "-fPIC", "-shared", "-DNDEBUG", "-DGGML_SHARED",
                "-DGGML_BACKEND_SHARED", "-DGGML_BACKEND_BUILD", f"-I{tree / 'ggml/include'}",
                f"-I{tree / 'ggml/src'}", *(str(tree / s) for s in _SOURCES), f"-L{libs}",
-               "-lggml", "-lggml-base", f"-Wl,-rpath,{libs}", "-pthread", "-o", str(out)]
+               "-lggml", "-lggml-base", f"-Wl,-rpath,{rpath or libs}", "-pthread", "-o", str(out)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900)
     if done.returncode:
         errors = [line for line in done.stderr.splitlines() if "error" in line]

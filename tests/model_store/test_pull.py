@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ..fake_hub import FakeHub
+from ..fake_hub import FakeHub, ForwardingProxy
 
 REPO = "testorg/SmolLM2-135M-Instruct-GGUF"
 REF = f"hf.co/{REPO}"
@@ -28,12 +28,17 @@ def hub(quant_files) -> FakeHub:
     fake.stop()
 
 
-def cli(hub: FakeHub, *args: str, offline: bool = False, **popen) -> subprocess.CompletedProcess:
+def cli(hub: FakeHub, *args: str, offline: bool = False, proxy: str | None = None,
+        **popen) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HOME": os.environ["LOCALINFER_HOME"] + "-hf",
            "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
     env.pop("HF_TOKEN", None)
     if offline:
         env["HF_HUB_OFFLINE"] = "1"
+    if proxy:
+        for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy"):
+            env.pop(name, None)
+        env.update(HTTP_PROXY=proxy, HTTPS_PROXY=proxy)
     return subprocess.run([sys.executable, "-m", "localinfer", *args], env=env,
                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
 
@@ -222,6 +227,35 @@ def test_what_the_hub_does_not_have(hub):
     one_line_error(cli(hub, "pull", f"{REF}:Q3_K_M"), "Q8_0", "Q4_K_M", "Q4_1")
     one_line_error(cli(hub, "pull", "llama3.2:9b"), "llama3.2:1b", "llama3.2:3b")
     one_line_error(cli(hub, "pull", "lama3.2"), "llama3.2")
+
+
+def test_a_pull_goes_through_the_proxy_on_one_connection(hub, _private_home):
+    """HTTP_PROXY / HTTPS_PROXY are honoured, and the listing, the header reads and the file
+    share the client's connections instead of a new one each."""
+    proxy = ForwardingProxy().start()
+    try:
+        result = cli(hub, "pull", REF, proxy=proxy.url)
+    finally:
+        proxy.stop()
+    assert result.returncode == 0, result.stderr
+    assert proxy.requests >= 3  # the listing, a header, the file
+    assert proxy.connections < proxy.requests, (proxy.connections, proxy.requests)
+    (manifest,) = manifests(_private_home)
+    assert hub.gets[(REPO, manifest["file"])] == 1
+
+
+def test_a_busy_hub_is_asked_again(hub, _private_home):
+    hub.busy = [503, 429]  # the listing's first two tries
+    result = cli(hub, "pull", f"{REF}:Q4_1")
+    assert result.returncode == 0, result.stderr
+    assert not hub.busy and len(manifests(_private_home)) == 1
+    hub.busy = [503] * 3  # every try: the error says what it was
+    one_line_error(cli(hub, "pull", f"{REF}:Q8_0"), "503")
+
+
+def test_a_proxy_that_cannot_be_reached_is_named(hub):
+    one_line_error(cli(hub, "pull", REF, proxy="http://127.0.0.1:9"),
+                   "cannot reach", "HTTPS_PROXY")
 
 
 def test_an_unreachable_hub_fails_fast(tmp_path):
