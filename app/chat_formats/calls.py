@@ -34,6 +34,7 @@ def lazy_call_grammar(fmt: ChatFormat, tools: Tools,
     grammar = (f"root ::= tool-call ([ \\t\\n]* tool-call)*\n"
                f"tool-call ::= {head.removeprefix('root ::= ')}\n{rest}")
     opener = re.escape(fmt.openers[0])
+    triggers: tuple[str, ...]
     if fmt.think and thinking and not fmt.calls_end_thinking:
         close = re.escape(fmt.think[1])
         triggers = (rf"[\s\S]*?{close}[\s\S]*?({opener}[\s\S]*)", rf"\s*({opener}[\s\S]*)")

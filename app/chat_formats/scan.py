@@ -15,7 +15,7 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from localinfer.chat_formats.grammar import framed_json_grammar
 
@@ -118,7 +118,8 @@ _NAME_KEYS = ("name", "function", "tool_name")
 _ARG_KEYS = ("arguments", "parameters")
 
 
-def json_call(text: str, at: int, scans: JsonScans) -> tuple[Call, int] | None | bool:
+def json_call(text: str, at: int, scans: JsonScans
+              ) -> tuple[Call, int] | None | Literal[False]:
     """A call written as a JSON object at `at` ({"name": …, "arguments": {…}}): the call and
     where it ends; False while it is incomplete (a call with its name known streams its
     arguments meanwhile: `(call, -1)`); None when it is no call."""
@@ -155,7 +156,8 @@ def json_call(text: str, at: int, scans: JsonScans) -> tuple[Call, int] | None |
     return Call(name, raw, True), end
 
 
-def json_args(text: str, at: int, scans: JsonScans) -> tuple[str, int] | None | bool:
+def json_args(text: str, at: int, scans: JsonScans
+              ) -> tuple[str, int] | None | Literal[False]:
     """A JSON object of arguments at `at`: its text and end; False while open (its text so
     far streams: `(text, -1)`); None when it is not one."""
     if at >= len(text):
