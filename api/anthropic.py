@@ -34,7 +34,7 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
-from localinfer.chat_formats.formats import Piece, arguments_object
+from localinfer.chat_formats.reply import Piece, arguments_object
 
 __all__ = ["router"]
 

@@ -27,9 +27,10 @@ from localinfer.api.images import Remote, decode_all
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, ErrorEvent, Event,
                                      Generation, Logprob, SamplingParams)
-from localinfer.chat_formats.formats import (ChatFormat, Piece, Reply, ReplyParser, detect,
-                                             opens_reasoning, parser, think_limit,
-                                             with_thinking)
+from localinfer.chat_formats.detect import ChatFormat, detect
+from localinfer.chat_formats.parser import ReplyParser, parser
+from localinfer.chat_formats.prompt import opens_reasoning, think_limit, with_thinking
+from localinfer.chat_formats.reply import Piece, Reply
 from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.base import Image

@@ -27,7 +27,8 @@ from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
-from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece, arguments_object
+from localinfer.chat_formats.prompt import EFFORT_BUDGETS
+from localinfer.chat_formats.reply import Piece, arguments_object
 from localinfer.chat_formats.template import fallback_template
 from localinfer.chat_formats.fim import Infill
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar

@@ -20,7 +20,8 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
-from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece, Reply
+from localinfer.chat_formats.prompt import EFFORT_BUDGETS
+from localinfer.chat_formats.reply import Piece, Reply
 from localinfer.chat_formats.fim import Infill
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
 from localinfer.backends.metrics import RequestStats
@@ -256,7 +257,7 @@ def _model(name: str, created: int) -> dict[str, Any]:
 class _ChatShape:
     """A chat reply as SSE chunks: content and reasoning_content deltas as they come, and each
     tool call as OpenAI streams them — its index, id and name first, then its arguments in
-    fragments — read in the model's own call syntax (app/chat_formats/formats.py)."""
+    fragments — read in the model's own call syntax (app/chat_formats/parser.py)."""
 
     def __init__(self, job: core.Job, body: ChatCompletionRequest):
         self.job, self.body = job, body

@@ -41,7 +41,8 @@ from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
-from localinfer.chat_formats.formats import EFFORT_BUDGETS, Piece
+from localinfer.chat_formats.prompt import EFFORT_BUDGETS
+from localinfer.chat_formats.reply import Piece
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
 
 __all__ = ["router"]

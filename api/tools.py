@@ -2,7 +2,7 @@
 
 A template that renders `tools` itself gets them as its authors meant (OpenAI's shape), and
 earlier calls in the conversation as objects; the reply is then read in the family's call
-syntax (app/chat_formats/formats.py). A template that knows no tools gets them in the system
+syntax (app/chat_formats/families/). A template that knows no tools gets them in the system
 prompt with one generic reply shape: `{"name": "<tool>", "arguments": {...}}`. With
 tool_choice "required" or a named tool a grammar forces a call in the family's syntax (the
 generic shape where it has none), its arguments matching the tool's JSON schema, so even a
@@ -20,7 +20,8 @@ from typing import Any
 
 from localinfer.api.errors import ApiError
 from localinfer.backends.base import SamplingParams
-from localinfer.chat_formats.formats import ChatFormat, call_grammar, lazy_call_grammar
+from localinfer.chat_formats.calls import call_grammar, lazy_call_grammar
+from localinfer.chat_formats.detect import ChatFormat
 from localinfer.errors import InvalidRequest
 
 __all__ = ["ToolSpec"]

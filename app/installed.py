@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from localinfer.chat_formats.formats import detect
+from localinfer.chat_formats.detect import detect
 from localinfer.errors import LocalinferError
 from localinfer.model_store import pulled
 from localinfer.model_store.gguf_info import GGUFInfo, has_fim_tokens, read_gguf_info

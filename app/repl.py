@@ -12,7 +12,8 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
-from localinfer.chat_formats.formats import Piece, start_chat
+from localinfer.chat_formats.prompt import start_chat
+from localinfer.chat_formats.reply import Piece
 from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.base import Image

@@ -293,7 +293,7 @@ class ModelInfo:
     has_chat_template: bool = True
     reply_cap: int | None = None  # the longest reply of a request that sets no limit
     # the chat template in use (the file's, or the family's stand-in): how its family writes
-    # tool calls and reasoning is read from it (chat_format.detect)
+    # tool calls and reasoning is read from it (chat_formats/detect.py)
     chat_template: str | None = None
     fim: bool = False  # the vocabulary has fill-in-the-middle tokens (app/chat_formats/fim.py)
     vision: bool = False  # a projector beside it takes images (backends/native/vision.py)

@@ -10,7 +10,7 @@ from typing import Any
 from pathlib import Path
 
 from localinfer.backends.base import Backend, Generation, Image, LoadOptions, ModelInfo, SamplingParams
-from localinfer.chat_formats.formats import detect
+from localinfer.chat_formats.detect import detect
 from localinfer.chat_formats.template import ChatTemplate, fallback_template
 from localinfer.backends.engine.draft import DraftModel
 from localinfer.chat_formats.fim import infill_tokens

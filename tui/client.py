@@ -26,7 +26,7 @@ import httpx
 
 from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, LoadOptions, SamplingParams,
                                       TokenEvent)
-from localinfer.chat_formats.formats import start_chat
+from localinfer.chat_formats.prompt import start_chat
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows

@@ -1,5 +1,5 @@
 """A request's reasoning limit in tokens: the family's marks, read from its template
-(formats.think_limit), followed by the engine's reasoning budget (backends/engine/think_budget.py).
+(prompt.think_limit), followed by the engine's reasoning budget (backends/engine/think_budget.py).
 Its own module so that the Backend interface carries it without loading a parser."""
 
 from __future__ import annotations

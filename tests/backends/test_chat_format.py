@@ -1,4 +1,4 @@
-"""Each family's tool calls and reasoning, taken apart as they stream (chat_format.py), and
+"""Each family's tool calls and reasoning, taken apart as they stream (app/chat_formats/), and
 its own template rendering the tools. The expected parses are llama.cpp's, ported as data
 from its tests/test-chat.cpp (chat_format_cases.json); the templates are llama.cpp's copies
 of the families' own (tests/families.py)."""
@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import SamplingParams
-from localinfer.chat_formats.formats import (Reply, call_grammar, detect, lazy_call_grammar,
-                                             parser)
+from localinfer.chat_formats.calls import call_grammar, lazy_call_grammar
+from localinfer.chat_formats.detect import detect
+from localinfer.chat_formats.parser import parser
+from localinfer.chat_formats.reply import Reply
 from localinfer.chat_formats.template import ChatTemplate
 from localinfer.backends.native.model import grammar_sampler
 
