@@ -61,6 +61,34 @@ def test_a_turn_whose_reply_came_back_otherwise_goes_back_to_a_checkpoint(path, 
            _fresh(reference, prompt + prompt[-8:] + turn[len(prompt):]))
 
 
+def test_a_chat_that_grows_reads_each_turn_from_a_checkpoint_of_the_last(path, arch,
+                                                                         reference):
+    """Qwen3.5's own template: each prompt ends in `<|im_start|>assistant\n<think>\n`, and
+    the next one renders the reply that came back without its reasoning; each turn goes
+    back to the checkpoint a few tokens before the last prompt's end."""
+    if arch != "qwen35":
+        pytest.skip("the hybrid's chat template")
+    messages = [{"role": "system", "content": "You answer in one line."},
+                {"role": "user", "content": "Where did the market move?"}]
+    cached, lengths = [], []
+    with _backend(path) as backend:
+        for turn in range(3):
+            prompt = backend.tokenize(backend.apply_chat_template(messages))
+            generation = backend.generate(prompt, SamplingParams(temperature=1.5, seed=turn,
+                                                                 max_tokens=10))
+            generation.text()
+            cached.append(generation.stats.cached_tokens)
+            lengths.append(len(prompt))
+            messages += [{"role": "assistant", "content": f"<think>\nhm\n</think>\n\nUp the "
+                                                          f"hill, reply {turn}."},
+                         {"role": "user", "content": f"And then {turn}?"}]
+        last = backend.tokenize(backend.apply_chat_template(messages))
+        got, stats = _logits_after(backend, last)
+    assert cached == [0] + [n - TAIL for n in lengths[:-1]]
+    assert stats.cached_tokens == lengths[-1] - TAIL
+    _close(got, _fresh(reference, last), _fresh(reference, last[:lengths[-1]] + last[-12:]))
+
+
 def test_the_same_prompt_twice_reads_only_its_tail(path, reference):
     with _backend(path) as backend:
         prompt = backend.tokenize(TEXT)
