@@ -86,12 +86,22 @@ class _PoolCollector(Collector):
             "decode_seconds": CounterMetricFamily(
                 "localinfer_llama_decode_seconds", "seconds inside llama_decode", labels=["model"]),
         }
+        # a hybrid or recurrent model's slots gone back to a context checkpoint
+        counts = {
+            "checkpoints_restored": CounterMetricFamily(
+                "localinfer_checkpoints_restored", "context checkpoints restored (a recurrent "
+                "state gone back to an earlier point of a prompt)", labels=["model"]),
+            "checkpoint_tokens": CounterMetricFamily(
+                "localinfer_checkpoint_tokens", "prompt tokens kept by restored context "
+                "checkpoints instead of read again", labels=["model"]),
+        }
         for model in models:
             stats = model.backend.stats()
-            for key, family in {**gauges, **seconds}.items():
+            for key, family in {**gauges, **seconds, **counts}.items():
                 family.add_metric([model.name], getattr(stats, key))
         yield from gauges.values()
         yield from seconds.values()
+        yield from counts.values()
 
 
 _tracked: dict[int, _PoolCollector] = {}

@@ -210,6 +210,11 @@ class LoadOptions:
     # prompt repeats after text it dropped are moved into place instead of read again
     # (llama-server's --cache-reuse; an editor's window over a file moving down); 0: off
     cache_reuse: int = 256
+    # a hybrid or recurrent model's slot saves its recurrent state at up to this many points
+    # of its prompts (near each one's end), and a prompt that leaves the cached sequence
+    # before its end goes back to the newest one before it (llama-server's
+    # --ctx-checkpoints); 0: off, such a prompt is read again whole
+    ctx_checkpoints: int = 32
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
@@ -242,7 +247,7 @@ class LoadOptions:
                    prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
                    draft_tokens=settings.draft, draft_model=settings.draft_model,
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
-                   cache_reuse=settings.cache_reuse,
+                   cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
                    split_mode=str(settings.split_mode))
 
     @property
@@ -269,6 +274,8 @@ class LoadOptions:
                                  "(or 0 to turn it off)")
         if self.cache_reuse < 0:
             raise InvalidRequest("cache reuse is a count of tokens: 0 (off) or more")
+        if self.ctx_checkpoints < 0:
+            raise InvalidRequest("context checkpoints are a count per slot: 0 (off) or more")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")
         if self.split_mode not in ("none", "layer", "row"):

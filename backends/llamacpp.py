@@ -118,6 +118,7 @@ class LlamaCppBackend(Backend):
                              unified=options.kv_unified, drafter=drafter,
                              reply_cap=options.reply_cap,
                              cache_reuse=options.cache_reuse,
+                             ctx_checkpoints=options.ctx_checkpoints,
                              projector=self.projector,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(

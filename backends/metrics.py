@@ -280,6 +280,10 @@ class EngineStats:
     tokens_generated: int
     requests_finished: int
     preemptions: int = 0  # requests whose KV was dropped to make room, and later rebuilt
+    # context checkpoints restored (a recurrent state gone back to a prompt's earlier
+    # point), and the prompt tokens they kept from being read again
+    checkpoints_restored: int = 0
+    checkpoint_tokens: int = 0
     decode_seconds: float = 0.0  # spent inside llama_decode
     step_seconds: float = 0.0  # spent in steps: filling the batch, llama_decode, sampling
     threads: int = 0  # CPU threads llama.cpp decodes with now (0: not known)

@@ -69,10 +69,12 @@ def test_load_options_come_from_the_settings(home, monkeypatch):
     (home / "config.toml").write_text("max_tokens = 7\nkv_unified = true\n")
     monkeypatch.setenv("LOCALINFER_THREADS", "3")
     monkeypatch.setenv("LOCALINFER_KV_TYPE", "q4_0")
+    monkeypatch.setenv("LOCALINFER_CTX_CHECKPOINTS", "4")
     options = LoadOptions.from_settings(Settings.read({"draft": 5}), n_slots=2)
     assert (options.n_threads, options.kv_type, options.reply_cap, options.kv_unified,
-            options.draft_tokens, options.n_slots, options.n_ctx) == (
-        3, KvType.Q4_0, 7, True, 5, 2, None)  # n_ctx None: the setting, within the model's
+            options.draft_tokens, options.n_slots, options.n_ctx, options.ctx_checkpoints) == (
+        3, KvType.Q4_0, 7, True, 5, 2, None, 4)  # n_ctx None: the setting, within the model's
+    assert LoadOptions.from_settings(Settings.read({"ctx_checkpoints": 0})).ctx_checkpoints == 0
 
 
 def test_every_setting_flag_shows_the_schema_default_and_variable():

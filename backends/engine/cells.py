@@ -8,7 +8,8 @@
   is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
 
 Both also say which KV a starting request keeps (its cached prefix, or one borrowed from
-another slot) and how a full slot goes on (the context shift).
+another slot; on a recurrent or hybrid model, as far back as a context checkpoint allows:
+checkpoints.py) and how a full slot goes on (the context shift).
 
 Cells are counted as the tokens each slot holds. A prefix one slot borrowed from another
 shares its cells in llama.cpp but is counted twice here: the count errs on the safe side,
@@ -22,6 +23,7 @@ import logging
 import sys
 from collections.abc import Callable, Sequence
 
+from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.draft import common_prefix
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.engine.slots import Slot, SlotState
@@ -32,8 +34,11 @@ log = logging.getLogger("localinfer.engine")
 
 
 class SplitCells:
-    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0):
+    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0,
+                 checkpoints: Checkpoints | None = None):
         self.native = native
+        # where a stateful sequence cannot be cut, the points it may go back to (0: none)
+        self.checkpoints = checkpoints or Checkpoints(native, 0, 1)
         self.n_cells = native.n_cells()
         self.per_slot = self.n_cells // n_slots  # the longest request: prompt and reply
         # past the cached prefix, runs of at least this many cached tokens that the prompt
@@ -56,6 +61,7 @@ class SplitCells:
         """Drop a slot's KV, whatever it held."""
         self.native.forget(slot.id)
         slot.cache.clear()
+        slot.checkpoints.clear()
         slot.deficit = 0
 
     MIN_SHARED = 32  # copying another slot's KV pays only for a prefix at least this long
@@ -79,6 +85,7 @@ class SplitCells:
         if self.native.stateful and shared < len(donor.cache):
             return  # a recurrent state is copied whole, and cannot be cut back to `shared`
         self.native.forget(slot.id)
+        slot.checkpoints.clear()  # (of what it held: the copy is another sequence)
         self.native.copy_cells(donor.id, slot.id)
         if not self.native.forget(slot.id, donor.position(shared)):
             self.forget(slot)  # (the copy holds more than the prompt shares: none of it)
@@ -90,13 +97,18 @@ class SplitCells:
     def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:
         """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where
         llama.cpp cannot cut the sequence there). A recurrent state is never cut short of
-        its end: llama.cpp says yes to cuts within its snapshots that leave it wrong."""
+        its end (llama.cpp says yes to cuts within its snapshots that leave it wrong): it
+        goes back to its newest checkpoint at or before `n_keep`, or is dropped whole."""
         cut = n_keep < len(slot.cache)
-        if (cut and self.native.stateful) or not self.native.forget(slot.id,
-                                                                    slot.position(n_keep)):
+        if cut and self.native.stateful:
+            n_keep = self.checkpoints.restore(slot, n_keep)
+            if not n_keep:
+                self.native.forget(slot.id)
+        elif not self.native.forget(slot.id, slot.position(n_keep)):
             self.native.forget(slot.id)
             n_keep = 0
         del slot.cache[n_keep:]
+        self.checkpoints.drop_past(slot, n_keep)
         slot.recount()
         return n_keep
 
@@ -105,6 +117,8 @@ class SplitCells:
         """How many of `tokens` the slot would start with cached (its prefix, and the runs
         reuse_chunks would move), changing nothing: which idle slot a request takes."""
         n_past = min(slot.common_prefix(tokens), limit)
+        if self.native.stateful and n_past < len(slot.cache):  # (cut at a checkpoint)
+            return self.checkpoints.best(slot, n_past)
         runs = self._runs(slot, tokens, n_past, limit, slots)
         return n_past + sum(n for _, n in runs)
 
@@ -129,6 +143,7 @@ class SplitCells:
             head += n
         if head > n_past:
             self.native.forget(slot.id, head, -1)
+            self.checkpoints.drop_past(slot, n_past)  # (what follows them has moved)
             del cache[head:]
             log.debug("slot %d: %d cached tokens moved into place after a prefix of %d",
                       slot.id, head - n_past, n_past)
@@ -180,6 +195,7 @@ class SplitCells:
         self.native.forget(slot.id, n_keep, n_keep + n_discard)
         self.native.shift(slot.id, n_keep + n_discard, n_past, -n_discard)
         del slot.cache[n_keep:n_keep + n_discard]
+        self.checkpoints.drop_past(slot, n_keep)
         log.debug("slot %d: context shifted, kept %d, dropped %d", slot.id, n_keep, n_discard)
         return True
 
@@ -187,8 +203,9 @@ class SplitCells:
 class SharedCells(SplitCells):
     ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
 
-    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0):
-        super().__init__(native, n_slots, reuse_min)
+    def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0,
+                 checkpoints: Checkpoints | None = None):
+        super().__init__(native, n_slots, reuse_min, checkpoints)
         self.per_slot = max(self.per_slot, min(self.n_cells, native.n_ctx_train()))
 
     def free(self, slots: Sequence[Slot]) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import replace
 
+from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.batch import StepBatch
 from localinfer.backends.engine.draft import DraftModel
 from localinfer.backends.engine.cells import SharedCells, SplitCells
@@ -59,6 +60,7 @@ class Engine:
         reply_cap: int | None = None,
         cache_reuse: int = 0,
         projector: Projector | None = None,
+        ctx_checkpoints: int = 0,
     ):
         self.native = native
         self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
@@ -96,8 +98,11 @@ class Engine:
         self.speculator = Speculator(draft_tokens, drafter)
         # how the slots share the context's cells: a fixed share each, or one pool that
         # admits and preempts requests by free cells (cells.py); past a request's cached
-        # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off)
-        self.cells = (SharedCells if unified else SplitCells)(native, n_slots, cache_reuse)
+        # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off);
+        # a recurrent state that cannot be cut goes back to one of its slot's last
+        # `ctx_checkpoints` checkpoints (checkpoints.py; 0: off)
+        self.cells = (SharedCells if unified else SplitCells)(
+            native, n_slots, cache_reuse, Checkpoints(native, ctx_checkpoints, self.prefill_chunk))
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
         self.slots = [Slot(id=i) for i in range(n_slots)]
@@ -170,6 +175,8 @@ class Engine:
             tokens_generated=self._counters["generated"],
             requests_finished=self._counters["finished"],
             preemptions=self._counters["preempted"],
+            checkpoints_restored=self.cells.checkpoints.restored,
+            checkpoint_tokens=self.cells.checkpoints.restored_tokens,
             decode_seconds=self._seconds["decode"],
             step_seconds=self._seconds["step"],
             threads=self.native.threads(),
@@ -383,6 +390,8 @@ class Engine:
             if slot.task.pictures:  # up to its next image
                 end = next((i for i in range(slot.n_prompt_done, end)
                             if is_image(slot.to_read[i])), end)
+            if not slot.rebuilding:  # (a checkpoint where it starts, if due; where it ends)
+                end = self.cells.checkpoints.before_chunk(slot, slot.to_read, end)
             batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
                              logits_last=not slot.rebuilding)
             slot.n_prompt_done = end
@@ -540,9 +549,7 @@ class Engine:
                 task = slot.task
                 task.generation.put(ErrorEvent(error))
                 # its KV may be half-written: forget it
-                self.native.forget(slot.id)
-                slot.cache.clear()
-                slot.deficit = 0
+                self.cells.forget(slot)
                 slot.release(self._clock())
                 task.close()
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from collections.abc import Sequence
 
 from localinfer.backends.base import Generation, Logprob, SamplingParams
+from localinfer.backends.engine.checkpoints import Checkpoint
 from localinfer.backends.engine.draft import common_prefix
 from localinfer.backends.native.model import SamplerChain
 from localinfer.backends.metrics import RequestStats
@@ -87,6 +88,8 @@ class Slot:
     # index in the cache.
     spans: dict[int, tuple[int, int]] = field(default_factory=dict)
     deficit: int = 0
+    # a recurrent state saved at points of its sequence, oldest first (checkpoints.py)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
 
     def position(self, index: int) -> int:
         """Where the cache's `index`-th token sits (its index, less what images before it

@@ -238,6 +238,27 @@ class NativeModel:
     def forget_all(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
+    def save_partial(self, seq: int) -> ctypes.Array | None:
+        """The part of a sequence's state that cannot be cut back (a recurrent state; a
+        sliding window's cells), as llama.cpp writes it (a context checkpoint): None where
+        it wrote nothing or less than it said it would. Engine thread only."""
+        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq, flags)
+        if not size:
+            return None
+        data = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq, flags)
+        return data if written == size else None
+
+    def restore_partial(self, seq: int, data: ctypes.Array) -> bool:
+        """Put back a sequence's partial state saved by `save_partial`. The rest of its
+        memory (the attention layers' cells) is left as it was: the caller cuts what lies
+        past the saved point. False where llama.cpp read none of it (the sequence's
+        partial state is then gone: drop the sequence)."""
+        read = llama_cpp.llama_state_seq_set_data_ext(
+            self.ctx, data, len(data), seq, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+        return read == len(data)
+
     def copy_cells(self, src: int, dst: int) -> None:
         """Let sequence `dst` share every cell of `src` (no copy of the KV itself)."""
         llama_cpp.llama_memory_seq_cp(self.memory, src, dst, -1, -1)

@@ -140,9 +140,10 @@ def test_a_prompt_that_drops_a_middle_chunk_is_read_again_not_answered_from_the_
 
 def test_a_conversation_whose_reply_came_back_otherwise_is_read_again(path, reference):
     """The next turn holds the cached prompt and then another reply text than the one
-    cached (a client that trimmed it): the state cannot be cut back to the prompt."""
-    with _backend(path, draft_tokens=4) as backend:  # (a hybrid keeps snapshots: its cuts
-        # within them are a yes that may leave it wrong)
+    cached (a client that trimmed it): the state cannot be cut back to the prompt. (With
+    no checkpoint to go back to: test_checkpoints.py has those.)"""
+    with _backend(path, draft_tokens=4, ctx_checkpoints=0) as backend:  # (a hybrid keeps
+        # snapshots: its cuts within them are a yes that may leave it wrong)
         prompt = backend.tokenize(TEXT)
         reply = backend.generate(prompt, SamplingParams(temperature=1.5, seed=1,
                                                         max_tokens=3))
