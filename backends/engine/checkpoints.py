@@ -18,26 +18,15 @@ with it. Every native answer is checked: a restore or a cut refused reads the pr
 
 from __future__ import annotations
 
-import ctypes
 import logging
-from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
+from localinfer.backends.engine.slots import Checkpoint, Slot
 from localinfer.backends.native.model import NativeModel
 
-if TYPE_CHECKING:
-    from localinfer.backends.engine.slots import Slot
-
-__all__ = ["Checkpoint", "Checkpoints"]
+__all__ = ["Checkpoints"]
 
 log = logging.getLogger("localinfer.engine")
-
-
-@dataclass
-class Checkpoint:
-    n_tokens: int  # the slot's sequence held its first n_tokens when it was saved
-    data: ctypes.Array  # its partial state, as llama.cpp wrote it
 
 
 class Checkpoints:

@@ -4,12 +4,12 @@ shared by its parts (the KV policy in cells.py, the speculator)."""
 from __future__ import annotations
 
 import codecs
+import ctypes
 import enum
 from dataclasses import dataclass, field
 from collections.abc import Sequence
 
 from localinfer.backends.base import Generation, Logprob, SamplingParams
-from localinfer.backends.engine.checkpoints import Checkpoint
 from localinfer.backends.engine.draft import common_prefix
 from localinfer.backends.native.model import SamplerChain
 from localinfer.backends.metrics import RequestStats
@@ -24,6 +24,14 @@ class SlotState(enum.Enum):
     IDLE = "idle"
     PROCESSING_PROMPT = "processing_prompt"
     GENERATING = "generating"
+
+
+@dataclass
+class Checkpoint:
+    """A slot's recurrent state at one point of its sequence (engine/checkpoints.py)."""
+
+    n_tokens: int  # the slot's sequence held its first n_tokens when it was saved
+    data: ctypes.Array  # its partial state, as llama.cpp wrote it
 
 
 @dataclass
