@@ -486,11 +486,14 @@ async def show(body: NameRequest, request: Request) -> dict[str, Any]:
 
 
 def capabilities(info: GGUFInfo) -> list[str]:
-    """What a model can do here, in Ollama's words: an embedding model embeds; any other
-    completes, takes tools where its own chat template writes them (a template that knows
-    no tools gets them only through a generic instruction), thinks where its template marks
-    reasoning, and fills in the middle where its vocabulary has FIM tokens (insert). Vision
-    is the model's projector's, not its file's: /api/show adds it."""
+    """What a model can do here, in Ollama's words: an embedding model embeds; a reranker
+    reranks (our word: Ollama has no reranking); any other completes, takes tools where its
+    own chat template writes them (a template that knows no tools gets them only through a
+    generic instruction), thinks where its template marks reasoning, and fills in the middle
+    where its vocabulary has FIM tokens (insert). Vision is the model's projector's, not its
+    file's: /api/show adds it."""
+    if info.rerank:
+        return ["rerank"]
     if info.embedding:
         return ["embedding"]
     found = ["completion"]
@@ -607,6 +610,7 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
     pool = request.app.state.pool
     async with pool.use(core.check_model_name(body.model), body.keep_alive,
                         body.options.num_ctx if body.options else None) as loaded:
+        core.check_embeds(loaded)
         vectors, n_tokens = [], 0
         for text in inputs:
             try:
