@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from localinfer import __version__
-from localinfer.api import anthropic, infill, ollama, openai, responses
+from localinfer.api import anthropic, infill, ollama, openai, rerank, responses
 from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
@@ -51,6 +51,7 @@ def create_app(pool: ModelPool, settings: Settings, preload: str | None = None) 
     app.include_router(anthropic.router)
     app.include_router(responses.router)
     app.include_router(infill.router)
+    app.include_router(rerank.router)
     app.include_router(ollama.router)
     app.include_router(ollama.root)
     web.install(app)

@@ -37,8 +37,8 @@ from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_model_name", "count", "logprob_entries", "sampling_field",
-           "start"]
+__all__ = ["Job", "Lenient", "check_completes", "check_embeds", "check_model_name", "count",
+           "logprob_entries", "sampling_field", "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
@@ -189,6 +189,7 @@ async def start(
         was_loaded = {m.name for m in pool.loaded()}
         loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive,
                                                           n_ctx))
+        check_completes(loaded)
         backend = loaded.backend  # (a max_tokens past the context is taken, as llama-server
         # takes it: the reply ends when the context fills; agents ask for 32,000 or 64,000)
         if (messages is not None and plain_without_template and not pictures
@@ -223,6 +224,25 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+
+
+def check_completes(loaded: LoadedModel) -> None:
+    """A 400 for a model that only embeds or only scores documents: what it would write is
+    not text (a BERT one has no output layer at all), so it takes no chat or completion."""
+    info = loaded.info
+    if info.rerank or info.embedding:
+        kind, route = (("a reranker", "/v1/rerank") if info.rerank
+                       else ("an embedding model", "/v1/embeddings or /api/embed"))
+        raise ApiError(400, f'"{loaded.name}" does not support chat or completion: it is '
+                            f"{kind} — send its requests to {route}")
+
+
+def check_embeds(loaded: LoadedModel) -> None:
+    """A 400 for a reranker asked to embed: it scores a query and a document together and
+    has no embedding of a text alone (llama-server refuses it too)."""
+    if loaded.info.rerank:
+        raise ApiError(400, f'"{loaded.name}" does not support embeddings: it is a reranker '
+                            f"— send its requests to /v1/rerank")
 
 
 async def count(pool: ModelPool, model: str | None, messages: Sequence[Mapping[str, Any]],

@@ -572,6 +572,7 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
     pool = request.app.state.pool
     async with pool.use(core.check_model_name(body.model), body.keep_alive,
                         body.options.num_ctx if body.options else None) as loaded:
+        core.check_embeds(loaded)
         vectors, n_tokens = [], 0
         for text in inputs:
             try:

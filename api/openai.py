@@ -487,6 +487,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
     if not inputs:
         raise ApiError(400, "input is empty")
     async with request.app.state.pool.use(core.check_model_name(body.model or None)) as loaded:
+        core.check_embeds(loaded)
         data, n_tokens = [], 0
         for i, item in enumerate(inputs):
             text = item if isinstance(item, str) else await asyncio.to_thread(

@@ -47,11 +47,14 @@ def is_pulled(models_dir: Path, name: str) -> bool:
 
 
 def capabilities(info: GGUFInfo) -> list[str]:
-    """What a model can do here, in Ollama's words: an embedding model embeds; any other
-    completes, takes tools where its own chat template writes them (a template that knows
-    no tools gets them only through a generic instruction), thinks where its template marks
-    reasoning, and fills in the middle where its vocabulary has FIM tokens (insert). Vision
-    is the model's projector's, not its file's: /api/show adds it."""
+    """What a model can do here, in Ollama's words: an embedding model embeds; a reranker
+    reranks (our word: Ollama has no reranking); any other completes, takes tools where its
+    own chat template writes them (a template that knows no tools gets them only through a
+    generic instruction), thinks where its template marks reasoning, and fills in the middle
+    where its vocabulary has FIM tokens (insert). Vision is the model's projector's, not its
+    file's: /api/show adds it."""
+    if info.rerank:
+        return ["rerank"]
     if info.embedding:
         return ["embedding"]
     found = ["completion"]

@@ -483,6 +483,11 @@ class Backend(ABC):
     def embed(self, text: str) -> tuple[list[float], int]:
         """An L2-normalised embedding of `text`, and how many tokens it took."""
 
+    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        """Each document's relevance to `query`, in order, scored by a reranker (a
+        cross-encoder with rank pooling), and how many tokens the pairs took."""
+        raise InvalidRequest("this model is not a reranker")
+
     @abstractmethod
     def stats(self) -> EngineStats:
         """A snapshot of the engine: slots in use, queue, KV cells, counters."""

@@ -18,9 +18,10 @@ from localinfer.backends.native.embeddings import Embedder
 from localinfer.backends.engine.scheduler import Engine
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.metrics import EngineStats
+from localinfer.backends.native.rerank import Reranker
 from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical_cores
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
-from localinfer.errors import InvalidRequest
+from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name
 from localinfer.settings import default
 
@@ -125,6 +126,8 @@ class LlamaCppBackend(Backend):
                                  n_threads, physical_cores()))
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
                                  n_threads=n_threads)
+        # (a pair read at once: the context a request gets)
+        self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot, n_threads=n_threads)
         self.info = ModelInfo(
             name=name or Path(path).stem,
             path=path,
@@ -266,6 +269,16 @@ class LlamaCppBackend(Backend):
         tokens = self.tokenize(text)
         return self.embedder.embed(tokens), len(tokens)
 
+    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        n_ctx = self.reranker.n_ctx
+        query_bytes = len(query.encode("utf-8", "surrogatepass"))
+        for document in documents:  # a text too big is refused before it is tokenized
+            size = query_bytes + len(document.encode("utf-8", "surrogatepass"))
+            if size > n_ctx and self.fewest_tokens(size) > n_ctx:
+                raise PromptTooLong(self.fewest_tokens(size), n_ctx, at_least=True)
+        pairs = [self.reranker.tokens(query, d, self._holds_control) for d in documents]
+        return self.reranker.score(pairs), sum(len(pair) for pair in pairs)
+
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
@@ -275,10 +288,11 @@ class LlamaCppBackend(Backend):
     def close(self) -> None:
         """Free in the reverse order of the load: the engine's thread stops first (nothing
         decodes, every request's sampler is freed), then what was built on the model — the
-        projector (its encoding thread with it), the embeddings' context — and last the
-        engine's batch, draft model, context and the model itself."""
+        projector (its encoding thread with it), the embeddings' and reranking's contexts —
+        and last the engine's batch, draft model, context and the model itself."""
         self.engine.stop()
         if self.projector:
             self.projector.close()
         self.embedder.close()
+        self.reranker.close()
         self.engine.close()

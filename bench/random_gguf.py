@@ -13,8 +13,9 @@ control tokens to the shape's vocabulary, so the output layer has its real size.
 Tiny models of other architectures than llama's, each with the keys, tensor names and F32
 tensors that llama.cpp's converter and llama-quantize give it: Gated DeltaNet layers with one
 of attention in four (qwen35), a pure state-space model (mamba2), short convolutions with
-attention (lfm2), sliding-window attention (gemma3) and a mixture of experts (qwen3moe).
-Their vocabulary is the tokenizer's own, unpadded:
+attention (lfm2), sliding-window attention (gemma3) and a mixture of experts (qwen3moe);
+and two rerankers (cross-encoders with a classification head): a BERT one (bert-rerank-tiny)
+and a Qwen3-Reranker (qwen3-rerank-tiny). Their vocabulary is the tokenizer's own, unpadded:
 
     python3 bench/random_gguf.py qwen35-tiny /tmp/q35.gguf --tokenizer ggml-vocab-qwen2.gguf
 """
@@ -198,6 +199,10 @@ class ArchShape:
     ssm_groups: int = 0
     full_attention_interval: int = 0
     shortconv_l_cache: int = 0
+    # a cross-encoder's (reranker's) head: its labels, one score each (cls.output); on bert
+    # with the dense layer before it (cls), as XLM-RoBERTa's and BERT's classifiers have
+    classifier: tuple[str, ...] = ()
+    pooling: int = 0  # the pooling_type key (4: rank, as a Qwen3-Reranker's); 0: none
     n_vocab: int = 0  # a header-only file's vocabulary (PLAN_SHAPES); 0: the tokenizer's
     tied_output: bool = True
 
@@ -236,6 +241,18 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
     "qwen3moe-tiny": ArchShape("qwen3moe", 2, 128, n_ff=256, n_head=4, n_head_kv=2,
                                head_dim=32, n_ctx_train=40960, n_expert=8, n_expert_used=2,
                                n_ff_exp=64),
+    # rerankers. A BERT cross-encoder (ms-marco-MiniLM, bge-reranker's XLM-RoBERTa): post-norm
+    # layers with biases, learned positions, a classifier of one label; as llama.cpp's
+    # converter writes it, with no pooling key (llama-server's --reranking sets rank pooling);
+    # rms_eps is its LayerNorm's epsilon
+    "bert-rerank-tiny": ArchShape("bert", 2, 64, n_ff=128, n_head=2, n_head_kv=2,
+                                  n_ctx_train=512, rms_eps=1e-12, classifier=("LABEL_0",)),
+    # Qwen3-Reranker: Qwen3 with rank pooling and the "yes"/"no" rows of its output layer
+    # as the classifier (the score is P(yes) of the last token); its rerank prompt is the
+    # tokenizer's (tokenizer.chat_template.rerank)
+    "qwen3-rerank-tiny": ArchShape("qwen3", 2, 64, n_ff=128, n_head=2, n_head_kv=1,
+                                   head_dim=32, n_ctx_train=40960, classifier=("yes", "no"),
+                                   pooling=4),
 }
 
 # Published models' shapes, for what a plan says of them (`show`, the planner's tests): their
@@ -306,7 +323,7 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     import gguf
 
     arch = shape.arch
-    if arch not in ("qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe"):
+    if arch not in ("qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe", "qwen3", "bert"):
         raise ValueError(f"no writer for the architecture {arch!r}")
     rng = np.random.default_rng(seed)
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
@@ -319,6 +336,13 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     writer.add_embedding_length(shape.n_embd)
     writer.add_feed_forward_length(shape.n_ff)
     writer.add_head_count(shape.n_head)
+    if arch == "bert":
+        writer.add_layer_norm_eps(shape.rms_eps)
+        writer.add_causal_attention(False)
+    if shape.pooling:
+        writer.add_pooling_type(gguf.PoolingType(shape.pooling))
+    if shape.classifier:
+        writer.add_classifier_output_labels(list(shape.classifier))
     if shape.n_head:
         writer.add_head_count_kv(shape.n_head_kv if isinstance(shape.n_head_kv, int)
                                  else list(shape.n_head_kv))
@@ -330,7 +354,8 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
         writer.add_rope_dimension_count(shape.n_rot)
     if shape.rope_sections:
         writer.add_rope_dimension_sections(list(shape.rope_sections))
-    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if arch != "bert":
+        writer.add_layer_norm_rms_eps(shape.rms_eps)
     if shape.ssm_conv:
         writer.add_ssm_conv_kernel(shape.ssm_conv)
         writer.add_ssm_inner_size(shape.ssm_inner)
@@ -406,10 +431,40 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
         dt = np.exp(rng.uniform(np.log(0.001), np.log(0.1), size=n))
         return dt + np.log(-np.expm1(-dt))
 
+    def zeros(tensor: str, n: int) -> None:
+        f32(tensor, np.zeros(n))
+
+    def bert_layer(i: int) -> None:  # post-norm, every projection with its bias
+        attention(i, shape.n_head * hd, norms=False)
+        for part, n in (("q", shape.n_head * hd), ("k", shape.kv_heads(i) * hd),
+                        ("v", shape.kv_heads(i) * hd), ("output", e)):
+            zeros(f"blk.{i}.attn_{part}.bias", n)
+        ones(f"blk.{i}.attn_output_norm.weight", e)
+        zeros(f"blk.{i}.attn_output_norm.bias", e)
+        matrix(f"blk.{i}.ffn_up.weight", shape.n_ff, e)
+        zeros(f"blk.{i}.ffn_up.bias", shape.n_ff)
+        matrix(f"blk.{i}.ffn_down.weight", e, shape.n_ff)
+        zeros(f"blk.{i}.ffn_down.bias", e)
+        ones(f"blk.{i}.layer_output_norm.weight", e)
+        zeros(f"blk.{i}.layer_output_norm.bias", e)
+
     matrix("token_embd.weight", n_vocab, e)
+    if arch == "bert":  # token types and learned positions, normalised before the layers
+        n_types = int(tokenizer.get("tokenizer.ggml.token_type_count", (1,))[0])
+        random("token_types.weight", n_types, e)
+        random("position_embd.weight", shape.n_ctx_train, e)
+        ones("token_embd_norm.weight", e)
+        zeros("token_embd_norm.bias", e)
     for i in range(shape.n_layer):
+        if arch == "bert":
+            bert_layer(i)
+            continue
         ones(f"blk.{i}.attn_norm.weight", e)
-        if arch == "qwen35":
+        if arch == "qwen3":
+            attention(i, shape.n_head * hd)
+            ones(f"blk.{i}.ffn_norm.weight", e)
+            ffn(i)
+        elif arch == "qwen35":
             ones(f"blk.{i}.post_attention_norm.weight", e)
             if shape.is_recurrent(i):  # Gated DeltaNet
                 key_dim = shape.ssm_state * shape.ssm_groups
@@ -461,8 +516,16 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
             matrix(f"blk.{i}.ffn_up_exps.weight", shape.n_ff_exp, e, shape.n_expert)
             matrix(f"blk.{i}.ffn_down_exps.weight", e, shape.n_ff_exp, shape.n_expert)
     # LFM2's final norm has the name of an input norm in its converter's table
-    ones("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", e)
-    if not shape.tied_output:
+    if arch != "bert":
+        ones("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", e)
+    if shape.classifier:
+        if arch == "bert":
+            matrix("cls.weight", e, e)
+            zeros("cls.bias", e)
+        matrix("cls.output.weight", len(shape.classifier), e)
+        if arch == "bert":
+            zeros("cls.output.bias", len(shape.classifier))
+    if not shape.tied_output and arch != "bert":
         matrix("output.weight", n_vocab, e)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

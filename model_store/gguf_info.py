@@ -69,6 +69,10 @@ class GGUFInfo:
     separate_output: bool = False
     # an embedding model: a pooling type in its header (BERT's kin, Qwen3-Embedding, …)
     embedding: bool = False
+    # a reranker (a cross-encoder, which scores a query and a document read together): rank
+    # pooling in its header (Qwen3-Reranker) or a classification head (cls.output, as
+    # llama.cpp's converter writes bge-reranker's and BERT cross-encoders'); it embeds nothing
+    rerank: bool = False
     # per layer where they are not all full attention with n_head_kv heads (n_head_kv is
     # the largest of a per-layer array): attention kind, KV heads, recurrent (arch.py)
     layers: tuple[Layer, ...] = ()
@@ -116,6 +120,8 @@ _SCALARS = {
 # architectures that only embed (llama.cpp's encoder-only ones)
 _ENCODERS = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
              "modern-bert", "neo-bert", "eurobert"}
+_RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
+_CLASSIFIER = "cls.output.weight"
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
 _MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
 _MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more
@@ -184,6 +190,7 @@ class _Header:
     n_params: int
     separate_output: bool  # an output.weight of its own (not the input embeddings, tied)
     expert_bytes: dict[int, int]  # layer → bytes of its expert tensors
+    classifier: bool = False  # a classification head (cls.output.weight): a reranker's
 
 
 def _read_header(buf: mmap.mmap, size: int) -> _Header:
@@ -197,10 +204,11 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     for _ in range(n_kv):
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
-    data_end, n_params, separate_output, experts = 0, 0, False, {}
+    data_end, n_params, separate_output, experts, classifier = 0, 0, False, {}, False
     for _ in range(n_tensors):
         name = cur.string()
         separate_output |= name == "output.weight"
+        classifier |= name == _CLASSIFIER
         n_dims = cur.scalar("<I")
         if n_dims > _MAX_DIMS:
             raise ValueError(f"tensor {name[:40]!r} has {n_dims:,} dimensions (at most "
@@ -225,7 +233,7 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     data_start = -(-cur.pos // alignment) * alignment
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
-    return _Header(meta, data_start + data_end, n_params, separate_output, experts)
+    return _Header(meta, data_start + data_end, n_params, separate_output, experts, classifier)
 
 
 def _count(key: str, value: Any, default: int) -> int:
@@ -305,7 +313,7 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         raise InvalidModelFile(str(path), "it is not the first part of its split model — "
                                           "load the part named -00001-of-")
     size, n_params, separate = info.file_size, info.n_params, info.separate_output
-    experts = list(info.expert_bytes)
+    experts, rerank = list(info.expert_bytes), info.rerank
     for number, part in enumerate(part_paths(Path(path), count)[1:], start=2):
         if not part.is_file():
             raise InvalidModelFile(str(path), f"part {number} of {count}, {part.name}, is not "
@@ -314,10 +322,12 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         other, _ = _read_part(part)
         size, n_params = size + other.file_size, n_params + other.n_params
         separate |= other.separate_output
+        rerank |= other.rerank  # (its head may be in any part)
         experts = [a + b for a, b in itertools.zip_longest(experts, other.expert_bytes,
                                                            fillvalue=0)]
     return dataclasses.replace(info, file_size=size, n_params=n_params,
-                               separate_output=separate, expert_bytes=tuple(experts))
+                               separate_output=separate, expert_bytes=tuple(experts),
+                               rerank=rerank, embedding=info.embedding and not rerank)
 
 
 # the texts llama.cpp knows fill-in-the-middle tokens by, where the file names none by key
@@ -472,6 +482,8 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
                         window or 0, n_head_kv)
     template = meta.get("tokenizer.chat_template")
     file_type = meta.get("general.file_type")
+    pooling = get("pooling_type", 0)
+    rerank = pooling == _RANK or header.classifier
     return GGUFInfo(
         path=path,
         file_size=size,
@@ -490,7 +502,8 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         n_embd=n_embd,
         n_params=header.n_params,
         separate_output=header.separate_output,
-        embedding=bool(get("pooling_type", 0)) or arch in _ENCODERS,
+        embedding=not rerank and (bool(pooling) or arch in _ENCODERS),
+        rerank=rerank,
         layers=kinds.layers,
         state_bytes=kinds.state_bytes,
         recurrent_kind=kinds.recurrent_kind,

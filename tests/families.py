@@ -139,6 +139,42 @@ def arch_model(arch: str, template: str | None | bool = True, vocab: str | None 
     return out
 
 
+# Qwen3-Reranker's rerank prompt, as llama.cpp's converter writes it into the file
+# (tokenizer.chat_template.rerank)
+QWEN3_RERANK_PROMPT = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query "
+    "and the Instruct provided. Note that the answer can only be \"yes\" or \"no\".<|im_end|>\n"
+    "<|im_start|>user\n<Instruct>: Given a web search query, retrieve relevant passages that "
+    "answer the query\n<Query>: {query}\n<Document>: {document}<|im_end|>\n"
+    "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def reranker_model(arch: str) -> Path:
+    """A random-weight reranker of bench/random_gguf.py's `<arch>-rerank-tiny`: "bert", a
+    BERT cross-encoder over bge's WordPiece vocabulary ([CLS] query [SEP] document), its
+    classifier the only sign of what it is, as llama.cpp's converter writes bge-reranker's
+    kin; or "qwen3", a Qwen3-Reranker (rank pooling, the yes/no head, its rerank prompt,
+    Qwen3's chat template and vocabulary)."""
+    out = CACHE / "models" / f"{arch}-rerank-tiny.gguf"
+    if out.exists():
+        return out
+    random_gguf = _random_gguf()
+    if arch == "bert":
+        tokenizer = _tokenizer(random_gguf, None, "bert-bge", {})
+    else:
+        import gguf
+
+        tokenizer = _tokenizer(random_gguf, "Qwen-Qwen3-0.6B", "qwen2", QWEN_ADDED)
+        tokenizer["tokenizer.chat_template.rerank"] = (QWEN3_RERANK_PROMPT,
+                                                       gguf.GGUFValueType.STRING, None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_arch(random_gguf.ARCH_SHAPES[f"{arch}-rerank-tiny"], partial, tokenizer,
+                           f"random {arch}-rerank-tiny")
+    os.replace(partial, out)
+    return out
+
+
 def plan_model(shape: str) -> Path:
     """A published model's shape (bench/random_gguf.py PLAN_SHAPES: qwen3.5-9b,
     qwen3-30b-a3b, lfm2-1.2b, mamba2-2.7b, gemma3-27b) as a file the planner reads as the

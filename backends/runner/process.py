@@ -68,7 +68,8 @@ log = logging.getLogger("localinfer.runner")
 BEAT_SECONDS = 0.5
 # what a parent may ask of the runner's backend
 _CALLS = frozenset({"generate", "start", "tokenize", "detokenize", "apply_chat_template",
-                    "prompt_tokens", "embed", "stats", "fewest_tokens", "infill_tokens"})
+                    "prompt_tokens", "embed", "rerank", "stats", "fewest_tokens",
+                    "infill_tokens"})
 _QUICK_BYTES = 16 << 10  # a text this short tokenizes in well under a millisecond
 _TOKEN, _DONE, _ERROR = 0, 1, 2
 
@@ -416,6 +417,7 @@ class _Call:
         self.started = time.monotonic()
         # an embedding is one llama_decode of up to a context of tokens, which shows no
         # progress until it ends and may take minutes on a slow CPU: the watchdog leaves it
+        # (and a reranking, a few such decodes)
         self.watched = watched
 
     def finish(self, ok: bool, value: Any) -> None:
@@ -618,7 +620,7 @@ class _Link:
         if self._loop_thread == threading.get_ident():
             raise EngineError("a runner's reply is read on this event loop: call it from a "
                               "thread (asyncio.to_thread), never on the loop itself")
-        call = _Call(watched=method != "embed")
+        call = _Call(watched=method not in ("embed", "rerank"))
         rid = rid or next(self._ids)
         with self._lock:
             if self._ended is not None or self._closing:
@@ -835,6 +837,9 @@ class RunnerBackend(Backend):
 
     def embed(self, text: str) -> tuple[list[float], int]:
         return self._runner().call("embed", (text,))
+
+    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        return self._runner().call("rerank", (query, list(documents)))
 
     def stats(self) -> EngineStats:
         """Figures only: never starts a runner, and a runner gone reads as an idle one."""

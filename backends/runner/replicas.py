@@ -81,6 +81,9 @@ class Replicas(Backend):
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)
 
+    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+        return self.members[0].rerank(query, documents)
+
     def fewest_tokens(self, text_bytes: int) -> int:
         return self.members[0].fewest_tokens(text_bytes)
 

@@ -104,6 +104,41 @@ def test_the_input_embeddings_of_an_untied_model_stay_off_the_gpu(tmp_path):
     assert shape.gpu_weights(1_000_000) == int(1_000_000 * (1 - 64_000 / untied.n_params))
 
 
+def _pooled(path, arch: str, pooling: int | None, head: bool):
+    import gguf
+    import numpy as np
+
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(32)
+    writer.add_head_count(2)
+    writer.add_token_list([f"t{i}" for i in range(8)])
+    if pooling is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling))
+    writer.add_tensor("token_embd.weight", np.zeros((8, 32), dtype=np.float32))
+    if head:  # a classifier, as llama.cpp's converter names it
+        writer.add_tensor("cls.output.weight", np.zeros((1, 32), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return read_gguf_info(path)
+
+
+@pytest.mark.parametrize("arch, pooling, head, kind", [
+    ("bert", 1, False, "embedding"),  # mean pooling: an embedding model
+    ("bert", None, False, "embedding"),  # an encoder with no pooling key
+    ("qwen3", 3, False, "embedding"),  # last-token pooling (Qwen3-Embedding)
+    ("qwen3", 4, True, "rerank"),  # rank pooling (Qwen3-Reranker)
+    ("bert", None, True, "rerank"),  # a classifier, no pooling key (bge-reranker converted)
+    ("bert", 2, True, "rerank"),  # a classifier beside a CLS pooling key
+    ("qwen3", None, False, "chat"),
+])
+def test_embedding_models_and_rerankers_are_told_apart(tmp_path, arch, pooling, head, kind):
+    info = _pooled(tmp_path / "m.gguf", arch, pooling, head)
+    assert (info.embedding, info.rerank) == (kind == "embedding", kind == "rerank")
+
+
 # ------------------------------------------------------------ crafted headers, byte by byte
 _U32, _STR, _ARR = 4, 8, 9  # GGUF value types
 

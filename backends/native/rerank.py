@@ -1,0 +1,177 @@
+"""Reranking: a cross-encoder reads a query and a document together and gives one score.
+
+The model's own context cannot do it (its pooling is fixed when a context is made), so this
+is a second llama.cpp context on the same weights with rank pooling — what llama-server's
+`--reranking` sets — made on first use. The score of a pair is the first float llama.cpp
+pools for its sequence (`llama_get_embeddings_seq`): a classification head's output over
+the first token (BERT's kin) or, for a causal model (Qwen3-Reranker), P("yes") at its last.
+
+A pair is written as llama-server writes it (`format_prompt_rerank`): the file's rerank
+prompt (`tokenizer.chat_template.rerank`, with `{query}` and `{document}` in it) where it
+has one, else [BOS] query [EOS] [SEP] document [EOS], each special token where the
+vocabulary adds it. Only the prompt writes control tokens: a query or document that spells
+one is read as text. Several pairs go in one decode, each its own sequence, as many as the
+context holds. A pair's score is its own alone: an encoder's exactly, a causal model's within
+rounding (flash attention over the shared cells sums in another order: ~1e-3 at most).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Callable, Sequence
+
+import llama_cpp
+
+from localinfer.backends.native.model import NativeModel
+from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
+
+__all__ = ["Reranker"]
+
+_SLOT = re.compile(r"(\{query\}|\{document\})")
+_SEQUENCES = 16  # pairs in one decode at most (their tokens within the context)
+
+
+class Reranker:
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
+        self.native = native
+        self.n_ctx = n_ctx
+        self._n_threads = n_threads
+        self._ctx = None
+        self._lock = threading.Lock()
+        source = llama_cpp.llama_model_chat_template(native.model, b"rerank")
+        self.template = source.decode("utf-8", errors="replace") if source else None
+
+    # ---------------------------------------------------------------- the pair's tokens
+    def tokens(self, query: str, document: str, holds_control: Callable[[str], bool]
+               ) -> list[int]:
+        """One (query, document) pair as the model reads it. `holds_control(text)`: whether
+        a text would tokenize to a control token (then it is tokenized apart, as text)."""
+        if self.template is not None:
+            return self._templated(query, document, holds_control)
+        return self._joined(query, document)
+
+    def _templated(self, query: str, document: str, holds_control: Callable[[str], bool]
+                   ) -> list[int]:
+        texts = {"{query}": query, "{document}": document}
+        parts = _SLOT.split(self.template)  # prompt, slot, prompt, slot, …, prompt
+        if not holds_control(query) and not holds_control(document):  # one text, as
+            # llama-server tokenizes it (a word at a slot's edge merges as in training)
+            whole = "".join(texts.get(part, part) for part in parts)
+            return self.native.tokenize(whole, add_special=False, parse_special=True)
+        tokens: list[int] = []
+        for part in parts:
+            if part in texts:
+                tokens += self.native.tokenize(texts[part], add_special=False,
+                                               parse_special=False)
+            elif part:
+                tokens += self.native.tokenize(part, add_special=False, parse_special=True)
+        return tokens
+
+    def _joined(self, query: str, document: str) -> list[int]:
+        vocab = self.native.vocab
+        end = llama_cpp.llama_vocab_eos(vocab)
+        sep = llama_cpp.llama_vocab_sep(vocab)
+        end = end if end >= 0 else sep
+        if end < 0 and sep < 0:
+            raise EngineError("this reranker's vocabulary has no end-of-text or separator "
+                              "token and its file no rerank prompt: it cannot tell the query "
+                              "from the document")
+        add_end = llama_cpp.llama_vocab_get_add_eos(vocab) and end >= 0
+        tokens = [self.native.bos()] if self.native.adds_bos() and self.native.bos() >= 0 else []
+        tokens += self.native.tokenize(query, add_special=False, parse_special=False)
+        tokens += [end] if add_end else []
+        tokens += [sep] if llama_cpp.llama_vocab_get_add_sep(vocab) and sep >= 0 else []
+        tokens += self.native.tokenize(document, add_special=False, parse_special=False)
+        return tokens + ([end] if add_end else [])
+
+    # ---------------------------------------------------------------- scoring
+    def _context(self) -> llama_cpp.llama_context_p:
+        if self._ctx is None:
+            params = llama_cpp.llama_context_default_params()
+            # an encoder's pair must be in one micro-batch; the cells are one pool that the
+            # pairs of a decode share (each its own sequence)
+            params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx
+            params.n_seq_max = _SEQUENCES
+            params.kv_unified = True
+            params.n_threads = params.n_threads_batch = self._n_threads
+            params.embeddings = True
+            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_RANK
+            params.no_perf = True
+            self._ctx = llama_cpp.llama_init_from_model(self.native.model, params)
+            if not self._ctx:
+                self._ctx = None
+                raise EngineError("llama.cpp could not create a reranking context of "
+                                  f"{self.n_ctx} tokens — lower --ctx")
+        return self._ctx
+
+    def check(self, pairs: Sequence[Sequence[int]]) -> None:
+        """Each pair fits the context (before any is scored)."""
+        for pair in pairs:
+            if not pair:
+                raise InvalidRequest("a query and document came to no tokens at all")
+            if len(pair) > self.n_ctx:
+                raise PromptTooLong(len(pair), self.n_ctx)
+
+    def score(self, pairs: Sequence[Sequence[int]]) -> list[float]:
+        """Each pair's score, in order; pairs are decoded as many at once as fit. A pair
+        past the context is refused before any is decoded."""
+        self.check(pairs)
+        scores: list[float] = []
+        with self._lock:
+            ctx = self._context()
+            for group in _groups(pairs, self.n_ctx):
+                scores += self._decode(ctx, group)
+        return scores
+
+    def _decode(self, ctx: llama_cpp.llama_context_p, group: Sequence[Sequence[int]]
+                ) -> list[float]:
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        n = sum(len(pair) for pair in group)
+        batch = llama_cpp.llama_batch_init(n, 0, 1)
+        try:
+            at = 0
+            for seq, pair in enumerate(group):
+                for pos, token in enumerate(pair):
+                    batch.token[at] = token
+                    batch.pos[at] = pos
+                    batch.n_seq_id[at] = 1
+                    batch.seq_id[at][0] = seq
+                    batch.logits[at] = True
+                    at += 1
+            batch.n_tokens = n
+            if llama_cpp.llama_decode(ctx, batch) != 0:
+                raise EngineError("llama.cpp failed to score the documents")
+            return [_score(ctx, seq) for seq in range(len(group))]
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx is not None:
+                llama_cpp.llama_free(self._ctx)
+                self._ctx = None
+
+
+def _score(ctx: llama_cpp.llama_context_p, seq: int) -> float:
+    pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
+    if not pooled:
+        raise EngineError("this model gave no score: it has no rank pooling")
+    value = float(pooled[0])
+    if not math.isfinite(value):
+        raise EngineError(f"this model gave a score that is not a number ({value})")
+    return value
+
+
+def _groups(pairs: Sequence[Sequence[int]], n_ctx: int) -> list[list[Sequence[int]]]:
+    """Consecutive pairs, as many to a decode as the context and the sequences hold."""
+    groups: list[list[Sequence[int]]] = []
+    size = 0
+    for pair in pairs:
+        if not groups or len(groups[-1]) == _SEQUENCES or size + len(pair) > n_ctx:
+            groups.append([])
+            size = 0
+        groups[-1].append(pair)
+        size += len(pair)
+    return groups
