@@ -6,7 +6,7 @@ LangChain, LlamaIndex, Open WebUI) to order the chunks it found by their relevan
     → {id, model, object: "list", usage: {prompt_tokens, total_tokens},
        results: [{index, relevance_score, document?: {text}}]}   best first, top_n of them
 
-Each document is scored with the query by a reranker model (backends/rerank.py); a model
+Each document is scored with the query by a reranker model (backends/native/rerank.py); a model
 that is not one is refused, as is a request past MAX_DOCUMENTS or a pair past the context
 (before anything is scored). Ollama has no rerank route, so there is no Ollama shape.
 """

@@ -1,4 +1,4 @@
-"""A reranker's pairs and scores in the backend (backends/rerank.py), on the random
+"""A reranker's pairs and scores in the backend (backends/native/rerank.py), on the random
 Qwen3-Reranker of tests/families.py: the pair written as llama-server writes it, a document
 that spells a control token read as text, and pairs spread over several decodes scored as
 each alone."""
