@@ -82,7 +82,8 @@ def test_runners_loaded_and_closed_again_and_again_all_exit_with_status_0(smollm
     exits with status 0."""
     import localinfer.backends.runner.process as runner_module
 
-    assert runner_module.__file__.startswith(str(Path(__file__).parents[2]))  # this tree's
+    assert str(Path(runner_module.__file__).resolve()).startswith(  # this tree's
+        str(Path(__file__).resolve().parents[2]))
     monkeypatch.setenv("LOCALINFER_RUNNER_BEAT", "0.001")
     codes = []
     for cycle in range(12):
@@ -154,7 +155,7 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         smollm2_path, monkeypatch):
     """`run`, `chat`, `serve` and `app` start a runner before they plan; the load takes it.
     One started under other variables (tests set those a runner reads) is not used."""
-    from localinfer.backends import runner as runner_module
+    import localinfer.backends.runner.process as runner_module
 
     runner_module.warm_spare()
     spare = runner_module._spare[0]
@@ -214,7 +215,7 @@ def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    from localinfer.backends import runner as runner_module
+    import localinfer.backends.runner.process as runner_module
 
     main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
     bundle = tmp_path / "localinfer"
