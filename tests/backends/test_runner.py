@@ -9,7 +9,7 @@ import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
 from localinfer.backends.runner.process import RunnerBackend
-from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
+from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerMismatch
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -69,6 +69,18 @@ def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
     with pytest.raises(ModelLoadFailed) as caught:
         RunnerBackend(bad, LoadOptions(n_ctx=256), name="bad")
     assert "\n" not in str(caught.value)
+
+
+def test_a_runner_of_another_protocol_version_is_refused(smollm2_path, monkeypatch):
+    """localinfer changed on disk under a running server: the runner it starts speaks
+    another version, and the load says so in one line instead of misreading its messages."""
+    from localinfer.backends.runner import protocol
+
+    monkeypatch.setattr(protocol, "VERSION", protocol.VERSION + 1)  # this process's, not its
+    with pytest.raises(RunnerMismatch) as caught:
+        RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    assert (f"speaks protocol {protocol.VERSION - 1}, this process {protocol.VERSION}"
+            in str(caught.value)) and "restart" in str(caught.value)
 
 
 @pytest.mark.slow
