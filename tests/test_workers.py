@@ -211,7 +211,7 @@ def test_hw_says_whether_this_machine_can_serve_and_use_workers(two_workers, mon
     assert rpc["built"] and rpc["protocol"] == probe(two_workers[0].endpoint).protocol
     assert "RPC workers: yes" in _run("hw").stdout
 
-    from localinfer.backends import rpc as backend
+    from localinfer.backends.rpc import library as backend
 
     monkeypatch.setattr(backend, "built", lambda: None)
     monkeypatch.delenv("CXX", raising=False)
@@ -235,7 +235,7 @@ def test_workers_and_their_key_are_settings(monkeypatch):
 
 
 def test_a_packaged_app_finds_the_rpc_backend_it_carries(tmp_path, monkeypatch):
-    from localinfer.backends import rpc as backend
+    from localinfer.backends.rpc import library as backend
 
     carried = tmp_path / "localinfer_rpc"
     carried.mkdir()
