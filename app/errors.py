@@ -143,7 +143,8 @@ class EngineClosed(EngineError):
 
 
 class RunnerDied(EngineError):
-    """A model's runner process ended under its requests; the next request starts it again."""
+    """A model's runner process ended under its requests; its owner (the model pool) loads it
+    again, through the plan, for the next request."""
 
 
 class RunnerMismatch(EngineError):

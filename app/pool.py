@@ -4,8 +4,10 @@ A model loads on first use and stays while requests keep it busy or its keep-ali
 not run out; a request for a model that is still loading waits for that load. When a
 new model would not fit beside the loaded ones (by count, or by the memory estimate),
 the least recently used idle one is unloaded first. Loads of different models take turns:
-each checks for room against memory as the loads before it left it. A model whose runner
-died is loaded again by its next request, through the same check. Told to shut down
+each checks for room against memory as the loads before it left it. The pool is the one
+owner of its models' runners: it starts them (a load), stops them (an unload) and starts
+them again — a model whose runner died (its backend `ended`, each call RunnerDied) is
+loaded again by its next request, through the same plan and check. Told to shut down
 (`cancel_all`), it ends the requests of the loaded models and those still waiting for a
 plan or a load alike: the latter with EngineClosed (a 503) at once, not when the load ends.
 """
@@ -265,9 +267,14 @@ class ModelPool:
                 known = None
                 prepared = prepared or await self._unless_closing(self.plan(ref, wanted))
         if known is not None and known.backend.ended:
-            # its runner died and freed its memory, which another load may have taken since
-            log.info("the runner of %s has ended; loading it again", known.name)
-            await self.unload(known.name)
+            # its runner died (a copy's, at least) and freed its memory, which another load
+            # may have taken since: loaded again through the plan, once the requests still
+            # running on its other copies are done
+            while known.active:
+                await asyncio.sleep(0.05)
+            if self._loaded.get(known.name) is known:
+                log.info("the runner of %s has ended; loading it again", known.name)
+                await self.unload(known.name)
         elif known is not None:  # the usual request: no resolving, no header parsing
             known.last_used, known.claimed = time.monotonic(), True
             return known

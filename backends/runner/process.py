@@ -449,17 +449,17 @@ class _Link:
 
 class RunnerBackend(Backend):
     """A model loaded in a runner process; the same interface as the in-process backend.
-    A runner that has ended is started again by the next call (a new request)."""
+    A runner that has ended stays ended (`ended`): each call raises RunnerDied, and its
+    owner (the model pool, or `run`'s loop) loads the model again through the plan — with
+    the memory check a restart here would skip."""
 
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions,
                  name: str | None = None, *, hang: float | None = None,
                  loop: asyncio.AbstractEventLoop | None = None):
         """loop: the event loop of a server that uses this model, to read on (see _Link)."""
         self.name = name or Path(path).stem
-        self._start = lambda: _Link(str(path), options, self.name, hang or hang_seconds(), loop)
-        self._link = self._start()
+        self._link = _Link(str(path), options, self.name, hang or hang_seconds(), loop)
         self.info = self._link.info
-        self._restart = threading.Lock()
         self._closed = False
 
     @property
@@ -475,39 +475,28 @@ class RunnerBackend(Backend):
     def ended(self) -> bool:
         return not self._closed and not self._link.alive
 
-    def _runner(self) -> _Link:
-        link = self._link
-        if link.alive or self._closed:
-            return link
-        with self._restart:
-            if not self._link.alive and not self._closed:
-                self._link.close()  # reaped
-                log.info("starting the runner of %s again", self.name)
-                self._link = self._start()
-            return self._link
-
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        return self._runner().call(p.Tokenize(text, add_special))
+        return self._link.call(p.Tokenize(text, add_special))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._runner().call(p.Detokenize(list(tokens)))
+        return self._link.call(p.Detokenize(list(tokens)))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
                             add_generation_prompt: bool = True,
                             template_args: Mapping[str, Any] | None = None) -> str:
-        return self._runner().call(p.ApplyChatTemplate([dict(m) for m in messages],
+        return self._link.call(p.ApplyChatTemplate([dict(m) for m in messages],
                                                        add_generation_prompt,
                                                        _plain(template_args)))
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
                       template_args: Mapping[str, Any] | None = None,
                       images: Sequence[Any] = ()) -> list[int]:
-        return self._runner().call(p.PromptTokens([dict(m) for m in messages],
+        return self._link.call(p.PromptTokens([dict(m) for m in messages],
                                                   _plain(template_args), tuple(images)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._runner().generate(p.Generate(tokens, params))[1]
+        return self._link.generate(p.Generate(tokens, params))[1]
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
               prompt: str | Sequence[int] | None = None,
@@ -517,14 +506,14 @@ class RunnerBackend(Backend):
             messages = [dict(m) for m in messages]
         elif prompt is not None and not isinstance(prompt, str):
             prompt = list(prompt)
-        return self._runner().generate(p.Start(params, messages, prompt,
+        return self._link.generate(p.Start(params, messages, prompt,
                                                _plain(template_args), tuple(images)))
 
     def embed(self, text: str) -> tuple[list[float], int]:
-        return self._runner().call(p.Embed(text))
+        return self._link.call(p.Embed(text))
 
     def stats(self) -> EngineStats:
-        """Figures only: never starts a runner, and a runner gone reads as an idle one."""
+        """Figures only: a runner gone reads as an idle one."""
         link = self._link
         with contextlib.suppress(RunnerDied, EngineClosed):
             if link.alive:
@@ -535,11 +524,11 @@ class RunnerBackend(Backend):
                            step_seconds=0.0, threads=0)
 
     def fewest_tokens(self, text_bytes: int) -> int:
-        return self._runner().call(p.FewestTokens(text_bytes))
+        return self._link.call(p.FewestTokens(text_bytes))
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
                       prompt: str = "", room: int | None = None) -> list[int]:
-        return self._runner().call(p.InfillTokens(prefix, suffix, [tuple(e) for e in extra],
+        return self._link.call(p.InfillTokens(prefix, suffix, [tuple(e) for e in extra],
                                                   prompt, room))
 
     def memory_bytes(self) -> int:
@@ -554,8 +543,7 @@ class RunnerBackend(Backend):
 
     def close(self) -> None:
         self._closed = True
-        with self._restart:
-            self._link.close()
+        self._link.close()
 
 
 def _plain(template_args: Mapping[str, Any] | None) -> dict[str, Any] | None:

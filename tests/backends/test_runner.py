@@ -9,7 +9,8 @@ import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
 from localinfer.backends.runner.process import RunnerBackend
-from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerMismatch
+from localinfer.errors import (InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerDied,
+                               RunnerMismatch)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -69,6 +70,28 @@ def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
     with pytest.raises(ModelLoadFailed) as caught:
         RunnerBackend(bad, LoadOptions(n_ctx=256), name="bad")
     assert "\n" not in str(caught.value)
+
+
+def test_a_runner_that_ended_stays_ended(smollm2_path):
+    """Its owner loads the model again through the plan (the pool: tests/api/test_runners.py);
+    the backend itself starts no runner, and each call says why it cannot answer."""
+    import os
+    import signal
+
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    try:
+        pid = backend.pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not backend.ended:
+            assert time.monotonic() < deadline, "the parent did not see its runner end"
+            time.sleep(0.02)
+        for _ in range(2):
+            with pytest.raises(RunnerDied, match="killed by SIGKILL"):
+                backend.tokenize("hi")
+        assert backend.pid == pid and backend.stats().active == 0
+    finally:
+        backend.close()
 
 
 def test_a_runner_of_another_protocol_version_is_refused(smollm2_path, monkeypatch):
