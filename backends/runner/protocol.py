@@ -19,8 +19,10 @@ On the wire: an 8-byte length, then a pickle. Only our own two processes are at 
 started from the same install, so pickle is safe; a runner that speaks another VERSION (the
 package upgraded under a running server) is refused with `RunnerMismatch` by its hello,
 before anything else crosses. Messages pickle as their class and a tuple of their fields
-(`_message`): an engine pass's events at 32 streams cost ~25 µs, not the ~60 µs of a
-dataclass's default pickling.
+(`_message`), and are not frozen (a frozen dataclass's __init__ costs twice a plain one's,
+and a Token is made for every token): an engine pass's events at 32 streams cost ~23 µs to
+encode and ~26 µs to decode, against ~5 and ~24 µs as the plain tuples these replaced
+(the best of 7 × 2,000 passes on a 2-core machine): under 1% of what a token costs a runner.
 
 An error crosses as `WireError`: a stable name from ERRORS (the `localinfer.errors` tree and
 the few others a runner raises), its text and plain attributes; the parent rebuilds it from
@@ -67,8 +69,8 @@ _M = TypeVar("_M")
 
 
 def _message(cls: type[_M]) -> type[_M]:
-    """A frozen dataclass that pickles as its class and a tuple of its fields."""
-    cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
+    """A dataclass with slots that pickles as its class and a tuple of its fields."""
+    cls = dataclasses.dataclass(slots=True)(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     if not names:
         fields: Any = lambda self: ()
