@@ -178,7 +178,8 @@ def run(
             elif one_shot is not None:
                 answer_once(backend, one_shot, system, params, think=think, images=images)
             else:
-                interactive(backend, system, params, think=think, images=images)
+                interactive(backend, system, params, think=think, images=images,
+                            reload=lambda: load_model(model, options, settings))
 
 
 def _read_text_file(path: Path) -> str:

@@ -16,8 +16,9 @@
     └── EngineError(RuntimeError)
         ├── EngineBusy                           the wait queue is full; retry later
         ├── EngineClosed                         the engine was shut down
-        └── RunnerDied                           the model's runner process ended (a crash
-                                                 inside llama.cpp, a kill, a hang)
+        ├── RunnerDied                           the model's runner process ended (a crash
+        │                                        inside llama.cpp, a kill, a hang)
+        └── RunnerMismatch                       a runner speaks another protocol version
 
 Messages say what to do, with the numbers. The CLI prints `str(error)` on one line.
 """
@@ -44,6 +45,7 @@ __all__ = [
     "ModelNotInstalled",
     "PromptTooLong",
     "RunnerDied",
+    "RunnerMismatch",
     "user_message",
 ]
 
@@ -146,7 +148,13 @@ class EngineClosed(EngineError):
 
 
 class RunnerDied(EngineError):
-    """A model's runner process ended under its requests; the next request starts it again."""
+    """A model's runner process ended under its requests; its owner (the model pool) loads it
+    again, through the plan, for the next request."""
+
+
+class RunnerMismatch(EngineError):
+    """A runner process speaks another protocol version than its parent (localinfer was
+    changed on disk while it ran)."""
 
 
 def user_message(exc: BaseException) -> str:

@@ -4,8 +4,10 @@ A model loads on first use and stays while requests keep it busy or its keep-ali
 not run out; a request for a model that is still loading waits for that load. When a
 new model would not fit beside the loaded ones (by count, or by the memory estimate),
 the least recently used idle one is unloaded first. Loads of different models take turns:
-each checks for room against memory as the loads before it left it. A model whose runner
-died is loaded again by its next request, through the same check. Told to shut down
+each checks for room against memory as the loads before it left it. The pool is the one
+owner of its models' runners: it starts them (a load), stops them (an unload) and starts
+them again — a model whose runner died (its backend `ended`, each call RunnerDied) is
+loaded again by its next request, through the same plan and check. Told to shut down
 (`cancel_all`), it ends the requests of the loaded models and those still waiting for a
 plan or a load alike: the latter with EngineClosed (a 503) at once, not when the load ends.
 """
@@ -20,7 +22,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,11 +31,11 @@ from localinfer.errors import ContextTooLarge, EngineBusy, EngineClosed, Invalid
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.backends.native.machine import detect
 from localinfer.backends.runner.replicas import Replicas
-from localinfer.model_store.hardware import Hardware
+from localinfer.model_store.hardware import Hardware, free_gpu_memory
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import (BackendFactory, Prepared, default_context, less_gpu_memory,
-                                prepare, ram_available, runner_backend, warm_runner)
+from localinfer.service import (BackendFactory, Prepared, default_context, prepare,
+                                ram_available, runner_backend, warm_runner)
 from localinfer.settings import Settings, default
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]
@@ -42,6 +44,9 @@ log = logging.getLogger("localinfer.pool")
 
 _UNITS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
 CLAIM_SECONDS = 10.0  # a model loaded for callers that all gave up becomes unloadable
+# after an unload, the driver is asked every RECOVER_POLL s until this share of the model's
+# GPU memory shows free again, for at most RECOVER_SECONDS (as Ollama's scheduler waits)
+RECOVERED, RECOVER_POLL, RECOVER_SECONDS = 0.75, 0.1, 5.0
 _DURATION = re.compile(r"(-?\d+(?:\.\d+)?)(ms|s|m|h)")
 # Ollama's "forever" is Go's longest duration (2**63 ns, 292 years): a longer keep-alive, an
 # infinite one included, is forever too (it would not fit a date, nor Ollama's duration)
@@ -134,6 +139,10 @@ class ModelPool:
         available_memory: Callable[[], int] = ram_available,
         hardware: Hardware | None = None,  # else probed on first use
         probe: Callable[[], Hardware] | None = None,  # how to probe it (hardware.detect)
+        # the GPU driver, asked at each load decision: each GPU's free bytes now, by index
+        # (hardware.free_gpu_memory; where `hardware` or `probe` stands in for the machine,
+        # none unless given: the GPUs are then counted from the probe and the plans)
+        gpu_free: Callable[[], dict[int, int]] | None = None,
         paths: bool = False,  # any name may be a file's path, not only the operator's aliases
     ):
         self.settings = settings
@@ -155,15 +164,45 @@ class ModelPool:
         self._hw: Hardware | None = hardware
         self._probe = probe
         self._probing = threading.Lock()
+        self._driver = gpu_free or (free_gpu_memory if hardware is None and probe is None
+                                    else dict)
         self.closing = False  # shutting down: no request starts, none waits for a load
         self._closed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def hardware(self) -> Hardware:
+        """The machine as probed once: its devices (each GPU's free memory is asked of
+        the driver again at each load decision: `_ask_driver`)."""
         with self._probing:  # requests plan in threads: one probe, not one each at once
-            if self._hw is None:  # probing runs vendor tools: once per process is enough
+            if self._hw is None:
                 self._hw = (self._probe or detect)()
             return self._hw
+
+    def _ask_driver(self) -> dict[int, int]:
+        """Each local GPU's free memory now, by index, as its driver says ({} where no GPU
+        is used, or the driver says nothing). Blocking: a vendor's tool may run."""
+        hw = self.hardware()
+        if not (hw.gpu_offload and hw.gpus):
+            return {}
+        try:
+            return dict(self._driver())
+        except Exception:  # noqa: BLE001 - a driver that cannot say: counted from the plans
+            log.warning("the GPU driver could not say how much memory is free", exc_info=True)
+            return {}
+
+    def _machine_now(self, asked: Mapping[int, int], taken: Mapping[int, int],
+                     gone: Mapping[int, int] | None = None) -> Hardware:
+        """The machine as a load decision sees it: a GPU the driver answered for has what it
+        says is free now, plus what `gone` (models to be unloaded) holds there; any other,
+        what the probe found less what the loaded models' plans hold there (`taken`)."""
+        hw = self.hardware()
+        gone = gone or {}
+        gpus = tuple(
+            dataclasses.replace(g, free_bytes=asked[g.index] + gone.get(g.index, 0))
+            if g.index in asked else
+            dataclasses.replace(g, free_bytes=max(0, free_memory(g) - taken.get(g.index, 0)))
+            for g in hw.gpus)
+        return dataclasses.replace(hw, gpus=gpus)
 
     def alias(self, name: str, ref: str) -> None:
         """Let requests name a model the operator gave as a path (`serve --model x.gguf`)."""
@@ -265,9 +304,14 @@ class ModelPool:
                 known = None
                 prepared = prepared or await self._unless_closing(self.plan(ref, wanted))
         if known is not None and known.backend.ended:
-            # its runner died and freed its memory, which another load may have taken since
-            log.info("the runner of %s has ended; loading it again", known.name)
-            await self.unload(known.name)
+            # its runner died (a copy's, at least) and freed its memory, which another load
+            # may have taken since: loaded again through the plan, once the requests still
+            # running on its other copies are done
+            while known.active:
+                await asyncio.sleep(0.05)
+            if self._loaded.get(known.name) is known:
+                log.info("the runner of %s has ended; loading it again", known.name)
+                await self.unload(known.name)
         elif known is not None:  # the usual request: no resolving, no header parsing
             known.last_used, known.claimed = time.monotonic(), True
             return known
@@ -307,20 +351,23 @@ class ModelPool:
         busy_gpu = _per_gpu(m.gpu_use for m in self._loaded.values() if m.active)
         all_gpu = _per_gpu(m.gpu_use for m in self._loaded.values())
 
+        idle_gpu = {i: n - busy_gpu.get(i, 0) for i, n in all_gpu.items()}
+
         def planned() -> Prepared:
             warm_runner(self._factory)  # a load may follow: its runner starts meanwhile
             options = self.options
             if n_ctx:  # asked by the client: within what the model was trained on (Ollama)
                 trained = self.describe(ref)[1].n_ctx_train
                 options = dataclasses.replace(options, n_ctx=min(n_ctx, trained or n_ctx))
+            asked = self._ask_driver()
             evicting = prepare(target, options, self.settings,
                                lambda: self._available() + idle_ram, allow_paths,
-                               lambda: less_gpu_memory(self.hardware(), busy_gpu))
+                               lambda: self._machine_now(asked, busy_gpu, idle_gpu))
             if all_gpu == busy_gpu or not evicting.options.n_gpu_layers:
                 return evicting  # no idle model holds a GPU, or none is used: the same plan
             try:  # beside them all: another card may have the room
                 beside = prepare(target, options, self.settings, self._available,
-                                 allow_paths, lambda: less_gpu_memory(self.hardware(), all_gpu))
+                                 allow_paths, lambda: self._machine_now(asked, all_gpu))
             except ContextTooLarge:  # not without unloading
                 return evicting
             keep = beside.options.n_gpu_layers >= evicting.options.n_gpu_layers
@@ -354,15 +401,17 @@ class ModelPool:
 
     async def _make_room(self, prepared: Prepared) -> None:
         """Unload idle models, least recently used first, until this one fits beside the
-        rest: by count, in RAM as it is free now, and on the GPU as the plans count it."""
+        rest: by count, in RAM as it is free now, and on each GPU as its driver says now
+        (where it says nothing, as the plans count it). After each unload, the driver is
+        asked until the model's memory has come back (`_memory_back`)."""
         for model in [m for m in self._loaded.values() if m.backend.ended]:
             await self.unload(model.name)  # holds nothing now
         while True:
-            gpu_taken = _per_gpu(m.gpu_use for m in self._loaded.values())
-            gpu_free = self._gpu_free()
+            asked = await asyncio.to_thread(self._ask_driver)
+            gpu_free = self._gpu_room(asked)
             fits = (len(self._loaded) < self.max_loaded
                     and prepared.ram_bytes <= self._available()
-                    and all(need <= gpu_free.get(i, 0) - gpu_taken.get(i, 0)
+                    and all(need <= gpu_free.get(i, 0)
                             for i, need in prepared.gpu_use.items() if need))
             if fits:
                 return
@@ -375,6 +424,24 @@ class ModelPool:
                     f"to finish or raise the number of models kept loaded")
             log.info("unloading %s to make room for %s", victim.name, prepared.model.name)
             await self.unload(victim.name)
+            await self._memory_back(victim, asked)
+
+    async def _memory_back(self, gone: LoadedModel, before: Mapping[int, int]) -> None:
+        """After an unload: ask the driver until each GPU shows most of what the model held
+        free again (a runner's memory is given back a moment after it exits), or until
+        RECOVER_SECONDS have passed (Ollama's waitForVRAMRecovery)."""
+        wanted = {i: before[i] + int(n * RECOVERED) for i, n in gone.gpu_use.items()
+                  if n and i in before}
+        deadline = time.monotonic() + RECOVER_SECONDS
+        while wanted:
+            now = await asyncio.to_thread(self._ask_driver)
+            if all(now.get(i, 0) >= w for i, w in wanted.items()):
+                return
+            if time.monotonic() > deadline:
+                log.info("the GPU memory of %s did not all come back within %g s",
+                         gone.name, RECOVER_SECONDS)
+                return
+            await asyncio.sleep(RECOVER_POLL)
 
     def _start_copies(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> Backend:
         """The model's backend: one runner, or one per copy (`--replicas`) serving as one."""
@@ -394,9 +461,14 @@ class ModelPool:
                  ", ".join(str(o.main_gpu) for o in (prepared.options, *prepared.copies)))
         return Replicas(members)
 
-    def _gpu_free(self) -> dict[int, int]:
-        """Each GPU's free memory, by index, as probed before anything was loaded."""
-        return {g.index: free_memory(g) for g in self.hardware().usable_gpus}
+    def _gpu_room(self, asked: Mapping[int, int]) -> dict[int, int]:
+        """Each usable GPU's free memory for a new model, by index: what the driver said
+        (`asked`); where it said nothing (Apple's, a worker's device), what the probe found
+        less what the loaded models' plans hold there."""
+        taken = _per_gpu(m.gpu_use for m in self._loaded.values())
+        return {g.index: asked[g.index] if g.index in asked
+                else max(0, free_memory(g) - taken.get(g.index, 0))
+                for g in self.hardware().usable_gpus}
 
     def _idle(self) -> list[LoadedModel]:
         """Models that may be unloaded to make room: no request runs on them, and the one

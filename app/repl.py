@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -268,9 +268,22 @@ def _attach(backend: Backend, line: str, err: Console) -> list[Image]:
 
 def interactive(backend: Backend, system: str | None, params: SamplingParams,
                 out: TextIO = sys.stdout, err: Console | None = None,
-                think: bool | None = None, images: Sequence[Image] = ()) -> None:
+                think: bool | None = None, images: Sequence[Image] = (),
+                reload: Callable[[], Backend] | None = None) -> None:
     """The chat loop; `images` go with the first message (`run --image`), and `/image`
-    attaches more to the next."""
+    attaches more to the next. reload: the model loaded again through the plan, for the
+    turn after its runner ended (the loop closes what it loaded)."""
+    reloaded: list[Backend] = []
+    try:
+        _chat(backend, system, params, out, err, think, images, reload, reloaded)
+    finally:
+        for again in reloaded:
+            again.close()
+
+
+def _chat(backend: Backend, system: str | None, params: SamplingParams, out: TextIO,
+          err: Console | None, think: bool | None, images: Sequence[Image],
+          reload: Callable[[], Backend] | None, reloaded: list[Backend]) -> None:
     try:
         import readline  # noqa: F401  (line editing and history for input())
     except ImportError:
@@ -299,6 +312,16 @@ def interactive(backend: Backend, system: str | None, params: SamplingParams,
         if command.split(maxsplit=1)[0] == "/image":
             attached += _attach(backend, command[len("/image"):], err)
             continue
+        if backend.ended and reload is not None:
+            err.print(f"(loading {backend.info.name} again: its runner ended)", style="dim",
+                      highlight=False, markup=False)
+            try:
+                backend = reload()
+            except LocalinferError as exc:
+                err.print(f"Error: {exc}", style="red", highlight=False, soft_wrap=True,
+                          markup=False)
+                continue
+            reloaded.append(backend)
         history.append(user_message(line, attached))
         history, dropped = fit_to_context(backend, history, reply_room(backend, params))
         if dropped:

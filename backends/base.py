@@ -509,7 +509,8 @@ class Backend(ABC):
     @property
     def ended(self) -> bool:
         """Whether the process that held the model is gone (a runner that died): its
-        memory is free, and the next call would load the model again."""
+        memory is free, its calls raise RunnerDied, and its owner loads the model again
+        through the plan (the model pool; `run`'s loop)."""
         return False
 
     def memory_bytes(self) -> int:

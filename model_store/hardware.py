@@ -25,7 +25,7 @@ import psutil
 from localinfer.errors import InvalidRequest
 
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
-           "gpu_count", "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
+           "free_gpu_memory", "gpu_count", "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -230,6 +230,17 @@ def _probe_nvidia(run: Runner) -> tuple[list[GPU], Probe]:
         return [], Probe("nvidia", "unknown", f"nvidia-smi did not answer in {TIMEOUT_S:.0f} s")
     except (RuntimeError, ValueError, OSError) as exc:
         return [], Probe("nvidia", "unknown", f"nvidia-smi: {exc}")
+
+
+def free_gpu_memory(run: Runner = run_tool) -> dict[int, int]:
+    """Each GPU's free memory now, by index, as its driver says (NVML or nvidia-smi, then
+    rocm-smi); GPUs whose driver says nothing (Apple's, a tool that failed) are left out.
+    Asked at each load decision: what other programs took, and what an unload gave back,
+    shows here, not in the machine's probe at start."""
+    free: dict[int, int] = {}
+    for gpus, _ in (_probe_nvidia(run), _probe_amd(run)):
+        free.update({g.index: g.free_bytes for g in gpus if g.free_bytes is not None})
+    return free
 
 
 # ---------------------------------------------------------------------------- AMD

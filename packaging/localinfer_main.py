@@ -9,8 +9,8 @@ import sys
 from localinfer.cli import main
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["__runner__"]:  # a model's runner process (backends/runner/process.py)
-        from localinfer.backends.runner.process import runner_main
+    if sys.argv[1:2] == ["__runner__"]:  # a model's runner process (backends/runner/child.py)
+        from localinfer.backends.runner.child import runner_main
 
         runner_main()
         sys.exit(0)

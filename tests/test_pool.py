@@ -352,3 +352,86 @@ def test_a_runner_that_died_holds_no_room_and_loads_again_through_the_check(sett
         finally:
             await pool.close()
     asyncio.run(scenario())
+
+
+class FakeDriver:
+    """A GPU driver as NVML answers "how much is free": the card's free bytes less what the
+    pool's loaded models hold and what other programs took (`elsewhere`); an unloaded
+    model's memory shows free again only `lag` answers later (a runner's exit frees it a
+    moment after it is told to close)."""
+
+    def __init__(self, free: int, lag: int = 0):
+        self.free, self.lag, self.elsewhere = free, lag, 0
+        self.pool: ModelPool | None = None
+        self.answers = 0
+        self._held: dict[str, int] = {}  # model → its bytes, while it holds the card
+        self._leaving: dict[str, list[int]] = {}  # unloaded model → [bytes, answers to go]
+
+    def __call__(self) -> dict[int, int]:
+        self.answers += 1
+        loaded = {m.name: m.gpu_bytes for m in self.pool.loaded()}
+        for name, size in self._held.items():
+            if name not in loaded:
+                self._leaving[name] = [size, self.lag]
+        self._held = loaded
+        for name, left in list(self._leaving.items()):
+            if left[1] <= 0:
+                del self._leaving[name]
+            left[1] -= 1
+        taken = sum(loaded.values()) + sum(s for s, _ in self._leaving.values())
+        return {0: max(0, self.free - taken - self.elsewhere)}
+
+
+def _pool_on_driver(settings, free: int, lag: int = 0) -> tuple[ModelPool, FakeDriver]:
+    driver = FakeDriver(free, lag)
+    pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=llama_cpp_backend,
+                     hardware=_machine(24 * 2**30), gpu_free=driver)
+    driver.pool = pool
+    return pool, driver
+
+
+def test_each_load_asks_the_driver_how_much_gpu_memory_is_free(settings):
+    """The machine's probe at start said 24 GiB free; since then another program took most
+    of it: the next load is planned on what the driver says now, and once that program
+    gives it back, the load after gets the whole card."""
+    async def scenario():
+        pool, driver = _pool_on_driver(settings, 24 * 2**30)
+        try:
+            driver.elsewhere = 24 * 2**30 - 64 * 2**20  # 64 MiB left: no room for the layers
+            first = await pool.get("smollm2")
+            assert first.options.n_gpu_layers < first.info.n_layer + 1
+            asked = driver.answers
+            assert asked >= 2  # the plan and the room check
+            driver.elsewhere = 0
+            second = await pool.get("gemma3")
+            assert second.options.n_gpu_layers == second.info.n_layer + 1
+            assert driver.answers > asked
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
+
+def test_after_an_unload_the_pool_waits_for_the_memory_to_come_back(settings):
+    """Room on the card for one model: the idle one is unloaded for the other, and the
+    load waits until the driver shows its memory free again (three answers later here),
+    rather than loading into memory the driver still counts as taken."""
+    from localinfer.service import prepare
+
+    alone = {name: prepare(name, LoadOptions(n_ctx=256), settings,
+                           hardware=lambda: _machine(24 * 2**30)).gpu_bytes
+             for name in ("smollm2", "gemma3")}
+    free = max(alone.values()) + 2**20
+
+    async def scenario():
+        pool, driver = _pool_on_driver(settings, free, lag=3)
+        try:
+            await pool.get("smollm2")
+            before = driver.answers
+            second = await pool.get("gemma3")
+            assert [m.name for m in pool.loaded()] == ["gemma3:270m"]
+            assert second.options.n_gpu_layers == second.info.n_layer + 1
+            assert driver.answers - before >= 3 + 2  # the plan, the room check, then polled
+            assert not driver._leaving  # smollm2's memory had come back before the load
+        finally:
+            await pool.close()
+    asyncio.run(scenario())

@@ -195,6 +195,9 @@ class LocalClient(ChatClient):
     async def stream(self, messages: Messages, params: SamplingParams) -> AsyncIterator[Piece]:
         if self.backend is None:
             raise LocalinferError("no model is loaded yet")
+        if self._model.backend.ended:  # its runner died: the pool loads it again, planned
+            async with self._load_lock:
+                self._model = await self.pool.get(self._model.name)
         generation, reader = await asyncio.to_thread(_chat_within_context, self.backend,
                                                      messages, params)
         self._generation = generation

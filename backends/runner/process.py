@@ -2,62 +2,51 @@
 
 llama.cpp ends its process on conditions Python cannot catch (`abort()`, `GGML_ASSERT`, a failed
 device allocation, an RPC worker that goes away). `RunnerBackend` is a `Backend` whose model
-lives in a child process (`python -m localinfer.backends.runner.process`, or the bundled app's own
-executable with `__runner__`). The parent holds no weights: it sends calls down the runner's
-stdin and receives each engine pass's events in one message on its stdout (length-prefixed
-pickles; whatever llama.cpp prints goes to stderr).
+lives in a child process (`child.py`: `python -m localinfer.backends.runner.child`, or the
+bundled app's own executable with `__runner__`). The parent holds no weights: it sends calls
+down the runner's stdin and receives each engine pass's events in one message on its stdout
+(the messages of `protocol.py`; whatever llama.cpp prints goes to stderr).
 
-    parent                                         runner (child process)
-    RunnerBackend.generate ─ ("call", …) ───────►  a call thread: LlamaCppBackend.generate
-                           ◄─ ("reply", …) ──────  accepted, or the error to answer with
-    reader thread          ◄─ ("events", […]) ───  the engine's pass, sent by an outbox thread
-    watchdog thread        ◄─ ("beat", steps) ───  every BEAT_SECONDS
+    parent                                            runner (child process)
+    RunnerBackend.start ─ Request(rid, Start(…)) ──►  a call thread: LlamaCppBackend.start
+                        ◄─ Reply or Refused ────────  accepted, or the error to answer with
+    reader (or the loop) ◄─ Events([…]) ────────────  the engine's pass, sent after it
+    watchdog thread      ◄─ Beat(steps) ────────────  every BEAT_SECONDS
 
 A runner that ends (a signal, an exit) ends each of its requests with `RunnerDied`; one that
 has work and makes no progress for `hang_seconds` (LOCALINFER_RUNNER_TIMEOUT) is killed and
 treated the same (an embedding, one llama.cpp call that shows no progress until it ends, is
-not watched). A runner whose parent has gone (its pipe reads end-of-file) exits at once.
-
-A runner told to close frees in the reverse order of its load, with nothing else touching
-llama.cpp meanwhile: its heartbeat stops first (it read the engine's figures, and once read
-the context's size after the context was freed: a segfault in libllama as runners closed),
-then the engine's thread, then the model's parts (`LlamaCppBackend.close`); llama.cpp's log
-goes back to stderr before the interpreter tears down (`ggml_backends.route_llama_log`). It
-then exits with status 0; a closed runner that ends by a signal is logged.
+not watched). A closed runner that ends by a signal is logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import itertools
 import logging
 import os
-import pickle
 import queue
 import signal
-import struct
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from localinfer.backends.base import (Backend, DoneEvent, ErrorEvent, Event, Generation,
-                                     LoadOptions, SamplingParams, TokenEvent)
+from localinfer.backends.base import (Backend, ErrorEvent, Generation, LoadOptions, ModelInfo,
+                                     SamplingParams)
 from localinfer.backends.metrics import EngineStats
-from localinfer.errors import (EngineClosed, EngineError, InvalidRequest, LocalinferError,
-                               ModelLoadFailed, RunnerDied)
+from localinfer.backends.runner import protocol as p
+from localinfer.errors import (EngineClosed, EngineError, LocalinferError, ModelLoadFailed,
+                               RunnerDied, RunnerMismatch)
 from localinfer.settings import Settings, debug
 
-__all__ = ["BEAT_SECONDS", "RunnerBackend", "hang_seconds",
-           "load_seconds", "runner_main", "warm_spare"]
+__all__ = ["RunnerBackend", "hang_seconds", "load_seconds", "warm_spare"]
 
 log = logging.getLogger("localinfer.runner")
 
@@ -65,41 +54,6 @@ log = logging.getLogger("localinfer.runner")
 # (120 s) is killed: a hang inside llama.cpp — generous, since one prompt chunk of a big model
 # on a slow CPU takes tens of seconds; a load that takes longer than load_timeout (300 s, as
 # Ollama's OLLAMA_LOAD_TIMEOUT) is stopped (a GPU driver, an RPC worker that froze)
-BEAT_SECONDS = 0.5
-# what a parent may ask of the runner's backend
-_CALLS = frozenset({"generate", "start", "tokenize", "detokenize", "apply_chat_template",
-                    "prompt_tokens", "embed", "rerank", "stats", "fewest_tokens",
-                    "infill_tokens"})
-_QUICK_BYTES = 16 << 10  # a text this short tokenizes in well under a millisecond
-_TOKEN, _DONE, _ERROR = 0, 1, 2
-
-
-def _quick(method: str, args: tuple[Any, ...]) -> bool:
-    """A call the runner answers on its reading thread: cheap and bounded (no grammar to
-    build, no long text; a chat template is held to 2 s by its sandbox, and the engine sends
-    its events meanwhile); the rest go to its call threads. Under load a call thread's
-    wake-up costs more than a short prompt's template and tokens (1.7 ms against 0.3)."""
-    if method == "stats":
-        return True
-    if method in ("tokenize", "detokenize"):
-        return len(args[0]) <= _QUICK_BYTES
-    if method == "prompt_tokens":
-        return _size(args[0], args[1]) <= _QUICK_BYTES and not args[2]
-    if method == "generate":
-        return args[1].grammar is None and len(args[0]) <= _QUICK_BYTES
-    if method == "start":
-        params, messages, prompt, template_args, images = args
-        size = _size(messages, template_args) if messages is not None else len(prompt or ())
-        return params.grammar is None and size <= _QUICK_BYTES and not images
-    return False
-
-
-def _size(messages: Sequence[Mapping[str, Any]], template_args: Mapping[str, Any] | None
-          ) -> int:
-    """About how much text a template gets (tools count: their schemas are rendered)."""
-    size = sum(len(str(m.get("content", ""))) + len(str(m.get("tool_calls") or ""))
-               for m in messages)
-    return size + (len(str(template_args)) if template_args else 0)
 
 
 def hang_seconds() -> float:
@@ -110,108 +64,6 @@ def hang_seconds() -> float:
 def load_seconds() -> float:
     """How long a runner may take to load: the load_timeout setting."""
     return Settings().load_timeout
-
-
-# ---------------------------------------------------------------------------- the wire
-_LENGTH = struct.Struct("<Q")
-
-
-class _Pipe:
-    """Messages over a pair of file descriptors: an 8-byte length, then a pickle. Only our
-    own two processes are at either end. Unbuffered: what the parent's event loop reads
-    straight off the descriptor is never held in a buffer of Python's."""
-
-    def __init__(self, reader: int, writer: int):
-        self.reader, self.writer = reader, writer
-        self._send_lock = threading.Lock()
-        self.closed = False  # its descriptors' numbers may belong to other files by now
-
-    def shut(self) -> None:
-        """No message goes out after this (the caller then closes the descriptors)."""
-        with self._send_lock:
-            self.closed = True
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        view = memoryview(_LENGTH.pack(len(data)) + data)
-        with self._send_lock:
-            if self.closed:
-                raise OSError("the runner's pipe is closed")
-            while view:
-                view = view[os.write(self.writer, view):]
-
-    def recv(self) -> tuple[Any, ...]:
-        size, = _LENGTH.unpack(self._exactly(_LENGTH.size))
-        return pickle.loads(self._exactly(size))
-
-    def _exactly(self, n: int) -> bytes:
-        data = bytearray()
-        while len(data) < n:
-            chunk = os.read(self.reader, n - len(data))
-            if not chunk:
-                raise EOFError
-            data += chunk
-        return bytes(data)
-
-
-
-class _Frames:
-    """Messages out of bytes as they come off a non-blocking descriptor."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-
-    def feed(self, chunk: bytes) -> list[tuple[Any, ...]]:
-        self._buffer += chunk
-        messages, start = [], 0
-        while len(self._buffer) - start >= _LENGTH.size:
-            size, = _LENGTH.unpack_from(self._buffer, start)
-            end = start + _LENGTH.size + size
-            if end > len(self._buffer):
-                break
-            messages.append(pickle.loads(self._buffer[start + _LENGTH.size:end]))
-            start = end
-        del self._buffer[:start]
-        return messages
-
-
-def _grow(fd: int) -> None:
-    """A pipe that holds 1 MiB (Linux), not 64 KiB: the runner's engine writes its events
-    itself and waits only when the parent falls that far behind."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
-    except (ImportError, AttributeError, OSError):
-        pass
-
-
-def _wire_error(exc: BaseException) -> tuple[str, str, str, dict[str, Any]]:
-    """An error as it crosses the pipe: its class by name, its text and plain attributes
-    (LocalinferErrors take arguments of their own, so they are not pickled as they are)."""
-    if isinstance(exc, UnicodeError):  # JSON may spell a lone surrogate ("\ud800")
-        exc = InvalidRequest(f"the text is not valid Unicode ({getattr(exc, 'reason', exc)}) "
-                             f"— send UTF-8 text")
-    if not isinstance(exc, LocalinferError):
-        return "", "", f"{type(exc).__name__}: {exc}", {}
-    plain = (str, int, float, bool, type(None))
-    attrs = {k: v for k, v in vars(exc).items()
-             if isinstance(v, plain) or (isinstance(v, list) and all(isinstance(x, plain) for x in v))}
-    return type(exc).__module__, type(exc).__qualname__, str(exc), attrs
-
-
-def _error(wire: tuple[str, str, str, dict[str, Any]]) -> LocalinferError:
-    module, name, message, attrs = wire
-    try:
-        cls = getattr(importlib.import_module(module), name) if module else None
-    except (ImportError, AttributeError):
-        cls = None
-    if not (isinstance(cls, type) and issubclass(cls, LocalinferError)):
-        return EngineError(message)
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, message)
-    exc.__dict__.update(attrs)
-    return exc
 
 
 def _how(exitcode: int | None) -> str:
@@ -225,189 +77,10 @@ def _how(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
-# ---------------------------------------------------------------------------- the child
-def runner_main() -> None:
-    """The runner process: its stdin and stdout carry the messages."""
-    # Ctrl-C in a terminal reaches the whole process group: the parent decides what ends
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    out = os.dup(1)
-    os.dup2(2, 1)  # whatever llama.cpp prints must not land in the messages
-    pipe = _Pipe(0, out)
-    # llama.cpp loads before the model is named, while the parent plans (a spare runner);
-    # a failure here is the load's to report
-    with contextlib.suppress(Exception):
-        importlib.import_module("localinfer.backends.llamacpp")
-    try:
-        _, path, options, name, levels = pipe.recv()
-    except EOFError:
-        return
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
-    for logger, level in levels.items():  # as the parent logs: llama.cpp's log with --verbose
-        logging.getLogger(logger).setLevel(level)
-    _Runner(pipe).serve(path, options, name)
-
-
-class _Runner:
-    def __init__(self, pipe: _Pipe):
-        self.pipe = pipe
-        self.parent = os.getppid()
-        self._outbox: list[tuple[Any, ...]] = []
-        self._outbox_lock = threading.Lock()
-        self._live: dict[int, Generation] = {}
-        self._pending: set[int] = set()  # generate / start calls read, not yet answered
-        self._cancelled: set[int] = set()  # of those, the ones cancelled before they queued
-        self._live_lock = threading.Lock()
-        self._calls = ThreadPoolExecutor(4, thread_name_prefix="localinfer-runner-call")
-        self._fault = os.environ.get("LOCALINFER_RUNNER_FAULT")  # tests only: see _check_fault
-        # tests only: a faster heartbeat (every millisecond, it met every close)
-        self._beat_seconds = float(os.environ.get("LOCALINFER_RUNNER_BEAT") or BEAT_SECONDS)
-        self._closing = threading.Event()  # the heartbeat stops
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        try:
-            self.pipe.send(message)
-        except (OSError, ValueError):
-            os._exit(0)  # the parent has gone
-
-    def serve(self, path: str, options: LoadOptions, name: str) -> None:
-        if self._fault:
-            self._check_fault()  # (tests: `hang` here is a load that never ends)
-        try:
-            from localinfer.backends.llamacpp import LlamaCppBackend  # loads llama.cpp
-
-            self.backend = LlamaCppBackend(path, options, name=name)
-        except BaseException as exc:  # noqa: BLE001 - the parent says it in one line
-            if not isinstance(exc, LocalinferError):
-                exc = ModelLoadFailed(f"llama.cpp could not load {name}: {exc}")
-            self.send(("failed", _wire_error(exc)))
-            return
-        self.backend.engine.after_pass = self._flush
-        beat = threading.Thread(target=self._beat, daemon=True, name="runner-beat")
-        beat.start()
-        self.send(("ready", self.backend.info))
-        while True:
-            try:
-                message = self.pipe.recv()
-            except (EOFError, OSError):
-                os._exit(0)  # the parent has gone: nobody is left to answer
-            kind = message[0]
-            if kind == "call" and message[2] in ("generate", "start"):
-                with self._live_lock:
-                    self._pending.add(message[1])  # a cancel may come before it is queued
-            if kind == "call" and _quick(message[2], message[3]):
-                self._call(*message[1:])  # here: a thread's wake-up costs more than the call
-            elif kind == "call":
-                self._calls.submit(self._call, *message[1:])
-            elif kind == "cancel":
-                self._cancel(message[1])
-            elif kind == "cancel_all":
-                self.backend.cancel_all()
-            elif kind == "close":
-                break
-        self._closing.set()
-        beat.join()  # (it may be sending: it touches llama.cpp no more once it has stopped)
-        self._calls.shutdown(wait=True, cancel_futures=True)  # none still uses the model
-        self.backend.close()  # the engine's last pass flushes its events
-        self._flush()
-        self.send(("closed",))
-
-    def _call(self, rid: int, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        try:
-            if method not in _CALLS:
-                raise EngineError(f"a runner has no call {method!r}")
-            if method == "generate":
-                value = self._attach(rid, self.backend.generate(*args))
-            elif method == "start":
-                value, generation = self.backend.start(*args)
-                self._attach(rid, generation)
-            else:
-                value = getattr(self.backend, method)(*args, **kwargs)
-            reply = ("reply", rid, True, value)
-        except BaseException as exc:  # noqa: BLE001 - every error goes back to the caller
-            reply = ("reply", rid, False, _wire_error(exc))
-        with self._live_lock:
-            self._pending.discard(rid)
-            self._cancelled.discard(rid)
-        self.send(reply)
-
-    def _attach(self, gid: int, generation: Generation) -> None:
-        """A request now in the engine: its events go to the parent as they come."""
-        with self._live_lock:
-            self._live[gid] = generation
-            cancelled = gid in self._cancelled
-            self._cancelled.discard(gid)
-        with generation._sink_lock:  # events the engine put before this: first, in order
-            while not generation._events.empty():
-                self._post(gid, generation._events.get_nowait())
-            generation._async_sink = lambda event: self._post(gid, event)
-        if cancelled:
-            generation.cancel()
-        self._flush()
-
-    def _cancel(self, gid: int) -> None:
-        with self._live_lock:
-            generation = self._live.get(gid)
-            if generation is None and gid in self._pending:  # else it has ended already
-                self._cancelled.add(gid)
-        if generation is not None:
-            generation.cancel()
-
-    def _post(self, gid: int, event: Event) -> None:
-        """An event for the parent; sent with the rest of its engine pass."""
-        if isinstance(event, TokenEvent):
-            item: tuple[Any, ...] = (gid, _TOKEN, event.text, event.token, event.index,
-                                     event.logprobs)
-        else:
-            with self._live_lock:
-                self._live.pop(gid, None)
-            item = ((gid, _DONE, event.stats) if isinstance(event, DoneEvent)
-                    else (gid, _ERROR, _wire_error(event.error)))
-        with self._outbox_lock:
-            self._outbox.append(item)
-
-    def _flush(self) -> None:
-        """After each engine pass (and where events are put outside one): send what the
-        pass put, in one message. On the engine thread itself: a thread of its own to send
-        would cost a wake-up per step, and its CPU, which llama.cpp's threads feel on a
-        small machine (bench/results/runner_cost.md). A parent too slow to read holds the
-        engine back only once the pipe's buffer is full."""
-        if self._fault:
-            self._check_fault()
-        with self._outbox_lock:
-            batch, self._outbox = self._outbox, []
-            if batch:  # sent under the lock: batches leave in the order they were made
-                self.send(("events", batch))
-
-    def _beat(self) -> None:
-        """Progress for the parent's watchdog: the engine's step count, a counter of its
-        own (its full figures ask llama.cpp, which this thread must not, racing a close)."""
-        while not self._closing.wait(self._beat_seconds):
-            if os.getppid() != self.parent:  # orphaned (the pipe's end-of-file is the usual sign)
-                os._exit(0)
-            self.send(("beat", self.backend.engine.steps))
-
-    def _check_fault(self) -> None:
-        """Tests: the file named by LOCALINFER_RUNNER_FAULT, once it exists, says what goes
-        wrong on the engine thread: `abort` (llama.cpp's own GGML_ABORT, what a failed
-        assertion calls) or `hang` (the engine stops making progress)."""
-        try:
-            with open(self._fault) as f:
-                what = f.read().strip()
-            if not what:  # caught between its creation and its write: read it next time
-                return
-            os.remove(self._fault)
-        except OSError:
-            return
-        if what == "abort":
-            import llama_cpp._ggml as ggml
-
-            ggml.libggml.ggml_abort(b"runner.py", 0, b"fault injected by a test")
-        elif what == "hang":
-            threading.Event().wait()
-
-
 # ---------------------------------------------------------------------------- the parent
-class _Call:
+class _Waiting:
+    """A call sent to the runner, waiting for its reply."""
+
     __slots__ = ("done", "ok", "value", "started", "watched")
 
     def __init__(self, watched: bool = True) -> None:
@@ -427,7 +100,7 @@ class _Call:
 
 def _spawn() -> subprocess.Popen[bytes]:
     command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
-               else [sys.executable, "-m", "localinfer.backends.runner.process"])
+               else [sys.executable, "-m", "localinfer.backends.runner.child"])
     # when llama.cpp aborts it (a worker lost), it ends at once with a line on stderr rather
     # than attaching a debugger for a backtrace (seconds, and pages in the server's log)
     env = os.environ if debug() else {**os.environ, "GGML_NO_BACKTRACE": "1"}
@@ -482,16 +155,37 @@ class _Link:
         self.name = name
         self.hang_seconds = hang
         self.process = _runner_process()
-        _grow(self.process.stdout.fileno())
-        _grow(self.process.stdin.fileno())
-        self._pipe = _Pipe(self.process.stdout.fileno(), self.process.stdin.fileno())
+        p.grow(self.process.stdout.fileno())
+        p.grow(self.process.stdin.fileno())
+        self._pipe = p.Pipe(self.process.stdout.fileno(), self.process.stdin.fileno())
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._live: dict[int, Generation] = {}
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, _Waiting] = {}
         self._ended: LocalinferError | None = None
         self._closing = False
         self._hung = False
+        self.info = self._load(path, options)
+        self._steps = -1
+        self._progress = time.monotonic()
+        self._wake = threading.Event()
+        # cancels come from an event loop or a signal handler, which must never wait on a
+        # full pipe: a thread of their own writes them
+        self._notes: queue.SimpleQueue[p.Cancel | p.CancelAll | None] = queue.SimpleQueue()
+        threading.Thread(target=self._send_notes, daemon=True,
+                         name=f"runner-notes {self.name}").start()
+        self._loop = loop
+        self._loop_thread: int | None = None
+        self._reader = threading.Thread(target=self._read, daemon=True,
+                                        name=f"runner-reader {self.name}")
+        if loop is None:
+            self._reader.start()
+        else:
+            loop.call_soon_threadsafe(self._attach)
+        threading.Thread(target=self._watch, daemon=True, name=f"runner-watch {self.name}").start()
+
+    def _load(self, path: str, options: LoadOptions) -> ModelInfo:
+        """The runner's hello checked, the model loaded: its facts, or the load's error."""
         limit = load_seconds()
         # a crash reads as end-of-file; so does a load stopped for taking too long
         too_long = threading.Timer(limit, self.process.kill)
@@ -500,7 +194,8 @@ class _Link:
         try:
             levels = {logger: logging.getLogger(logger).getEffectiveLevel()
                       for logger in ("localinfer", "localinfer.llama_cpp")}
-            self._pipe.send(("load", path, options, name, levels))
+            self._pipe.send(p.Load(p.VERSION, path, options, self.name, levels))
+            self._check_hello(self._pipe.recv())
             message = self._pipe.recv()
         except BaseException as exc:
             if not isinstance(exc, (EOFError, OSError)):  # not what a runner says: stop it
@@ -519,46 +214,38 @@ class _Link:
                 f"— the file may be damaged, or too big for this machine") from None
         finally:
             too_long.cancel()
-        if message[0] != "ready":
+        if not isinstance(message, p.Ready):
             self._close_pipes()
             self._exit_code()
-            raise _error(message[1])
-        self.info = message[1]
-        self._steps = -1
-        self._progress = time.monotonic()
-        self._wake = threading.Event()
-        # cancels come from an event loop or a signal handler, which must never wait on a
-        # full pipe: a thread of their own writes them
-        self._notes: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
-        threading.Thread(target=self._send_notes, daemon=True,
-                         name=f"runner-notes {self.name}").start()
-        self._loop = loop
-        self._loop_thread: int | None = None
-        self._reader = threading.Thread(target=self._read, daemon=True,
-                                        name=f"runner-reader {self.name}")
-        if loop is None:
-            self._reader.start()
-        else:
-            loop.call_soon_threadsafe(self._attach)
-        threading.Thread(target=self._watch, daemon=True, name=f"runner-watch {self.name}").start()
+            raise message.error.error()
+        return message.info
+
+    def _check_hello(self, hello: object) -> None:
+        """RunnerMismatch unless the runner speaks our protocol's version."""
+        if hello != (p.HELLO, p.VERSION):
+            theirs = (hello[1] if isinstance(hello, tuple) and len(hello) == 2
+                      and hello[0] == p.HELLO else "an unknown one")
+            raise RunnerMismatch(
+                f"the runner of {self.name} speaks protocol {theirs}, this process "
+                f"{p.VERSION}: localinfer was changed on disk while it ran — restart it")
 
     @property
     def alive(self) -> bool:
         return self._ended is None and not self._closing
 
-    def generate(self, method: str, args: tuple[Any, ...]) -> tuple[Any, Generation]:
-        """A request queued by `generate` or `start`: the call's answer, and its events."""
+    def generate(self, call: p.Generate | p.Start) -> tuple[Any, Generation]:
+        """A request queued by Generate or Start: the call's answer, and its events."""
         gid = next(self._ids)
-        generation = Generation(id=gid, _on_cancel=lambda: self._notes.put(("cancel", gid)))
+        generation = Generation(id=gid, _on_cancel=lambda: self._notes.put(p.Cancel(gid)))
         with self._lock:  # listed first: its events may arrive right behind the reply
             self._busy()
             self._live[gid] = generation
         try:
-            value = self.call(method, args, rid=gid)
+            value = self.call(call, rid=gid)
         except BaseException:
             with self._lock:
                 self._live.pop(gid, None)
-            self._notes.put(("cancel", gid))  # accepted after all (an interrupted wait)?
+            self._notes.put(p.Cancel(gid))  # accepted after all (an interrupted wait)?
             raise
         return value, generation
 
@@ -569,14 +256,14 @@ class _Link:
 
     def cancel_all(self) -> None:
         # called from a signal handler: never wait for the send lock on this thread
-        self._notes.put(("cancel_all",))
+        self._notes.put(p.CancelAll())
 
     def close(self) -> None:
         with self._lock:
             if self._closing:
                 return
             self._closing = True
-        self._post_quietly(("close",))
+        self._post_quietly(p.Close())
         try:
             self.process.wait(30)  # the engine ends what runs, then frees the model
         except subprocess.TimeoutExpired:
@@ -615,30 +302,30 @@ class _Link:
             return None
 
     # ------------------------------------------------------------------ the pipe
-    def call(self, method: str, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None,
-             rid: int | None = None) -> Any:
+    def call(self, call: p.Call, rid: int | None = None) -> Any:
+        """The runner's answer to `call`, or the error it answered with."""
         if self._loop_thread == threading.get_ident():
             raise EngineError("a runner's reply is read on this event loop: call it from a "
                               "thread (asyncio.to_thread), never on the loop itself")
-        call = _Call(watched=method not in ("embed", "rerank"))
+        waiting = _Waiting(watched=call.watched)
         rid = rid or next(self._ids)
         with self._lock:
             if self._ended is not None or self._closing:
                 raise self._ended or EngineClosed(f"{self.name} has been unloaded")
-            if call.watched:
+            if waiting.watched:
                 self._busy()
-            self._calls[rid] = call
+            self._calls[rid] = waiting
         try:
-            self._post(("call", rid, method, args, kwargs or {}))
-            call.done.wait()
+            self._post(p.Request(rid, call))
+            waiting.done.wait()
         finally:
             with self._lock:
                 self._calls.pop(rid, None)
-        if call.ok:
-            return call.value
-        raise call.value
+        if waiting.ok:
+            return waiting.value
+        raise waiting.value
 
-    def _post(self, message: tuple[Any, ...]) -> None:
+    def _post(self, message: object) -> None:
         try:
             self._pipe.send(message)
         except (OSError, ValueError):  # the runner has gone; the reader says why
@@ -649,7 +336,7 @@ class _Link:
         while (note := self._notes.get()) is not None:
             self._post_quietly(note)
 
-    def _post_quietly(self, message: tuple[Any, ...]) -> None:
+    def _post_quietly(self, message: object) -> None:
         try:
             self._pipe.send(message)
         except (OSError, ValueError):
@@ -667,7 +354,7 @@ class _Link:
     def _attach(self) -> None:
         """On the loop: read the runner's messages as they come."""
         self._loop_thread = threading.get_ident()
-        frames = _Frames()
+        frames = p.Frames()
         fd = self._pipe.reader
 
         def readable() -> None:
@@ -691,35 +378,34 @@ class _Link:
                 os.set_blocking(fd, True)
             self._reader.start()
 
-    def _handle(self, message: tuple[Any, ...]) -> bool:
+    def _handle(self, message: object) -> bool:
         """One message from the runner; True once it has closed."""
-        kind = message[0]
-        if kind == "events":
+        kind = type(message)
+        if kind is p.Events:
             self._progress = time.monotonic()
-            self._deliver(message[1])
-        elif kind == "reply":
+            self._deliver(message.batch)
+        elif kind is p.Reply or kind is p.Refused:
             self._progress = time.monotonic()
-            _, rid, ok, value = message
-            call = self._calls.get(rid)
-            if call is not None:
-                call.finish(ok, value if ok else _error(value))
-        elif kind == "beat":
-            if message[1] != self._steps:
-                self._steps, self._progress = message[1], time.monotonic()
-        return kind == "closed"
+            waiting = self._calls.get(message.rid)
+            if waiting is not None:
+                ok = kind is p.Reply
+                waiting.finish(ok, message.value if ok else message.error.error())
+        elif kind is p.Beat:
+            if message.steps != self._steps:
+                self._steps, self._progress = message.steps, time.monotonic()
+        return kind is p.Closed
 
-    def _deliver(self, batch: list[tuple[Any, ...]]) -> None:
-        for gid, kind, *rest in batch:
-            if kind == _TOKEN:
-                generation = self._live.get(gid)
+    def _deliver(self, batch: list[p.Token | p.Done | p.Failed]) -> None:
+        for item in batch:
+            if type(item) is p.Token:
+                generation = self._live.get(item.gid)
                 if generation is not None:
-                    generation.put(TokenEvent(*rest))
+                    generation.put(item.event())
                 continue
             with self._lock:
-                generation = self._live.pop(gid, None)
+                generation = self._live.pop(item.gid, None)
             if generation is not None:
-                generation.put(DoneEvent(rest[0]) if kind == _DONE
-                               else ErrorEvent(_error(rest[0])))
+                generation.put(item.event())
 
     def _end(self) -> None:
         """The runner has exited: every request and call still open ends with why."""
@@ -764,17 +450,17 @@ class _Link:
 
 class RunnerBackend(Backend):
     """A model loaded in a runner process; the same interface as the in-process backend.
-    A runner that has ended is started again by the next call (a new request)."""
+    A runner that has ended stays ended (`ended`): each call raises RunnerDied, and its
+    owner (the model pool, or `run`'s loop) loads the model again through the plan — with
+    the memory check a restart here would skip."""
 
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions,
                  name: str | None = None, *, hang: float | None = None,
                  loop: asyncio.AbstractEventLoop | None = None):
         """loop: the event loop of a server that uses this model, to read on (see _Link)."""
         self.name = name or Path(path).stem
-        self._start = lambda: _Link(str(path), options, self.name, hang or hang_seconds(), loop)
-        self._link = self._start()
+        self._link = _Link(str(path), options, self.name, hang or hang_seconds(), loop)
         self.info = self._link.info
-        self._restart = threading.Lock()
         self._closed = False
 
     @property
@@ -790,39 +476,28 @@ class RunnerBackend(Backend):
     def ended(self) -> bool:
         return not self._closed and not self._link.alive
 
-    def _runner(self) -> _Link:
-        link = self._link
-        if link.alive or self._closed:
-            return link
-        with self._restart:
-            if not self._link.alive and not self._closed:
-                self._link.close()  # reaped
-                log.info("starting the runner of %s again", self.name)
-                self._link = self._start()
-            return self._link
-
     def tokenize(self, text: str, *, add_special: bool = True) -> list[int]:
-        return self._runner().call("tokenize", (text,), {"add_special": add_special})
+        return self._link.call(p.Tokenize(text, add_special))
 
     def detokenize(self, tokens: Sequence[int]) -> str:
-        return self._runner().call("detokenize", (list(tokens),))
+        return self._link.call(p.Detokenize(list(tokens)))
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, str]],
                             add_generation_prompt: bool = True,
                             template_args: Mapping[str, Any] | None = None) -> str:
-        return self._runner().call("apply_chat_template", ([dict(m) for m in messages],
-                                                           add_generation_prompt,
-                                                           _plain(template_args)))
+        return self._link.call(p.ApplyChatTemplate([dict(m) for m in messages],
+                                                       add_generation_prompt,
+                                                       _plain(template_args)))
 
     def prompt_tokens(self, messages: Sequence[Mapping[str, Any]],
                       template_args: Mapping[str, Any] | None = None,
                       images: Sequence[Any] = ()) -> list[int]:
-        return self._runner().call("prompt_tokens", ([dict(m) for m in messages],
-                                                     _plain(template_args), tuple(images)))
+        return self._link.call(p.PromptTokens([dict(m) for m in messages],
+                                                  _plain(template_args), tuple(images)))
 
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        return self._runner().generate("generate", (tokens, params))[1]
+        return self._link.generate(p.Generate(tokens, params))[1]
 
     def start(self, params: SamplingParams, messages: Sequence[Mapping[str, Any]] | None = None,
               prompt: str | Sequence[int] | None = None,
@@ -832,33 +507,33 @@ class RunnerBackend(Backend):
             messages = [dict(m) for m in messages]
         elif prompt is not None and not isinstance(prompt, str):
             prompt = list(prompt)
-        return self._runner().generate("start", (params, messages, prompt,
-                                                 _plain(template_args), tuple(images)))
+        return self._link.generate(p.Start(params, messages, prompt,
+                                               _plain(template_args), tuple(images)))
 
     def embed(self, text: str) -> tuple[list[float], int]:
-        return self._runner().call("embed", (text,))
+        return self._link.call(p.Embed(text))
 
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
-        return self._runner().call("rerank", (query, list(documents)))
+        return self._link.call(p.Rerank(query, list(documents)))
 
     def stats(self) -> EngineStats:
-        """Figures only: never starts a runner, and a runner gone reads as an idle one."""
+        """Figures only: a runner gone reads as an idle one."""
         link = self._link
         with contextlib.suppress(RunnerDied, EngineClosed):
             if link.alive:
-                return link.call("stats")
+                return link.call(p.Stats())
         return EngineStats(n_slots=self.info.n_slots, active=0, waiting=0, kv_cells_used=0,
                            kv_cells_total=0, steps=0, tokens_evaluated=0, tokens_generated=0,
                            requests_finished=0, preemptions=0, decode_seconds=0.0,
                            step_seconds=0.0, threads=0)
 
     def fewest_tokens(self, text_bytes: int) -> int:
-        return self._runner().call("fewest_tokens", (text_bytes,))
+        return self._link.call(p.FewestTokens(text_bytes))
 
     def infill_tokens(self, prefix: str, suffix: str, extra: Sequence[tuple[str, str]] = (),
                       prompt: str = "", room: int | None = None) -> list[int]:
-        return self._runner().call("infill_tokens", (prefix, suffix, [tuple(e) for e in extra],
-                                                     prompt, room))
+        return self._link.call(p.InfillTokens(prefix, suffix, [tuple(e) for e in extra],
+                                                  prompt, room))
 
     def memory_bytes(self) -> int:
         """The runner's resident memory (0 while none runs)."""
@@ -872,13 +547,9 @@ class RunnerBackend(Backend):
 
     def close(self) -> None:
         self._closed = True
-        with self._restart:
-            self._link.close()
+        self._link.close()
 
 
 def _plain(template_args: Mapping[str, Any] | None) -> dict[str, Any] | None:
     return dict(template_args) if template_args else None
 
-
-if __name__ == "__main__":
-    runner_main()

@@ -39,7 +39,9 @@ class Replicas(Backend):
     def _least_busy(self) -> Iterator[Backend]:
         with self._lock:
             loads = [(s.active + s.waiting + starting) / max(s.n_slots, 1)
-                     for s, starting in zip((m.stats() for m in self.members), self._starting)]
+                     if not m.ended else float("inf")  # a copy gone: the others serve on
+                     for m, s, starting in zip(self.members, (m.stats() for m in self.members),
+                                               self._starting)]
             index = loads.index(min(loads))
             self._starting[index] += 1
         try:
@@ -106,8 +108,10 @@ class Replicas(Backend):
 
     @property
     def ended(self) -> bool:
-        """Every copy's process is gone (one that died alone restarts on its next request)."""
-        return all(m.ended for m in self.members)
+        """A copy's process is gone: the model is no longer as planned, and its owner loads
+        it again (the pool, once the requests on the other copies are done); meanwhile new
+        requests go to the copies that live."""
+        return any(m.ended for m in self.members)
 
     def memory_bytes(self) -> int:
         return sum(m.memory_bytes() for m in self.members)

@@ -44,7 +44,7 @@ def inject(fault: Path, what: str) -> None:
 
 def runners(server) -> list[psutil.Process]:
     children = psutil.Process(server.process.pid).children()
-    return [p for p in children if "localinfer.backends.runner.process" in " ".join(p.cmdline())]
+    return [p for p in children if "localinfer.backends.runner.child" in " ".join(p.cmdline())]
 
 
 def runner_of(server, name: str) -> psutil.Process:

@@ -9,7 +9,8 @@ import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
 from localinfer.backends.runner.process import RunnerBackend
-from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
+from localinfer.errors import (InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerDied,
+                               RunnerMismatch)
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -71,6 +72,40 @@ def test_a_file_llama_cpp_cannot_load_is_one_clear_error(tmp_path):
     assert "\n" not in str(caught.value)
 
 
+def test_a_runner_that_ended_stays_ended(smollm2_path):
+    """Its owner loads the model again through the plan (the pool: tests/api/test_runners.py);
+    the backend itself starts no runner, and each call says why it cannot answer."""
+    import os
+    import signal
+
+    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    try:
+        pid = backend.pid
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while not backend.ended:
+            assert time.monotonic() < deadline, "the parent did not see its runner end"
+            time.sleep(0.02)
+        for _ in range(2):
+            with pytest.raises(RunnerDied, match="killed by SIGKILL"):
+                backend.tokenize("hi")
+        assert backend.pid == pid and backend.stats().active == 0
+    finally:
+        backend.close()
+
+
+def test_a_runner_of_another_protocol_version_is_refused(smollm2_path, monkeypatch):
+    """localinfer changed on disk under a running server: the runner it starts speaks
+    another version, and the load says so in one line instead of misreading its messages."""
+    from localinfer.backends.runner import protocol
+
+    monkeypatch.setattr(protocol, "VERSION", protocol.VERSION + 1)  # this process's, not its
+    with pytest.raises(RunnerMismatch) as caught:
+        RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
+    assert (f"speaks protocol {protocol.VERSION - 1}, this process {protocol.VERSION}"
+            in str(caught.value)) and "restart" in str(caught.value)
+
+
 @pytest.mark.slow
 def test_runners_loaded_and_closed_again_and_again_all_exit_with_status_0(smollm2_path,
                                                                           monkeypatch):
@@ -82,7 +117,8 @@ def test_runners_loaded_and_closed_again_and_again_all_exit_with_status_0(smollm
     exits with status 0."""
     import localinfer.backends.runner.process as runner_module
 
-    assert runner_module.__file__.startswith(str(Path(__file__).parents[2]))  # this tree's
+    assert str(Path(runner_module.__file__).resolve()).startswith(  # this tree's
+        str(Path(__file__).resolve().parents[2]))
     monkeypatch.setenv("LOCALINFER_RUNNER_BEAT", "0.001")
     codes = []
     for cycle in range(12):
@@ -154,7 +190,7 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         smollm2_path, monkeypatch):
     """`run`, `chat`, `serve` and `app` start a runner before they plan; the load takes it.
     One started under other variables (tests set those a runner reads) is not used."""
-    from localinfer.backends.runner import process as runner_module
+    import localinfer.backends.runner.process as runner_module
 
     runner_module.warm_spare()
     spare = runner_module._spare[0]
@@ -214,7 +250,7 @@ def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    from localinfer.backends.runner import process as runner_module
+    import localinfer.backends.runner.process as runner_module
 
     main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
     bundle = tmp_path / "localinfer"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from localinfer.backends.native.machine import detect
-from localinfer.model_store.hardware import apple_gpu_share, parse_nvidia_smi, parse_rocm_smi
+from localinfer.model_store.hardware import (apple_gpu_share, free_gpu_memory, parse_nvidia_smi,
+                                            parse_rocm_smi)
 
 # nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits
 NVIDIA_TWO_GPUS = """0, NVIDIA GeForce RTX 4090, 24564, 23012, 550.54.14
@@ -92,6 +93,25 @@ def test_a_failing_driver_is_unknown_with_its_reason(tmp_path):
                'driver. Make sure that the latest NVIDIA driver is installed and running."; exit 9')
     probe = next(p for p in _hw_json(tmp_path)["probes"] if p["name"] == "nvidia")
     assert probe["status"] == "unknown" and "couldn't communicate" in probe["reason"]
+
+
+def test_free_gpu_memory_is_asked_of_the_driver_each_time(tmp_path, monkeypatch):
+    """Each call runs the vendor's tool again: what it says now, not what it said at start
+    (the second answer: another program took 4 GiB of the first card)."""
+    answers = tmp_path / "answers"
+    later = NVIDIA_TWO_GPUS.replace("23012", "18916")
+    answers.write_text(NVIDIA_TWO_GPUS + "--\n" + later)
+    _fake_tool(tmp_path, "nvidia-smi",  # prints the first answer left, then drops it
+               f'sed -n "1,/^--$/p" "{answers}" | grep -v "^--$"; '
+               f'sed -i "1,/^--$/d" "{answers}"')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr("localinfer.model_store.hardware._nvml", _no_nvml)
+    assert free_gpu_memory() == {0: 23012 * 2**20, 1: 80970 * 2**20}
+    assert free_gpu_memory() == {0: 18916 * 2**20, 1: 80970 * 2**20}
+
+
+def _no_nvml():
+    raise ImportError("nvidia-ml-py is not installed")
 
 
 def test_a_hung_tool_times_out_to_unknown(tmp_path, monkeypatch):
