@@ -332,12 +332,13 @@ def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
 
 
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
-                 hardware: Hardware | None = None, projector: RemoteFile | None = None) -> str:
+                 hardware: Hardware | None = None, projector: RemoteFile | None = None,
+                 **checkpoints: int) -> str:
     """The planner's pick for this machine, from the header of one file read remotely; with
-    room kept for the vision projector that comes with it."""
+    room kept for the vision projector that comes with it (and the context checkpoints)."""
     try:
         _, chosen = plan_remote(ref, files, less_memory(hardware or detect(), projector_bytes(
-            ref.repo, projector)), n_ctx)
+            ref.repo, projector)), n_ctx, **checkpoints)
     except WontFit as exc:
         raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
     log.info("plan for %s: %s", ref.installed_name, chosen.reason)
@@ -360,7 +361,7 @@ def pull_model(ref: str, settings: Settings | None = None,
                ) -> str:  # for the GPUs chosen
         return choose_quant(ref, files, hardware=with_workers(
             select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key),
-            projector=projector)
+            projector=projector, **checkpoints_of(settings))
 
     return pulled.pull(hub_ref, settings.models_dir, choose, progress)
 
