@@ -25,15 +25,16 @@ class ModelRow:
     embedded: bool = False  # ships with localinfer: cannot be deleted
 
 
-def _fit_of_file(path, hw: Hardware, n_ctx: int) -> tuple[str, str, str, int]:
+def _fit_of_file(path, hw: Hardware, n_ctx: int, settings: Settings
+                 ) -> tuple[str, str, str, int]:
     """(badge, reason, quant, size) for a GGUF on disk, by the planner."""
     from localinfer.model_store.gguf_info import read_gguf_info
     from localinfer.model_store.planner import WontFit
-    from localinfer.service import plan_for
+    from localinfer.service import checkpoints_of, plan_for
 
     info = read_gguf_info(path)
     try:
-        chosen = plan_for(info, hw, n_ctx)
+        chosen = plan_for(info, hw, n_ctx, **checkpoints_of(settings))
     except WontFit as exc:
         return "won't fit", str(exc), info.quant, info.file_size
     if chosen.device == "cpu":
@@ -60,7 +61,7 @@ def local_rows(settings: Settings, hw: Hardware, n_ctx: int) -> list[ModelRow]:
             rows.append(ModelRow(name, True, detail="unpacked on first use", embedded=embedded))
             continue
         try:
-            badge, reason, quant, size = _fit_of_file(path, hw, n_ctx)
+            badge, reason, quant, size = _fit_of_file(path, hw, n_ctx, settings)
         except LocalinferError as exc:
             badge, reason, quant, size = "?", str(exc), "", path.stat().st_size
         rows.append(ModelRow(name, True, quant, size, badge, reason, embedded))

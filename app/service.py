@@ -29,7 +29,7 @@ from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
-__all__ = ["Prepared", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
+__all__ = ["Prepared", "checkpoints_of", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
            "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
            "warm_runner", "describe", "hardware_report", "kv_cache_bytes", "Hardware",
            "resolve"]
@@ -130,19 +130,21 @@ def prepare(
                                   else options.reply_cap)
     chosen = None
     snapshots = rollback_snapshots(info, options)
+    held = checkpoints_of(options)
     if options.n_gpu_layers is None:  # a draft model (and a projector) goes whole onto a GPU
         machine = hardware()
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
         machine = with_workers(machine, settings.workers, settings.worker_key)
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
-                          options.kv_type, options.n_outputs, snapshots)
+                          options.kv_type, options.n_outputs, snapshots, **held)
         options = placed(options, chosen)
         if chosen is not None and any(p.remote for p in chosen.placement):
             options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
                                           worker_key=settings.worker_key, worker_head=HEAD)
     if chosen is not None:
-        # in RAM: the input embeddings of an untied model, and the layers the GPU cannot take
+        # in RAM: the input embeddings of an untied model, the layers the GPU cannot take
+        # and the context checkpoints (of memory_bytes, never of gpu_bytes)
         in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
         # (this machine's memory only: a worker's is the worker's, and it serves one model)
         use = {p.index: p.total for p in chosen.placement if p.index is not None
@@ -153,11 +155,11 @@ def prepare(
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
-                               options.kv_type, options.n_outputs, snapshots=snapshots)
+                               options.kv_type, options.n_outputs, snapshots=snapshots, **held)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
                       model.name, options.kv_type, beside=(beside, what),
-                      n_outputs=options.n_outputs, snapshots=snapshots)
+                      n_outputs=options.n_outputs, snapshots=snapshots, **held)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + beside)
 
@@ -166,6 +168,13 @@ def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:
     """Copies of each slot's recurrent state llama.cpp keeps for a load (n_rs_seq): one per
     guess where a hybrid model speculates (the backend's `rollback`), else none."""
     return options.guesses if info.shape().hybrid else 0
+
+
+def checkpoints_of(options: LoadOptions | Settings) -> dict[str, int]:
+    """The context checkpoints a slot keeps at most, and their bytes, as the planner takes
+    them (it counts them only for a model with recurrent layers)."""
+    return {"checkpoints": options.ctx_checkpoints,
+            "checkpoint_cap": options.ctx_checkpoint_mib << 20}
 
 
 def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None
@@ -269,24 +278,26 @@ def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
 
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
-             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
-             ) -> Plan:
-    """The planner's plan for this one file on this machine; raises WontFit."""
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
+             **checkpoints: int) -> Plan:
+    """The planner's plan for this one file on this machine; raises WontFit. checkpoints:
+    `checkpoints_of` the options (none: the model keeps none)."""
     gpus = list(hw.usable_gpus)
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
                 n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs,
-                snapshots=snapshots)
+                snapshots=snapshots, **checkpoints)
 
 
 def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
-             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0
-             ) -> Plan | None:
+             kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
+             **checkpoints: int) -> Plan | None:
     """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
     a CPU-only build, or no layer fits)."""
     if hw is None or not hw.usable_gpus:
         return None
     try:
-        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots)
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots,
+                          **checkpoints)
     except WontFit:
         return None  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)
@@ -306,8 +317,8 @@ def load_model(
 
 
 def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
-                n_ctx: int = 8192, n_slots: int = 1, info: GGUFInfo | None = None
-                ) -> tuple[GGUFInfo, Plan]:
+                n_ctx: int = 8192, n_slots: int = 1, info: GGUFInfo | None = None,
+                **checkpoints: int) -> tuple[GGUFInfo, Plan]:
     """A hub model's plan before it is pulled: the header of one file read remotely (unless
     given), each quant's size from the listing (only the quant the name asks for, if it
     asks); raises WontFit."""
@@ -316,16 +327,18 @@ def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
     if not sizes:
         raise ModelNotFound(f"{ref.repo} (no file names {ref.quant or 'a quant'})")
     return info, plan(info.shape(), sizes, list(hardware.usable_gpus),
-                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots)
+                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots,
+                      **checkpoints)
 
 
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
-                 hardware: Hardware | None = None, projector: RemoteFile | None = None) -> str:
+                 hardware: Hardware | None = None, projector: RemoteFile | None = None,
+                 **checkpoints: int) -> str:
     """The planner's pick for this machine, from the header of one file read remotely; with
-    room kept for the vision projector that comes with it."""
+    room kept for the vision projector that comes with it (and the context checkpoints)."""
     try:
         _, chosen = plan_remote(ref, files, less_memory(hardware or detect(), projector_bytes(
-            ref.repo, projector)), n_ctx)
+            ref.repo, projector)), n_ctx, **checkpoints)
     except WontFit as exc:
         raise ContextTooLarge(f"{ref.installed_name}: {exc}") from None
     log.info("plan for %s: %s", ref.installed_name, chosen.reason)
@@ -348,7 +361,7 @@ def pull_model(ref: str, settings: Settings | None = None,
                ) -> str:  # for the GPUs chosen
         return choose_quant(ref, files, hardware=with_workers(
             select_gpus(detect(), settings.gpus), settings.workers, settings.worker_key),
-            projector=projector)
+            projector=projector, **checkpoints_of(settings))
 
     return pulled.pull(hub_ref, settings.models_dir, choose, progress)
 
@@ -392,8 +405,9 @@ def describe(model: str | None, settings: Settings, *, ctx: int | None = None, p
     machine = less_memory(machine, vision_bytes)
     try:
         n_ctx = ctx or default_context(info, settings)
-        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info)[1] if remote else
-                  plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel))
+        held = checkpoints_of(settings)
+        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info, **held)[1]
+                  if remote else plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel, **held))
         plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                      "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                      "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,

@@ -127,11 +127,14 @@ class Settings(BaseSettings):
         "Past a prompt's cached prefix, move cached runs of at least this many tokens into "
         "place instead of reading them again (an editor's file after an edit above); 0: off."))
     # llama-server's default (--ctx-checkpoints 32); a slot's checkpoints also stay within
-    # 256 MiB (a Qwen3.5-9B's recurrent state is ~50 MiB)
+    # ctx_checkpoint_mib (a Qwen3.5-9B's recurrent state is ~50 MiB), in RAM, as planned
     ctx_checkpoints: int = Field(32, ge=0, le=1024, description=(
         "Context checkpoints per slot of a hybrid or recurrent model: its state saved near "
         "each prompt's end, so a next turn that rewrites the last reply reads only the rest; "
         "0: off."))
+    ctx_checkpoint_mib: int = Field(256, ge=1, le=1 << 20, description=(
+        "MiB of context checkpoints a slot keeps at most, in RAM (the oldest go first); the "
+        "memory plan counts them."))
     flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
                                     **_unset("auto"))
     gpus: str | None = Field(None, description=(

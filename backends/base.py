@@ -215,6 +215,7 @@ class LoadOptions:
     # before its end goes back to the newest one before it (llama-server's
     # --ctx-checkpoints); 0: off, such a prompt is read again whole
     ctx_checkpoints: int = 32
+    ctx_checkpoint_mib: int = 256  # and at most this many MiB of them a slot, in RAM
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
@@ -248,6 +249,7 @@ class LoadOptions:
                    draft_tokens=settings.draft, draft_model=settings.draft_model,
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
                    cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
+                   ctx_checkpoint_mib=settings.ctx_checkpoint_mib,
                    split_mode=str(settings.split_mode))
 
     @property
@@ -276,6 +278,8 @@ class LoadOptions:
             raise InvalidRequest("cache reuse is a count of tokens: 0 (off) or more")
         if self.ctx_checkpoints < 0:
             raise InvalidRequest("context checkpoints are a count per slot: 0 (off) or more")
+        if self.ctx_checkpoint_mib < 1:
+            raise InvalidRequest("the context checkpoints' cap is MiB per slot: 1 or more")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")
         if self.split_mode not in ("none", "layer", "row"):

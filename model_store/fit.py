@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
 from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer
+from localinfer.model_store.shape import CHECKPOINT_CAP
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
            "projector_memory"]
@@ -26,10 +27,11 @@ class MemoryEstimate:
     compute: int
     n_vocab: int = 0
     recurrent_state: int = 0  # every slot's, where the model has recurrent layers
+    checkpoints: int = 0  # every slot's context checkpoints at most: host RAM, always
 
     @property
     def total(self) -> int:
-        """What llama.cpp reserves: all of it is taken on a GPU."""
+        """What llama.cpp reserves: all of it is taken on a GPU (the checkpoints are not)."""
         return self.weights + self.kv_cache + self.recurrent_state + self.compute
 
     @property
@@ -38,14 +40,15 @@ class MemoryEstimate:
         220 bytes per vocabulary entry for the rest (the vocabulary's tables, output and
         compute buffers, the runtime). Fitted to the RSS growth of the two embedded models
         (smollm2, 49k: 37 MB past weights and KV; gemma3, 262k: 79–85 MB): a calibration on
-        two points, checked by a test, not a law."""
-        return self.weights + self.kv_cache + self.recurrent_state + _host_bytes(self.n_vocab)
+        two points, checked by a test, not a law. With the checkpoints, once saved."""
+        return (self.weights + self.kv_cache + self.recurrent_state + self.checkpoints
+                + _host_bytes(self.n_vocab))
 
     @property
     def ram(self) -> int:
         """What the RAM check asks for: llama.cpp's reservations or the measured growth,
-        whichever is more."""
-        return max(self.total, self.resident)
+        whichever is more, and the checkpoints beside them."""
+        return max(self.total + self.checkpoints, self.resident)
 
 
 def _host_bytes(n_vocab: int) -> int:
@@ -67,24 +70,29 @@ def projector_memory(projector: ProjectorInfo) -> int:
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
                     kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                    swa_full: bool = True, snapshots: int = 0) -> MemoryEstimate:
+                    swa_full: bool = True, snapshots: int = 0, checkpoints: int = 0,
+                    checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
     swa_full: sliding-window layers keep every cell (the engine's setting), else their
-    window; snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq)."""
+    window; snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
+    checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes."""
     shape = info.shape()
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
-                          shape.state_bytes(n_slots, snapshots))
+                          shape.state_bytes(n_slots, snapshots),
+                          shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap))
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
                 kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                snapshots: int = 0) -> int:
+                snapshots: int = 0, checkpoints: int = 0,
+                checkpoint_cap: int = CHECKPOINT_CAP) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots).ram <= available
+                               snapshots=snapshots, checkpoints=checkpoints,
+                               checkpoint_cap=checkpoint_cap).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
     if fits(high):
@@ -99,7 +107,8 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
-                  snapshots: int = 0) -> MemoryEstimate:
+                  snapshots: int = 0, checkpoints: int = 0,
+                  checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.
@@ -112,14 +121,21 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
+    held = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap)
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots)
+                               snapshots=snapshots, **held)
     if estimate.ram > free:
-        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots)
+        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots,
+                           **held)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
+        if estimate.checkpoints:
+            hint += " (or keep fewer context checkpoints: --ctx-checkpoints, --ctx-checkpoint-mib)"
         after = f" after {taken / _GIB:.2f} GiB for {what}" if taken else ""
-        state = estimate.recurrent_state
-        said = f" + recurrent state {state / _GIB:.2f}" if state else ""
+        state = estimate.recurrent_state + estimate.checkpoints
+        said = (f" + recurrent state {estimate.recurrent_state / _GIB:.2f}"
+                if estimate.recurrent_state else "")
+        said += (f" + checkpoints {estimate.checkpoints / _GIB:.2f}"
+                 if estimate.checkpoints else "")
         raise ContextTooLarge(
             f"a context of {n_ctx} tokens needs about {estimate.ram / _GIB:.2f} GiB "
             f"(weights {estimate.weights / _GIB:.2f} + KV cache {estimate.kv_cache / _GIB:.2f}"

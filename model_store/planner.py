@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from localinfer.model_store.hardware import GPU
-from localinfer.model_store.shape import ModelShape
+from localinfer.model_store.shape import CHECKPOINT_CAP, ModelShape
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
            "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
@@ -80,12 +80,14 @@ class Plan:
     kv_type: str
     memory_bytes: int  # the whole estimate: the sum of `parts`
     reason: str
-    # weights, kv_cache, recurrent_state (where the model has recurrent layers), compute
-    # (llama.cpp's buffers), runtime (the GPU backend's own overhead), margin
+    # weights, kv_cache, recurrent_state (where the model has recurrent layers),
+    # checkpoints (its slots' context checkpoints, where it keeps any: always in RAM),
+    # compute (llama.cpp's buffers), runtime (the GPU backend's own overhead), margin
     # (fragmentation), in bytes: on a GPU plan, what the GPU takes with every layer on it
-    # (the input embeddings of an untied model stay in RAM); on the CPU, RAM
+    # (the input embeddings of an untied model stay in RAM) and the checkpoints; on the
+    # CPU, RAM
     parts: dict[str, int] = field(default_factory=dict)
-    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs
+    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs (never the checkpoints)
     # per device: each GPU used, then RAM where layers stay there
     placement: tuple[Placement, ...] = ()
     # how llama.cpp is told: "none" with main_gpu for one GPU; "layer" with tensor_split
@@ -143,14 +145,50 @@ def _gpu_parts(weights: int, kv: int, compute: int, backend: str, state: int = 0
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
-         n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = True, snapshots: int = 0) -> Plan:
+         n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = True, snapshots: int = 0,
+         checkpoints: int = 0, checkpoint_cap: int = CHECKPOINT_CAP) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
     n_outputs: logits a step may ask for (at least one per slot). swa_full: sliding-window
     layers keep every cell, as the engine has llama.cpp do; else their window. snapshots:
-    copies of each slot's recurrent state kept for rolling guesses back (n_rs_seq)."""
+    copies of each slot's recurrent state kept for rolling guesses back (n_rs_seq).
+    checkpoints, checkpoint_cap: the context checkpoints a slot keeps at most, and their
+    bytes (LoadOptions.ctx_checkpoints, ctx_checkpoint_mib): host RAM, wherever the layers
+    go, so what RAM is left for the rest."""
     if not files:
         raise WontFit("no GGUF files to choose from")
+    held = shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap)
+    if held > ram_available:
+        raise WontFit(f"the context checkpoints of {n_slots} slot{'s' * (n_slots > 1)} take "
+                      f"{held / _GIB:.2f} GiB of RAM and {ram_available / _GIB:.2f} GiB is "
+                      f"available — fewer with --ctx-checkpoints or --ctx-checkpoint-mib")
+    try:
+        chosen = _plan(shape, files, gpus, ram_available - held, n_ctx, n_slots, kv_type,
+                       n_ubatch, n_outputs, swa_full, snapshots)
+    except WontFit as exc:
+        if held:
+            raise WontFit(f"{exc} (after {held / _GIB:.2f} GiB of context checkpoints: "
+                          f"fewer with --ctx-checkpoints or --ctx-checkpoint-mib)") from None
+        raise
+    return _with_checkpoints(chosen, held)
+
+
+def _with_checkpoints(chosen: Plan, held: int) -> Plan:
+    """The plan with its slots' context checkpoints: a part of its own (after the recurrent
+    state), in the whole but not on the GPUs."""
+    if not held:
+        return chosen
+    keys = list(chosen.parts)
+    at = keys.index("compute")
+    parts = {**{k: chosen.parts[k] for k in keys[:at]}, "checkpoints": held,
+             **{k: chosen.parts[k] for k in keys[at:]}}
+    return replace(chosen, parts=parts, memory_bytes=chosen.memory_bytes + held)
+
+
+def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
+          n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int, n_outputs: int,
+          swa_full: bool, snapshots: int) -> Plan:
+    """`plan` but for the checkpoints: ram_available is what they leave."""
     n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)

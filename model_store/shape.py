@@ -14,11 +14,16 @@ from dataclasses import dataclass
 
 from localinfer.settings import KvType
 
-__all__ = ["KV_BYTES", "Layer", "ModelShape", "swa_cells"]
+__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "Layer", "ModelShape", "swa_cells"]
 
 KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
 # block scales (a StrEnum: the plain names index it as well)
 _SWA_PAD = 256  # llama.cpp pads a sliding-window cache to this many cells
+CHECKPOINT_CAP = 256 << 20  # a slot's context checkpoints at most (the setting's default)
+# what llama.cpp writes around a sequence's partial state (llama_state_seq_get_data_ext):
+# its magic and the sequence id, the cell's count, position and sequence count, the state's
+# layout and layer count; and per recurrent layer, the types and row sizes of its r and s
+_CHECKPOINT_HEADER, _CHECKPOINT_LAYER_HEADER = 28, 24
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,27 @@ class ModelShape:
         (llama.cpp's n_rs_seq, for rolling back rejected guesses on a hybrid)."""
         return (self.n_recurrent * self.state_bytes_per_layer * max(n_slots, 1)
                 * (1 + snapshots))
+
+    def checkpoint_bytes(self) -> int:
+        """One context checkpoint of a slot, as llama.cpp writes it: the partial state of its
+        sequence, the recurrent state (with full-size sliding-window caches, the engine's
+        setting, nothing of the attention layers), and a few bytes of header; 0 where there
+        is no recurrent layer."""
+        if not self.n_recurrent:
+            return 0
+        return (self.state_bytes(1) + _CHECKPOINT_HEADER
+                + _CHECKPOINT_LAYER_HEADER * self.n_recurrent)
+
+    def checkpoints_bytes(self, n_slots: int = 1, n_checkpoints: int = 0,
+                          cap: int = CHECKPOINT_CAP) -> int:
+        """What the context checkpoints of n_slots slots can take, in host RAM: each slot
+        keeps at most n_checkpoints of them and `cap` bytes (the engine's
+        `Checkpoints(n_max, max_bytes)`: one bigger than the cap is not kept at all). 0 for
+        a model without recurrent layers, or with checkpoints off."""
+        one = self.checkpoint_bytes()
+        if not one or n_checkpoints <= 0:
+            return 0
+        return min(n_checkpoints, cap // one) * one * max(n_slots, 1)
 
     def context_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
                       swa_full: bool = True, n_ubatch: int = 512, snapshots: int = 0) -> int:

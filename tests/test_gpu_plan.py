@@ -242,6 +242,15 @@ def test_show_says_what_a_hybrid_keeps():
     memory = facts["plan"]["memory"]
     assert memory["kv_cache"] == 32 * 1024 * 32768 * 2  # 2 GiB, not 8
     assert memory["recurrent_state"] == 2 * facts["recurrent_state_bytes_per_slot"]
+    # the default context checkpoints, 32 a slot within 256 MiB: 5 of ~50 MiB, in RAM
+    one = facts["recurrent_state_bytes_per_slot"] + 28 + 24 * 24
+    assert memory["checkpoints"] == 2 * 5 * one
+    plan = facts["plan"]
+    assert plan["memory_bytes"] - plan["gpu_bytes"] == memory["checkpoints"]
+    text = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                           str(plan_model("qwen3.5-9b")), "--gpu", "24GiB", "--ctx", "32768",
+                           "--parallel", "2"], capture_output=True, text=True, timeout=120)
+    assert re.search(r"memory: .*recurrent state 0\.\d\d \+ checkpoints 0\.49 \+", text.stdout)
 
 
 def test_the_plans_experts_in_ram_reach_the_load_options():

@@ -12,6 +12,7 @@ import typer.main
 
 from localinfer.backends.base import LoadOptions
 from localinfer.cli import commands
+from localinfer.errors import InvalidRequest
 from localinfer.settings import KvType, Settings, SettingsError
 
 
@@ -70,11 +71,16 @@ def test_load_options_come_from_the_settings(home, monkeypatch):
     monkeypatch.setenv("LOCALINFER_THREADS", "3")
     monkeypatch.setenv("LOCALINFER_KV_TYPE", "q4_0")
     monkeypatch.setenv("LOCALINFER_CTX_CHECKPOINTS", "4")
+    monkeypatch.setenv("LOCALINFER_CTX_CHECKPOINT_MIB", "64")
     options = LoadOptions.from_settings(Settings.read({"draft": 5}), n_slots=2)
     assert (options.n_threads, options.kv_type, options.reply_cap, options.kv_unified,
-            options.draft_tokens, options.n_slots, options.n_ctx, options.ctx_checkpoints) == (
-        3, KvType.Q4_0, 7, True, 5, 2, None, 4)  # n_ctx None: the setting, within the model's
+            options.draft_tokens, options.n_slots, options.n_ctx, options.ctx_checkpoints,
+            options.ctx_checkpoint_mib) == (
+        3, KvType.Q4_0, 7, True, 5, 2, None, 4, 64)  # n_ctx None: the setting, within the model's
     assert LoadOptions.from_settings(Settings.read({"ctx_checkpoints": 0})).ctx_checkpoints == 0
+    assert Settings.model_fields["ctx_checkpoint_mib"].default == LoadOptions().ctx_checkpoint_mib
+    with pytest.raises(InvalidRequest, match="MiB per slot"):
+        LoadOptions(ctx_checkpoint_mib=0)
 
 
 def test_every_setting_flag_shows_the_schema_default_and_variable():

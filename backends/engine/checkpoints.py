@@ -12,8 +12,9 @@ cells past it, and reads only the rest.
 The points, as llama-server chooses them: a few tokens before the prompt's end (the next turn
 shares all but its tail: the generation prompt, which a template may rewrite), one chunk
 before that, and every `every` tokens of a long prompt. A slot keeps at most `n_max`
-checkpoints and `max_bytes` of them, the oldest dropped first; those past a cut are dropped
-with it. Every native answer is checked: a restore or a cut refused reads the prompt again.
+checkpoints and `max_bytes` of them, the oldest dropped first (what the memory plan counts:
+`ModelShape.checkpoints_bytes`); those past a cut are dropped with it. Every native answer
+is checked: a restore or a cut refused reads the prompt again.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 
 from localinfer.backends.engine.slots import Checkpoint, Slot
 from localinfer.backends.native.model import NativeModel
+from localinfer.model_store.shape import CHECKPOINT_CAP
 
 __all__ = ["Checkpoints"]
 
@@ -35,7 +37,7 @@ class Checkpoints:
     TAIL = 4  # the last checkpoint of a prompt: this many tokens before its end (llama-server's)
 
     def __init__(self, native: NativeModel, n_max: int, chunk: int,
-                 max_bytes: int = 256 << 20, every: int = 8192):
+                 max_bytes: int = CHECKPOINT_CAP, every: int = 8192):
         self.native = native
         # only where the memory cannot be cut back (the others keep any prefix anyway)
         self.n_max = n_max if native.stateful else 0

@@ -4,16 +4,20 @@ the sizes its load log reports, within 5% (or the log's own rounding, 0.01 MiB).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
 import llama_cpp
 import pytest
 
-from ..families import arch_model
+from ..families import arch_model, plan_model
 from localinfer.backends.base import LoadOptions
+from localinfer.errors import ContextTooLarge
 from localinfer.model_store.fit import estimate_memory
 from localinfer.model_store.gguf_info import read_gguf_info
+from localinfer.model_store.hardware import GPU
+from localinfer.model_store.planner import WontFit, plan
 from localinfer.model_store.shape import swa_cells
 from localinfer.service import prepare
 from localinfer.settings import Settings
@@ -108,3 +112,117 @@ def test_a_speculating_hybrid_is_planned_with_a_state_per_guess(caplog):
     reported = sum(float(m) for m in re.findall(r"RS buffer size =\s+([\d.]+) MiB",
                                                 caplog.text)) * _MIB
     assert _near(7 * state, reported), (7 * state / _MIB, reported / _MIB)
+
+
+# ----------------------------------------------------------- context checkpoints, in RAM
+def _one_checkpoint(shape) -> int:
+    """What llama.cpp writes for one (llama_state_seq_get_data_ext, partial): the recurrent
+    state of a sequence, 28 bytes of header and 24 a recurrent layer."""
+    return shape.state_bytes(1) + 28 + 24 * shape.n_recurrent
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_a_recurrent_models_checkpoints_are_a_part_of_the_plan_in_ram(arch):
+    info = read_gguf_info(arch_model(arch))
+    shape, files = info.shape(), {info.quant: info.file_size}
+    plain = plan(shape, files, [], 64 * 2**30, n_ctx=512, n_slots=4)
+    chosen = plan(shape, files, [], 64 * 2**30, n_ctx=512, n_slots=4, checkpoints=32)
+    held = 4 * 32 * _one_checkpoint(shape)  # far below the 256 MiB cap
+    assert chosen.parts["checkpoints"] == shape.checkpoints_bytes(4, 32) == held
+    assert list(chosen.parts) == ["weights", "kv_cache", "recurrent_state", "checkpoints",
+                                  "compute", "runtime", "margin"]
+    assert chosen.memory_bytes == plain.memory_bytes + held == sum(chosen.parts.values())
+    assert estimate_memory(info, 512, 4, checkpoints=32).ram == (
+        estimate_memory(info, 512, 4).ram + held)
+
+
+@pytest.mark.parametrize("arch, checkpoints", [("qwen3moe", 32), ("gemma3", 32),
+                                               ("qwen35", 0)])
+def test_no_checkpoints_part_for_a_model_without_recurrent_layers_or_with_them_off(
+        arch, checkpoints):
+    info = read_gguf_info(arch_model(arch))
+    chosen = plan(info.shape(), {info.quant: info.file_size}, [], 64 * 2**30, n_ctx=512,
+                  n_slots=4, checkpoints=checkpoints)
+    assert "checkpoints" not in chosen.parts
+    assert estimate_memory(info, 512, 4, checkpoints=checkpoints).checkpoints == 0
+
+
+def test_the_cap_bounds_a_slots_checkpoints_and_none_go_on_the_gpu():
+    """A Qwen3.5-9B shape: a slot's state is ~50 MiB, so 32 checkpoints would take 1.6 GiB;
+    256 MiB holds 5 of them (the engine keeps none bigger than the cap). On a GPU they are
+    RAM: in the plan's whole, not in what the GPU takes."""
+    info = read_gguf_info(plan_model("qwen3.5-9b"))
+    shape, files = info.shape(), {info.quant: info.file_size}
+    one = _one_checkpoint(shape)
+    gpu = GPU("nvidia", 0, "what-if GPU of 24 GiB", 24 * 2**30, 24 * 2**30, "cuda")
+    plain = plan(shape, files, [gpu], 64 * 2**30, n_ctx=8192, n_slots=2)
+    chosen = plan(shape, files, [gpu], 64 * 2**30, n_ctx=8192, n_slots=2, checkpoints=32,
+                  checkpoint_cap=256 * _MIB)
+    assert chosen.parts["checkpoints"] == 2 * 5 * one <= 2 * 256 * _MIB < 2 * 32 * one
+    assert chosen.gpu_bytes == plain.gpu_bytes and chosen.placement == plain.placement
+    assert chosen.memory_bytes - chosen.gpu_bytes == chosen.parts["checkpoints"]
+    roomy = plan(shape, files, [gpu], 64 * 2**30, n_ctx=8192, n_slots=2, checkpoints=32,
+                 checkpoint_cap=2**40)
+    assert roomy.parts["checkpoints"] == 2 * 32 * one
+    assert plan(shape, files, [gpu], 64 * 2**30, n_ctx=8192, n_slots=2, checkpoints=32,
+                checkpoint_cap=one - 1).parts.get("checkpoints") is None  # none fits the cap
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_ram_that_holds_the_model_but_not_its_checkpoints_is_refused(arch):
+    """On the CPU: the planner and the service's RAM check both count the checkpoints. The
+    check's advice: a smaller context where the KV cache gives the room back (the hybrid),
+    else fewer checkpoints (Mamba2 has no KV cache)."""
+    path = arch_model(arch)
+    info = read_gguf_info(path)
+    shape, files = info.shape(), {info.quant: info.file_size}
+    held = shape.checkpoints_bytes(4, 32)
+    plain = plan(shape, files, [], 64 * 2**30, n_ctx=512, n_slots=4)
+    budget = plain.memory_bytes + held // 2
+    assert plan(shape, files, [], budget, n_ctx=512, n_slots=4).device == "cpu"
+    with pytest.raises(WontFit, match="after 0.0\\d GiB of context checkpoints"):
+        plan(shape, files, [], budget, n_ctx=512, n_slots=4, checkpoints=32)
+    with pytest.raises(WontFit, match="checkpoints of 4 slots take"):
+        plan(shape, files, [], held - 1, n_ctx=512, n_slots=4, checkpoints=32)
+
+    options = LoadOptions(n_ctx=4096, n_slots=4, n_gpu_layers=0)
+    without = dataclasses.replace(options, ctx_checkpoints=0)
+    need = prepare(str(path), without, Settings()).ram_bytes
+    assert prepare(str(path), options, Settings()).ram_bytes == need + held
+    prepare(str(path), without, Settings(), available_memory=lambda: need + held // 2)
+    with pytest.raises(ContextTooLarge, match=r"\+ checkpoints 0\.\d\d \+.* fewer context "
+                                              r"checkpoints") as refused:
+        prepare(str(path), options, Settings(), available_memory=lambda: need + held // 2)
+    fits = re.search(r"--ctx (\d+) or less", str(refused.value))
+    if arch == "mamba2":
+        assert fits is None
+    else:
+        assert 512 < int(fits[1]) < 4096
+        assert estimate_memory(info, int(fits[1]), 4, checkpoints=32).ram <= need + held // 2
+
+
+def test_the_engines_checkpoints_stay_within_the_plan():
+    """The tiny Qwen3.5: growing prompts read in chunks of 32 save two checkpoints a turn;
+    the slot keeps 3, and what they hold is what the plan counts for them, to the byte."""
+    from localinfer.backends.base import SamplingParams
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    path = arch_model("qwen35")
+    shape = read_gguf_info(path).shape()
+    options = LoadOptions(n_ctx=1024, n_gpu_layers=0, prefill_chunk=32, ctx_checkpoints=3)
+    prepared = prepare(str(path), options, Settings())
+    plain = prepare(str(path), dataclasses.replace(options, ctx_checkpoints=0), Settings())
+    planned = shape.checkpoints_bytes(1, 3)
+    assert prepared.ram_bytes - plain.ram_bytes == planned
+    saved = []
+    with LlamaCppBackend(path, prepared.options) as backend:
+        prompt = []
+        for turn in range(3):
+            prompt += backend.tokenize(f" Turn {turn}: the story goes on and on, further "
+                                       f"than before, with more words each time.",
+                                       add_special=not prompt)
+            backend.generate(prompt, SamplingParams(max_tokens=2)).text()
+            checkpoints = backend.engine.slots[0].checkpoints
+            saved.append(len(checkpoints))
+            assert sum(len(c.data) for c in checkpoints) <= planned
+    assert saved[-1] == 3 and sum(len(c.data) for c in checkpoints) == planned
