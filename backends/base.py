@@ -215,6 +215,10 @@ class LoadOptions:
     # before its end goes back to the newest one before it (llama-server's
     # --ctx-checkpoints); 0: off, such a prompt is read again whole
     ctx_checkpoints: int = 32
+    # a sliding-window model's windowed layers keep a cell for every token (llama.cpp's
+    # swa_full); off: only their window and a micro-batch per slot, and a prompt that leaves
+    # the cached one further back than that goes back to a context checkpoint
+    swa_full: bool = False
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
@@ -248,7 +252,7 @@ class LoadOptions:
                    draft_tokens=settings.draft, draft_model=settings.draft_model,
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
                    cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
-                   split_mode=str(settings.split_mode))
+                   swa_full=settings.swa_full, split_mode=str(settings.split_mode))
 
     @property
     def guesses(self) -> int:

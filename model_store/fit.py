@@ -67,10 +67,10 @@ def projector_memory(projector: ProjectorInfo) -> int:
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
                     kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                    swa_full: bool = True, snapshots: int = 0) -> MemoryEstimate:
+                    swa_full: bool = False, snapshots: int = 0) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
-    swa_full: sliding-window layers keep every cell (the engine's setting), else their
-    window; snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq)."""
+    swa_full: sliding-window layers keep every cell (--swa-full), else their window (the
+    engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq)."""
     shape = info.shape()
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
@@ -80,11 +80,11 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
                 kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                snapshots: int = 0) -> int:
+                snapshots: int = 0, swa_full: bool = False) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots).ram <= available
+                               swa_full, snapshots).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
     if fits(high):
@@ -99,7 +99,7 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
-                  snapshots: int = 0) -> MemoryEstimate:
+                  snapshots: int = 0, swa_full: bool = False) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.
@@ -113,9 +113,10 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots)
+                               swa_full, snapshots)
     if estimate.ram > free:
-        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots)
+        fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots,
+                           swa_full)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         after = f" after {taken / _GIB:.2f} GiB for {what}" if taken else ""
         state = estimate.recurrent_state

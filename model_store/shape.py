@@ -72,7 +72,7 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
         """K and V for one token across the attention layers, as llama.cpp stores them with
-        full-size sliding-window caches (the engine's setting)."""
+        full-size sliding-window caches (--swa-full)."""
         return self._per_cell(sum(layer.n_head_kv for layer in self.per_layer()), kv_type)
 
     def kv_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
