@@ -24,8 +24,8 @@ _ROUNDING = 0.006 * _MIB  # the log writes MiB with two decimals
 
 def _allocated(path, n_ctx: int, n_slots: int, swa_full: bool, snapshots: int,
                caplog) -> dict[str, float]:
-    """Load the model and a context as the engine does, but for the settings given (the
-    engine keeps swa_full on): the KV, SWA-cache and recurrent-state bytes the log reports."""
+    """Load the model and a context as the engine does, but for the settings given: the
+    KV, SWA-cache and recurrent-state bytes the log reports."""
     from localinfer.backends.native.ggml import ensure_loaded, route_llama_log
 
     route_llama_log()
@@ -69,7 +69,7 @@ CASES = [
     ("mamba2", 1024, 8, True, 0),
     ("lfm2", 512, 1, True, 0),  # head_count_kv [0, 2, 0, 2]: 2 attention layers
     ("lfm2", 512, 128, True, 0),  # 2 KiB of short-convolution state per slot
-    ("gemma3", 512, 1, True, 0),  # the engine's full-size SWA cache
+    ("gemma3", 512, 1, True, 0),  # a full-size SWA cache (--swa-full)
     ("gemma3", 4096, 1, False, 0),  # 5 layers at their window: 64 + a micro-batch, padded
     ("gemma3", 4096, 2, False, 0),  # a window per slot
     ("qwen3moe", 512, 1, True, 0),
