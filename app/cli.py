@@ -500,6 +500,7 @@ def serve(
     cache_reuse: Annotated[Optional[int], _flag("cache_reuse")] = None,
     ctx_checkpoints: Annotated[Optional[int], _flag("ctx_checkpoints")] = None,
     ctx_checkpoint_mib: Annotated[Optional[int], _flag("ctx_checkpoint_mib")] = None,
+    swa_full: Annotated[Optional[bool], _flag("swa_full", "--swa-full/--no-swa-full")] = None,
     flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
                           ] = None,
     max_tokens: Annotated[Optional[int], _flag("max_tokens")] = None,
@@ -529,6 +530,7 @@ def serve(
             "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "cache_reuse": cache_reuse,
             "ctx_checkpoints": ctx_checkpoints, "ctx_checkpoint_mib": ctx_checkpoint_mib,
+            "swa_full": swa_full,
             "flash_attn": flash_attn,
             "max_tokens": max_tokens,
             "gpus": gpus, "workers": workers, "split_mode": split_mode, "replicas": replicas, "api_key": api_key,

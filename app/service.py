@@ -137,7 +137,8 @@ def prepare(
         machine = with_workers(machine, settings.workers, settings.worker_key)
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
-                          options.kv_type, options.n_outputs, snapshots, **held)
+                          options.kv_type, options.n_outputs, snapshots, options.swa_full,
+                          **held)
         options = placed(options, chosen)
         if chosen is not None and any(p.remote for p in chosen.placement):
             options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
@@ -155,11 +156,13 @@ def prepare(
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
-                               options.kv_type, options.n_outputs, snapshots=snapshots, **held)
+                               options.kv_type, options.n_outputs, options.swa_full, snapshots,
+                               **held)
     if not options.n_gpu_layers:  # all of it in RAM: check it fits there
         check_context(info, n_ctx, options.n_slots, available_memory(), options.n_batch,
                       model.name, options.kv_type, beside=(beside, what),
-                      n_outputs=options.n_outputs, snapshots=snapshots, **held)
+                      n_outputs=options.n_outputs, snapshots=snapshots,
+                      swa_full=options.swa_full, **held)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + beside)
 
@@ -246,9 +249,10 @@ def placed(options: LoadOptions, chosen: Plan | None) -> LoadOptions:
 
 def draft_memory(info: GGUFInfo, n_ctx: int, options: LoadOptions) -> MemoryEstimate:
     """A draft model's memory: its weights, an f16 KV cache for one stream (for the whole pool
-    with --kv-unified) and its compute buffer, as the backend creates it."""
+    with --kv-unified; a sliding window's full size: draft.py) and its compute buffer, as the
+    backend creates it."""
     n_streams = options.n_slots if options.kv_unified else 1
-    return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1)
+    return estimate_memory(info, n_ctx, n_streams, options.n_batch, n_outputs=1, swa_full=True)
 
 
 def less_gpu_memory(hw: Hardware | None, taken: int | Mapping[int, int]) -> Hardware | None:
@@ -279,24 +283,24 @@ def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
-             **checkpoints: int) -> Plan:
+             swa_full: bool = False, **checkpoints: int) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit. checkpoints:
     `checkpoints_of` the options (none: the model keeps none)."""
     gpus = list(hw.usable_gpus)
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
                 n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs,
-                snapshots=snapshots, **checkpoints)
+                snapshots=snapshots, swa_full=swa_full, **checkpoints)
 
 
 def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
-             **checkpoints: int) -> Plan | None:
+             swa_full: bool = False, **checkpoints: int) -> Plan | None:
     """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
     a CPU-only build, or no layer fits)."""
     if hw is None or not hw.usable_gpus:
         return None
     try:
-        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots,
+        chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots, swa_full,
                           **checkpoints)
     except WontFit:
         return None  # the RAM check that follows says what to do
@@ -456,7 +460,8 @@ def _shape_facts(info: GGUFInfo) -> dict:
 def kv_cache_bytes(info: GGUFInfo, options: LoadOptions) -> int:
     """The KV cache (and recurrent state) a loaded model holds, by the planner's arithmetic:
     the chat app's KV figure."""
-    return estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type).kv_cache
+    return estimate_memory(info, options.n_ctx, options.n_slots, kv_type=options.kv_type,
+                           swa_full=options.swa_full).kv_cache
 
 
 def hardware_report() -> tuple[Hardware, dict]:

@@ -129,12 +129,19 @@ class Settings(BaseSettings):
     # llama-server's default (--ctx-checkpoints 32); a slot's checkpoints also stay within
     # ctx_checkpoint_mib (a Qwen3.5-9B's recurrent state is ~50 MiB), in RAM, as planned
     ctx_checkpoints: int = Field(32, ge=0, le=1024, description=(
-        "Context checkpoints per slot of a hybrid or recurrent model: its state saved near "
-        "each prompt's end, so a next turn that rewrites the last reply reads only the rest; "
-        "0: off."))
+        "Context checkpoints per slot of a hybrid, recurrent or sliding-window model: its "
+        "state saved near each prompt's end, so a next turn that rewrites the last reply "
+        "reads only the rest; 0: off."))
     ctx_checkpoint_mib: int = Field(256, ge=1, le=1 << 20, description=(
         "MiB of context checkpoints a slot keeps at most, in RAM (the oldest go first); the "
         "memory plan counts them."))
+    # llama-server's default (off): Gemma 3 at 8,192 tokens keeps 39 MiB of KV, not 144;
+    # a prompt that leaves the cached one further back than the window then goes back to a
+    # context checkpoint, or is read again
+    swa_full: bool = Field(False, description=(
+        "Keep every cell of a sliding-window model's windowed layers (Gemma 3, gpt-oss), so "
+        "a cached prefix is kept however a prompt ends, and the context can shift; off: "
+        "only their window, far less memory."))
     flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
                                     **_unset("auto"))
     gpus: str | None = Field(None, description=(

@@ -216,6 +216,10 @@ class LoadOptions:
     # --ctx-checkpoints); 0: off, such a prompt is read again whole
     ctx_checkpoints: int = 32
     ctx_checkpoint_mib: int = 256  # and at most this many MiB of them a slot, in RAM
+    # a sliding-window model's windowed layers keep a cell for every token (llama.cpp's
+    # swa_full); off: only their window and a micro-batch per slot, and a prompt that leaves
+    # the cached one further back than that goes back to a context checkpoint
+    swa_full: bool = False
     n_threads: int | None = None
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
@@ -250,7 +254,7 @@ class LoadOptions:
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
                    cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
                    ctx_checkpoint_mib=settings.ctx_checkpoint_mib,
-                   split_mode=str(settings.split_mode))
+                   swa_full=settings.swa_full, split_mode=str(settings.split_mode))
 
     @property
     def guesses(self) -> int:

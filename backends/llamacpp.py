@@ -79,6 +79,7 @@ class LlamaCppBackend(Backend):
             output_on_cpu=output_on_cpu,
             rollback=options.guesses,  # (a hybrid's rejected guesses are rolled back)
             cpu_experts=options.cpu_experts,
+            swa_full=options.swa_full,
         )
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(

@@ -70,28 +70,29 @@ def projector_memory(projector: ProjectorInfo) -> int:
 
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
                     kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                    swa_full: bool = True, snapshots: int = 0, checkpoints: int = 0,
+                    swa_full: bool = False, snapshots: int = 0, checkpoints: int = 0,
                     checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
-    swa_full: sliding-window layers keep every cell (the engine's setting), else their
-    window; snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
+    swa_full: sliding-window layers keep every cell (--swa-full), else their window (the
+    engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
     checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes."""
     shape = info.shape()
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
                           shape.state_bytes(n_slots, snapshots),
-                          shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap))
+                          shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
+                                                  swa_full))
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
                 kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
-                snapshots: int = 0, checkpoints: int = 0,
+                snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
                 checkpoint_cap: int = CHECKPOINT_CAP) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots, checkpoints=checkpoints,
+                               swa_full, snapshots, checkpoints=checkpoints,
                                checkpoint_cap=checkpoint_cap).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
@@ -107,7 +108,7 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
-                  snapshots: int = 0, checkpoints: int = 0,
+                  snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
                   checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
@@ -123,10 +124,10 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
         )
     held = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap)
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               snapshots=snapshots, **held)
+                               swa_full, snapshots, **held)
     if estimate.ram > free:
         fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots,
-                           **held)
+                           swa_full, **held)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         if estimate.checkpoints:
             hint += " (or keep fewer context checkpoints: --ctx-checkpoints, --ctx-checkpoint-mib)"

@@ -145,19 +145,19 @@ def _gpu_parts(weights: int, kv: int, compute: int, backend: str, state: int = 0
 
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
-         n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = True, snapshots: int = 0,
+         n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = False, snapshots: int = 0,
          checkpoints: int = 0, checkpoint_cap: int = CHECKPOINT_CAP) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
     n_outputs: logits a step may ask for (at least one per slot). swa_full: sliding-window
-    layers keep every cell, as the engine has llama.cpp do; else their window. snapshots:
+    layers keep every cell (--swa-full); else their window, the engine's default. snapshots:
     copies of each slot's recurrent state kept for rolling guesses back (n_rs_seq).
     checkpoints, checkpoint_cap: the context checkpoints a slot keeps at most, and their
     bytes (LoadOptions.ctx_checkpoints, ctx_checkpoint_mib): host RAM, wherever the layers
     go, so what RAM is left for the rest."""
     if not files:
         raise WontFit("no GGUF files to choose from")
-    held = shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap)
+    held = shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap, swa_full)
     if held > ram_available:
         raise WontFit(f"the context checkpoints of {n_slots} slot{'s' * (n_slots > 1)} take "
                       f"{held / _GIB:.2f} GiB of RAM and {ram_available / _GIB:.2f} GiB is "

@@ -8,8 +8,9 @@
   is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
 
 Both also say which KV a starting request keeps (its cached prefix, or one borrowed from
-another slot; on a recurrent or hybrid model, as far back as a context checkpoint allows:
-checkpoints.py) and how a full slot goes on (the context shift).
+another slot; on a recurrent or hybrid model, and on a sliding-window cache cut where its
+window's cells are gone, as far back as a context checkpoint allows: checkpoints.py) and how
+a full slot goes on (the context shift).
 
 Cells are counted as the tokens each slot holds. A prefix one slot borrowed from another
 shares its cells in llama.cpp but is counted twice here: the count errs on the safe side,
@@ -82,8 +83,11 @@ class SplitCells:
         shared = min(donor.common_prefix(prompt), len(prompt) - 1)
         if shared < own + self.MIN_SHARED:
             return
-        if self.native.stateful and shared < len(donor.cache):
-            return  # a recurrent state is copied whole, and cannot be cut back to `shared`
+        if shared < len(donor.cache) and (self.native.stateful or (
+                self.native.windowed and not self.native.can_cut(donor.id,
+                                                                 donor.position(shared)))):
+            return  # a recurrent state is copied whole, and cannot be cut back to `shared`;
+            # nor a window whose cells before it are gone
         self.native.forget(slot.id)
         slot.checkpoints.clear()  # (of what it held: the copy is another sequence)
         self.native.copy_cells(donor.id, slot.id)
@@ -98,15 +102,18 @@ class SplitCells:
         """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where
         llama.cpp cannot cut the sequence there). A recurrent state is never cut short of
         its end (llama.cpp says yes to cuts within its snapshots that leave it wrong): it
-        goes back to its newest checkpoint at or before `n_keep`, or is dropped whole."""
+        goes back to its newest checkpoint at or before `n_keep`, or is dropped whole; so
+        does a sliding-window cache cut where its window's cells are gone (`can_cut`)."""
         cut = n_keep < len(slot.cache)
         if cut and self.native.stateful:
             n_keep = self.checkpoints.restore(slot, n_keep)
             if not n_keep:
                 self.native.forget(slot.id)
         elif not self.native.forget(slot.id, slot.position(n_keep)):
-            self.native.forget(slot.id)
-            n_keep = 0
+            # (a sliding window's cells before n_keep are gone: one of its checkpoints)
+            n_keep = self.checkpoints.restore(slot, n_keep)
+            if not n_keep:
+                self.native.forget(slot.id)
         del slot.cache[n_keep:]
         self.checkpoints.drop_past(slot, n_keep)
         slot.recount()
@@ -117,8 +124,10 @@ class SplitCells:
         """How many of `tokens` the slot would start with cached (its prefix, and the runs
         reuse_chunks would move), changing nothing: which idle slot a request takes."""
         n_past = min(slot.common_prefix(tokens), limit)
-        if self.native.stateful and n_past < len(slot.cache):  # (cut at a checkpoint)
-            return self.checkpoints.best(slot, n_past)
+        if n_past < len(slot.cache) and (self.native.stateful or (
+                self.native.windowed and not self.native.can_cut(slot.id,
+                                                                 slot.position(n_past)))):
+            return self.checkpoints.best(slot, n_past)  # (cut at a checkpoint)
         runs = self._runs(slot, tokens, n_past, limit, slots)
         return n_past + sum(n for _, n in runs)
 

@@ -9,6 +9,12 @@ again. As llama-server does (`--ctx-checkpoints`), the slot saves that part of i
 shares a prefix restores the newest checkpoint at or before it, cuts the attention layers'
 cells past it, and reads only the rest.
 
+A sliding-window cache kept at its window (`NativeModel.windowed`, Gemma 3's) is the same
+past a point: llama.cpp reuses the cells the window has left behind, so a cut further back
+than the window and a micro-batch from the sequence's end would leave the next tokens
+without part of their window (`NativeModel.can_cut` refuses it). Its checkpoint is the
+window's last n_swa cells; restored, the cut at it is whole again.
+
 The points, as llama-server chooses them: a few tokens before the prompt's end (the next turn
 shares all but its tail: the generation prompt, which a template may rewrite), one chunk
 before that, and every `every` tokens of a long prompt. A slot keeps at most `n_max`
@@ -39,8 +45,8 @@ class Checkpoints:
     def __init__(self, native: NativeModel, n_max: int, chunk: int,
                  max_bytes: int = CHECKPOINT_CAP, every: int = 8192):
         self.native = native
-        # only where the memory cannot be cut back (the others keep any prefix anyway)
-        self.n_max = n_max if native.stateful else 0
+        # only where the memory cannot be cut back anywhere (the others keep any prefix)
+        self.n_max = n_max if native.stateful or native.windowed else 0
         self.chunk = chunk  # the prompt tokens one step reads: one more stop a chunk earlier
         self.max_bytes = max_bytes
         self.every = every
@@ -66,12 +72,10 @@ class Checkpoints:
         return min([end] + [s for s in stops if start < s < end])
 
     def _save(self, slot: Slot, n_tokens: int) -> None:
-        data = self.native.save_partial(slot.id)
+        data = self.native.save_partial(slot.id, self.max_bytes)
         if data is None:
-            log.warning("slot %d: llama.cpp wrote no checkpoint at %d tokens", slot.id,
-                        n_tokens)
-            return
-        if len(data) > self.max_bytes:
+            log.debug("slot %d: no checkpoint at %d tokens (none written, or more than "
+                      "%d bytes)", slot.id, n_tokens, self.max_bytes)
             return
         kept = slot.checkpoints
         while kept and (len(kept) >= self.n_max or

@@ -54,7 +54,10 @@ class DraftModel:
                  n_threads: int, n_gpu_layers: int = 0, main_gpu: int = 0):
         self.native = NativeModel(path, n_ctx_total=n_ctx, n_slots=1, n_batch=n_batch,
                                   n_threads=n_threads, n_gpu_layers=n_gpu_layers, n_outputs=1,
-                                  main_gpu=main_gpu)
+                                  main_gpu=main_gpu,
+                                  # (cut back each step past guesses read one at a time:
+                                  # a window's cache could not be; a draft model's is small)
+                                  swa_full=True)
         try:
             if self.native.stateful:  # it reads its guesses one at a time, and would have to
                 # forget the rejected ones: a recurrent state cannot be cut back

@@ -98,6 +98,11 @@ class Engine:
                 drafter.close()
                 drafter = None
         self.speculator = Speculator(draft_tokens, drafter)
+        if native.windowed:
+            log.info("sliding-window layers keep their last %d tokens only: no context shift "
+                     "or cache reuse, and a prompt that leaves the cached one further back "
+                     "goes back to a checkpoint or is read again (--swa-full keeps every "
+                     "cell)", native.n_swa)
         # how the slots share the context's cells: a fixed share each, or one pool that
         # admits and preempts requests by free cells (cells.py); past a request's cached
         # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off);

@@ -88,12 +88,13 @@ class NativeModel:
                  flash_attn: bool | None = None, kv_unified: bool = False, n_outputs: int = 0,
                  split_mode: str = "none", main_gpu: int = 0,
                  tensor_split: Sequence[float] = (), output_on_cpu: bool = False,
-                 rollback: int = 0, cpu_experts: Sequence[int] = ()):
+                 rollback: int = 0, cpu_experts: Sequence[int] = (), swa_full: bool = False):
         """n_outputs: the most logits one decode may ask for (0: a whole batch); more would
         abort the process, so the engine checks before each decode. rollback: how many of
         a decode's last tokens must be droppable again (speculative decoding's guesses):
         on a hybrid model, llama.cpp keeps that many snapshots of the recurrent state
-        (`n_rs_seq`); a transformer's KV needs none."""
+        (`n_rs_seq`); a transformer's KV needs none. swa_full: a sliding-window layer keeps
+        a cell for every token, not only its window (see `windowed`)."""
         route_llama_log()
         ensure_loaded()
         llama_cpp.llama_backend_init()
@@ -122,8 +123,11 @@ class NativeModel:
         cparams.n_threads = n_threads
         cparams.n_threads_batch = n_threads
         cparams.no_perf = True
-        # Keep every sliding-window layer's cells so a cached prefix can be reused at any length.
-        cparams.swa_full = True
+        # a sliding-window layer (Gemma 3's five in six) attends to its last n_swa tokens:
+        # off, llama.cpp keeps it a cache of its window and a micro-batch (per sequence),
+        # not one of the whole context (see `windowed`)
+        self.n_swa = llama_cpp.llama_model_n_swa(self.model)
+        cparams.swa_full = self._swa_full = swa_full
         # unified: one pool of cells for every sequence (a prefix copied between sequences
         # shares its cells); split: a fixed stream of n_ctx / n_slots cells per sequence
         cparams.kv_unified = kv_unified
@@ -167,6 +171,14 @@ class NativeModel:
         cannot be cut at an earlier token (only dropped whole, or rolled back within
         `rollback` tokens of its last decode), nor a middle part removed, nor moved."""
         return self.recurrent or self.hybrid
+
+    @property
+    def windowed(self) -> bool:
+        """Whether sliding-window layers keep only their window's cells: llama.cpp then
+        reuses a cell once the window has moved past it, so a sequence can be cut back only
+        as far as the window's cells before the cut are still held (`can_cut`), and cells
+        cannot be moved (no context shift, no cache reuse: `can_shift`)."""
+        return self.n_swa > 0 and not self._swa_full
 
     def n_cells(self) -> int:
         """The context's KV cells, all slots' together (LoadOptions.n_ctx is one slot's)."""
@@ -227,24 +239,44 @@ class NativeModel:
     # -- the KV cache: one sequence per slot, positions [start, end), -1 for an open end
     def forget(self, seq: int, start: int = -1, end: int = -1) -> bool:
         """Drop a sequence's cells in [start, end); False where llama.cpp cannot cut the
-        sequence there (a recurrent model's state), and nothing was dropped.
+        sequence there (a recurrent model's state; a cut of a `windowed` cache before the
+        window's cells it still holds: `can_cut`), and nothing was dropped.
 
         A recurrent state answers True to what it cannot do, leaving the state wrong: a
         middle part removed (it stays in the state; a hybrid drops only its attention
         cells), and a cut within its snapshots past what the last decode allows. Callers
         cut a stateful model's sequence only at its end or whole (see `stateful`)."""
+        if end < 0 and not self.can_cut(seq, start):
+            return False
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, end))
+
+    def can_cut(self, seq: int, pos: int) -> bool:
+        """Whether the sequence cut back to its first `pos` positions holds what the next
+        token (at `pos`) attends to. A `windowed` cache has dropped the cells the window
+        left behind, and llama.cpp says yes to a cut past them all the same: the next
+        tokens are then decoded without part of their window (logits as far off as another
+        prompt's). Its sliding-window cells hold positions [pos_min, pos_max] (llama.cpp
+        keeps them contiguous), and the token at `pos` attends to the n_swa - 1 before it
+        (a chunked window's, fewer)."""
+        if not self.windowed or pos <= 0:
+            return True
+        pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, seq)
+        if pos > llama_cpp.llama_memory_seq_pos_max(self.memory, seq):
+            return True  # not a cut
+        return 0 <= pos_min <= max(0, pos - self.n_swa + 1)
 
     def forget_all(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
 
-    def save_partial(self, seq: int) -> ctypes.Array | None:
+    def save_partial(self, seq: int, limit: int | None = None) -> ctypes.Array | None:
         """The part of a sequence's state that cannot be cut back (a recurrent state; a
-        sliding window's cells), as llama.cpp writes it (a context checkpoint): None where
-        it wrote nothing or less than it said it would. Engine thread only."""
+        sliding window's cells: the last n_swa), as llama.cpp writes it (a context
+        checkpoint): None where it wrote nothing, less than it said it would, or would write
+        more than `limit` bytes (a large model's window: nothing copied). Engine thread
+        only."""
         flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq, flags)
-        if not size:
+        if not size or (limit is not None and size > limit):
             return None
         data = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq, flags)
@@ -266,7 +298,8 @@ class NativeModel:
     def can_shift(self) -> bool:
         """Whether cells may be moved to other positions (a context shift, cached runs put
         into place). Never for a recurrent state, whose llama.cpp says it can: moving
-        follows a removal in the middle, which its state does not forget."""
+        follows a removal in the middle, which its state does not forget. Nor
+        for a `windowed` cache (llama.cpp says so)."""
         return not self.stateful and bool(llama_cpp.llama_memory_can_shift(self.memory))
 
     def shift(self, seq: int, start: int, end: int, delta: int) -> None:

@@ -57,6 +57,8 @@ class FakeSampler:
 
 class FakeNative:
     stateful = False  # a transformer's KV: cells cut anywhere (llama_native.NativeModel)
+    windowed = False
+    n_swa = 0
     rollback = 0
 
     def __init__(self, n_ctx: int = 256, n_ctx_train: int = 4096, n_outputs: int = 64):

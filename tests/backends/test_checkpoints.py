@@ -161,12 +161,15 @@ def test_a_hybrid_that_speculates_goes_back_to_a_checkpoint_too(reference, path,
 class _Memory:
     """What the policy asks of llama.cpp: a state of `size` bytes; every answer yes."""
     stateful = True
+    windowed = False
 
     def __init__(self, size: int = 100):
         self.size = size
         self.restored: list[int] = []
 
-    def save_partial(self, seq: int) -> ctypes.Array:
+    def save_partial(self, seq: int, limit: int | None = None) -> ctypes.Array | None:
+        if limit is not None and self.size > limit:
+            return None
         return (ctypes.c_uint8 * self.size)()
 
     def restore_partial(self, seq: int, data: ctypes.Array) -> bool:

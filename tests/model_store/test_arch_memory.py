@@ -28,8 +28,8 @@ _ROUNDING = 0.006 * _MIB  # the log writes MiB with two decimals
 
 def _allocated(path, n_ctx: int, n_slots: int, swa_full: bool, snapshots: int,
                caplog) -> dict[str, float]:
-    """Load the model and a context as the engine does, but for the settings given (the
-    engine keeps swa_full on): the KV, SWA-cache and recurrent-state bytes the log reports."""
+    """Load the model and a context as the engine does, but for the settings given: the
+    KV, SWA-cache and recurrent-state bytes the log reports."""
     from localinfer.backends.native.ggml import ensure_loaded, route_llama_log
 
     route_llama_log()
@@ -73,7 +73,7 @@ CASES = [
     ("mamba2", 1024, 8, True, 0),
     ("lfm2", 512, 1, True, 0),  # head_count_kv [0, 2, 0, 2]: 2 attention layers
     ("lfm2", 512, 128, True, 0),  # 2 KiB of short-convolution state per slot
-    ("gemma3", 512, 1, True, 0),  # the engine's full-size SWA cache
+    ("gemma3", 512, 1, True, 0),  # a full-size SWA cache (--swa-full)
     ("gemma3", 4096, 1, False, 0),  # 5 layers at their window: 64 + a micro-batch, padded
     ("gemma3", 4096, 2, False, 0),  # a window per slot
     ("qwen3moe", 512, 1, True, 0),
@@ -136,15 +136,33 @@ def test_a_recurrent_models_checkpoints_are_a_part_of_the_plan_in_ram(arch):
         estimate_memory(info, 512, 4).ram + held)
 
 
-@pytest.mark.parametrize("arch, checkpoints", [("qwen3moe", 32), ("gemma3", 32),
-                                               ("qwen35", 0)])
-def test_no_checkpoints_part_for_a_model_without_recurrent_layers_or_with_them_off(
-        arch, checkpoints):
+@pytest.mark.parametrize("arch, checkpoints, swa_full", [("qwen3moe", 32, False),
+                                                         ("gemma3", 32, True),
+                                                         ("qwen35", 0, False)])
+def test_no_checkpoints_part_for_a_model_with_nothing_to_save_or_with_them_off(
+        arch, checkpoints, swa_full):
+    """A dense transformer, a sliding-window one keeping every cell (--swa-full): a cut
+    needs no checkpoint."""
     info = read_gguf_info(arch_model(arch))
     chosen = plan(info.shape(), {info.quant: info.file_size}, [], 64 * 2**30, n_ctx=512,
-                  n_slots=4, checkpoints=checkpoints)
+                  n_slots=4, checkpoints=checkpoints, swa_full=swa_full)
     assert "checkpoints" not in chosen.parts
-    assert estimate_memory(info, 512, 4, checkpoints=checkpoints).checkpoints == 0
+    assert estimate_memory(info, 512, 4, checkpoints=checkpoints,
+                           swa_full=swa_full).checkpoints == 0
+
+
+def test_a_sliding_window_models_checkpoints_hold_its_window():
+    """With small windowed caches (the default) a checkpoint holds the window's cells of
+    every windowed layer: planned as host RAM, 32 a slot."""
+    info = read_gguf_info(arch_model("gemma3"))
+    shape = info.shape()
+    one = shape.checkpoint_bytes(swa_full=False)
+    window_kv = shape.kv_bytes(64, 1, swa_full=True) - shape.kv_bytes(64, 1, swa_full=True) // 6
+    assert one > window_kv  # 5 windowed layers of 6, 64 cells each, and their headers
+    chosen = plan(shape, {info.quant: info.file_size}, [], 64 * 2**30, n_ctx=512, n_slots=4,
+                  checkpoints=32)
+    assert chosen.parts["checkpoints"] == 4 * 32 * one
+    assert shape.checkpoint_bytes(swa_full=True) == 0
 
 
 def test_the_cap_bounds_a_slots_checkpoints_and_none_go_on_the_gpu():

@@ -60,8 +60,9 @@ def test_a_sliding_window_cache_is_sized_as_llama_cpp_sizes_it(window, n_ctx, n_
 
 
 def test_sliding_window_layers_at_their_window_only_when_asked():
-    """The engine keeps full-size sliding-window caches (swa_full): the plan counts them so by
-    default, and at their window when told llama.cpp will not."""
+    """A shape's KV counts sliding-window layers at every cell by default (--swa-full), and
+    at their window when told llama.cpp keeps only that (the engine's default; the planner's
+    and fit's default too)."""
     shape = read_gguf_info(plan_model("gemma3-27b")).shape()
     full = shape.kv_bytes(32768)
     assert full == 62 * 16 * 256 * 2 * 32768  # 15.5 GiB
