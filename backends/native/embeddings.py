@@ -15,10 +15,19 @@ import llama_cpp
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
-__all__ = ["Embedder"]
+__all__ = ["Embedder", "PooledContext"]
 
 
-class Embedder:
+class PooledContext:
+    """A second llama.cpp context on the model's weights whose outputs llama.cpp pools (the
+    model's own context cannot: pooling is fixed when a context is made), made on first use
+    and freed with the model. A whole input is one micro-batch (pooling needs it so);
+    `SEQUENCES` inputs may share a decode, each its own sequence, over one pool of cells."""
+
+    POOLING = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+    SEQUENCES = 1
+    WHAT = "an embedding"
+
     def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
         self.native = native
         self.n_ctx = n_ctx
@@ -29,18 +38,29 @@ class Embedder:
     def _context(self) -> llama_cpp.llama_context_p:
         if self._ctx is None:
             params = llama_cpp.llama_context_default_params()
-            # a pooled embedding needs the whole input in one micro-batch
             params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx
-            params.n_seq_max = 1
+            params.n_seq_max = self.SEQUENCES
+            params.kv_unified = self.SEQUENCES > 1
             params.n_threads = params.n_threads_batch = self._n_threads
             params.embeddings = True
-            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_MEAN
+            params.pooling_type = self.POOLING
             params.no_perf = True
             self._ctx = llama_cpp.llama_init_from_model(self.native.model, params)
             if not self._ctx:
                 self._ctx = None
-                raise EngineError("llama.cpp could not create an embedding context")
+                raise EngineError(f"llama.cpp could not create {self.WHAT} context of "
+                                  f"{self.n_ctx} tokens — lower --ctx")
         return self._ctx
+
+    def close(self) -> None:
+        with self._lock:
+            if self._ctx is not None:
+                llama_cpp.llama_free(self._ctx)
+                self._ctx = None
+
+
+class Embedder(PooledContext):
+    """Mean pooling, one input at a time."""
 
     def embed(self, tokens: Sequence[int]) -> list[float]:
         if not tokens:
@@ -69,9 +89,3 @@ class Embedder:
                 llama_cpp.llama_batch_free(batch)
         norm = math.sqrt(sum(v * v for v in vector)) or 1.0
         return [v / norm for v in vector]
-
-    def close(self) -> None:
-        with self._lock:
-            if self._ctx is not None:
-                llama_cpp.llama_free(self._ctx)
-                self._ctx = None

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import math
 import re
-import threading
 from collections.abc import Callable, Sequence
 
 import llama_cpp
 
+from localinfer.backends.native.embeddings import PooledContext
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
@@ -33,13 +33,15 @@ _SLOT = re.compile(r"(\{query\}|\{document\})")
 _SEQUENCES = 16  # pairs in one decode at most (their tokens within the context)
 
 
-class Reranker:
+class Reranker(PooledContext):
+    """Rank pooling; up to _SEQUENCES pairs in one decode, over one pool of cells."""
+
+    POOLING = llama_cpp.LLAMA_POOLING_TYPE_RANK
+    SEQUENCES = _SEQUENCES
+    WHAT = "a reranking"
+
     def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
-        self.native = native
-        self.n_ctx = n_ctx
-        self._n_threads = n_threads
-        self._ctx = None
-        self._lock = threading.Lock()
+        super().__init__(native, n_ctx, n_threads)
         source = llama_cpp.llama_model_chat_template(native.model, b"rerank")
         self.template = source.decode("utf-8", errors="replace") if source else None
 
@@ -87,25 +89,6 @@ class Reranker:
         return tokens + ([end] if add_end else [])
 
     # ---------------------------------------------------------------- scoring
-    def _context(self) -> llama_cpp.llama_context_p:
-        if self._ctx is None:
-            params = llama_cpp.llama_context_default_params()
-            # an encoder's pair must be in one micro-batch; the cells are one pool that the
-            # pairs of a decode share (each its own sequence)
-            params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx
-            params.n_seq_max = _SEQUENCES
-            params.kv_unified = True
-            params.n_threads = params.n_threads_batch = self._n_threads
-            params.embeddings = True
-            params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_RANK
-            params.no_perf = True
-            self._ctx = llama_cpp.llama_init_from_model(self.native.model, params)
-            if not self._ctx:
-                self._ctx = None
-                raise EngineError("llama.cpp could not create a reranking context of "
-                                  f"{self.n_ctx} tokens — lower --ctx")
-        return self._ctx
-
     def check(self, pairs: Sequence[Sequence[int]]) -> None:
         """Each pair fits the context (before any is scored)."""
         for pair in pairs:
@@ -146,12 +129,6 @@ class Reranker:
             return [_score(ctx, seq) for seq in range(len(group))]
         finally:
             llama_cpp.llama_batch_free(batch)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._ctx is not None:
-                llama_cpp.llama_free(self._ctx)
-                self._ctx = None
 
 
 def _score(ctx: llama_cpp.llama_context_p, seq: int) -> float:
