@@ -20,7 +20,7 @@ import json
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -30,8 +30,10 @@ from localinfer.chat_formats.prompt import start_chat
 from localinfer.backends.metrics import Figures
 from localinfer.errors import LocalinferError, user_message
 from localinfer.model_rows import ModelRow, local_rows
-from localinfer.service import Hardware
 from localinfer.settings import DEFAULT_MODEL, Settings
+
+if TYPE_CHECKING:  # (the service loads the store and the hub: the app imports it when it loads)
+    from localinfer.service import Hardware
 
 __all__ = ["ChatClient", "LocalClient", "ModelRow", "ModelStatus", "RemoteClient", "Thought"]
 
