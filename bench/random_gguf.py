@@ -227,6 +227,13 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
                              rope_sections=(3, 3, 2, 0), ssm_conv=4, ssm_inner=128,
                              ssm_state=32, ssm_dt_rank=4, ssm_groups=2,
                              full_attention_interval=4),
+    # Qwen3.5-0.8B, the smallest published Qwen3.5, for benchmarks (bench/hybrid_turns.py):
+    # 18 Gated DeltaNet layers (16 heads of 128) and 6 of gated attention (KV heads 2 of 256)
+    "qwen3.5-0.8b": ArchShape("qwen35", 24, 1024, n_ff=3584, n_head=8, n_head_kv=2,
+                              head_dim=256, n_rot=64, n_ctx_train=262144, rope_base=1e7,
+                              rope_sections=(11, 11, 10, 0), ssm_conv=4, ssm_inner=2048,
+                              ssm_state=128, ssm_dt_rank=16, ssm_groups=16,
+                              full_attention_interval=4),
     # Mamba-2: d_inner 2 × n_embd, heads of 64, one group
     "mamba2-tiny": ArchShape("mamba2", 2, 128, n_ctx_train=1 << 20, rms_eps=1e-5,
                              ssm_conv=4, ssm_inner=256, ssm_state=64, ssm_dt_rank=4,
@@ -247,6 +254,10 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
     # rms_eps is its LayerNorm's epsilon
     "bert-rerank-tiny": ArchShape("bert", 2, 64, n_ff=128, n_head=2, n_head_kv=2,
                                   n_ctx_train=512, rms_eps=1e-12, classifier=("LABEL_0",)),
+    # ms-marco-MiniLM-L6-v2, a small published cross-encoder, for benchmarks
+    # (bench/rerank_vs_llama_server.py): six layers of 384, twelve heads
+    "minilm-rerank": ArchShape("bert", 6, 384, n_ff=1536, n_head=12, n_head_kv=12,
+                               n_ctx_train=512, rms_eps=1e-12, classifier=("LABEL_0",)),
     # Qwen3-Reranker: Qwen3 with rank pooling and the "yes"/"no" rows of its output layer
     # as the classifier (the score is P(yes) of the last token); its rerank prompt is the
     # tokenizer's (tokenizer.chat_template.rerank)

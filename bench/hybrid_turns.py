@@ -1,0 +1,196 @@
+"""A hybrid model's growing chat, turn by turn: `localinfer serve` against llama-server.
+
+The model is a Qwen3.5-0.8B shape with random Q8_0 weights (bench/random_gguf.py's
+"qwen3.5-0.8b": 18 Gated DeltaNet layers and 6 of gated attention, Qwen's tokenizer and
+Qwen3.5's chat template from llama.cpp's source). A hybrid's recurrent state cannot be cut
+back, so a server keeps the prefix of a conversation only through checkpoints of that state
+(localinfer's engine/checkpoints.py; llama-server's --ctx-checkpoints, its defaults here).
+
+One round: a 6-turn chat, each turn the whole history plus a new question of ~120 tokens,
+the reply (greedy, --tokens) sent back as the client got it; then the last turn's prompt
+once more with a new first word, which nothing cached matches (the full re-read). TTFT is
+timed outside the servers (first streamed token). Two variants: thinking off
+(enable_thinking false: the template's empty think block is dropped from old turns) and
+thinking on (the reply's reasoning is not sent back, as OpenAI's clients do, and the
+template writes old turns without it). Rounds alternate between the servers; medians.
+
+Build llama-server once from the llama.cpp source llama-cpp-python ships (see
+bench/serve_fast_steps.py's docstring); its source tree gives the tokenizer and template.
+
+    python3 bench/hybrid_turns.py --llama-server PATH [--reps 3] [--tokens 24]
+
+Writes bench/results/hybrid_turns.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import harness
+import httpx
+from random_gguf import ARCH_SHAPES, read_tokenizer, write_arch
+
+CTX = 8192
+MODEL = "qwen3.5-0.8b-random"  # the file's stem: localinfer's name for it
+TURNS = 6
+SERVERS = ("llama-server", "localinfer")
+VARIANTS = {"thinking off": False, "thinking on": True}
+_WORDS = ("the ledger shows a harbour storm where ferries wait by the island signal while "
+          "keepers light lanterns and count rope tides gulls and stones at evening").split()
+
+
+def _text(seed: int, words: int) -> str:
+    return " ".join(_WORDS[(seed * 7 + i * 3) % len(_WORDS)] for i in range(words))
+
+
+def model_file(source: Path, folder: Path) -> Path:
+    """The Qwen3.5-0.8B shape with the tokenizer of llama.cpp's qwen2 vocabulary file and
+    Qwen3.5's chat template."""
+    import gguf
+
+    tokenizer = read_tokenizer(source / "models" / "ggml-vocab-qwen2.gguf")
+    template = (source / "models" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    tokenizer["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, None)
+    tokens, *kind = tokenizer["tokenizer.ggml.tokens"]
+    types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
+    tokens, types = list(tokens), list(types)
+    for token_id, text in {151667: "<think>", 151668: "</think>"}.items():
+        tokens[token_id], types[token_id] = text, 4  # the file pads Qwen's added tokens
+    tokenizer["tokenizer.ggml.tokens"] = (tokens, *kind)
+    tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
+    path = folder / f"{MODEL}.gguf"
+    write_arch(ARCH_SHAPES["qwen3.5-0.8b"], path, tokenizer, "random qwen3.5-0.8b Q8_0")
+    return path
+
+
+def _turn(client: httpx.Client, url: str, messages: list[dict], thinking: bool,
+          tokens: int) -> dict:
+    body = {"model": MODEL, "messages": messages, "stream": True, "temperature": 0,
+            "max_tokens": tokens, "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": thinking}}
+    start = time.perf_counter()
+    first, content, cached = None, [], None
+    with client.stream("POST", url + "/v1/chat/completions", json=body,
+                       headers={"Connection": "close"}) as response:  # one per turn
+        if response.status_code != 200:
+            raise SystemExit(f"{url}: HTTP {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content"):
+                    first = first or time.perf_counter()
+                content.append(delta.get("content") or "")
+            usage = event.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            if "cached_tokens" in details:
+                cached = details["cached_tokens"]
+            elif "cache_n" in (event.get("timings") or {}):
+                cached = event["timings"]["cache_n"]
+            prompt = usage.get("prompt_tokens")
+    end = time.perf_counter()
+    return {"ttft_s": (first or end) - start, "reply": "".join(content), "cached": cached,
+            "prompt_tokens": prompt}
+
+
+def conversation(url: str, seed: int, thinking: bool, tokens: int) -> dict:
+    """One 6-turn chat and the re-read of its last prompt."""
+    messages = [{"role": "system", "content": f"Session {seed}. " + _text(seed, 300)}]
+    turns = []
+    with httpx.Client(timeout=600) as client:
+        for turn in range(TURNS):
+            messages.append({"role": "user", "content": f"Question {turn}: " +
+                             _text(seed + turn, 90)})
+            result = _turn(client, url, messages, thinking, tokens)
+            turns.append(result)
+            messages.append({"role": "assistant", "content": result["reply"]})
+        last = messages[:-1]
+        fresh = [{"role": "system", "content": f"Fresh {seed}. " + last[0]["content"]},
+                 *last[1:]]
+        cold = _turn(client, url, fresh, thinking, tokens)
+    return {"turns": turns, "cold": cold}
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__, tokens=24, reps=3)
+    parser.add_argument("--llama-server", type=Path, required=True)
+    parser.add_argument("--source", type=Path,
+                        help="llama.cpp's source tree [the one llama-server was built in]")
+    args = parser.parse_args()
+    source = args.source or args.llama_server.resolve().parents[2]
+    with tempfile.TemporaryDirectory() as home:
+        model = model_file(source, Path(home))
+        servers = {
+            "llama-server": harness.start_server(
+                [str(args.llama_server)], ["-m", str(model), "-np", "1", "-c", str(CTX),
+                                           "--jinja"]),
+            "localinfer": harness.start_serve(harness.SERVE, str(model), 1, CTX, home)}
+        runs: dict[str, dict[str, list]] = {v: {s: [] for s in SERVERS} for v in VARIANTS}
+        try:
+            for rep in range(args.reps):
+                for variant, thinking in VARIANTS.items():
+                    order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
+                    for name in order:
+                        seed = rep * 10 + list(VARIANTS).index(variant)
+                        result = conversation(servers[name][1], seed, thinking, args.tokens)
+                        runs[variant][name].append(result)
+                        print(variant, name, rep, [round(t["ttft_s"], 3)
+                                                   for t in result["turns"]],
+                              "cold", round(result["cold"]["ttft_s"], 3),
+                              "cached", [t["cached"] for t in result["turns"]], flush=True)
+        finally:
+            harness.stop_servers(servers)
+    report(args, runs)
+
+
+def report(args, runs: dict) -> None:
+    med = statistics.median
+    summary, lines = {}, [
+        "# A hybrid model's growing chat: localinfer against llama-server", "",
+        f"Qwen3.5-0.8B shape, random Q8_0 weights, one slot of {CTX} tokens, {TURNS} turns "
+        f"(a 300-word system prompt, ~90-word questions, {args.tokens}-token greedy replies "
+        f"sent back), medians of {args.reps} alternating rounds. TTFT in ms, timed at the "
+        "client; \"re-read\" is the last turn's prompt with nothing cached.", ""]
+    fig, axes = harness.figure(len(VARIANTS))
+    for column, variant in enumerate(VARIANTS):
+        rows = []
+        summary[variant] = {}
+        for name in SERVERS:
+            rounds = runs[variant][name]
+            per_turn = [med(r["turns"][t]["ttft_s"] for r in rounds) for t in range(TURNS)]
+            cold = med(r["cold"]["ttft_s"] for r in rounds)
+            cached = [rounds[0]["turns"][t]["cached"] for t in range(TURNS)]
+            prompt = [rounds[0]["turns"][t]["prompt_tokens"] for t in range(TURNS)]
+            summary[variant][name] = {"ttft_s": per_turn, "reread_s": cold,
+                                      "cached": cached, "prompt_tokens": prompt,
+                                      "rounds": [[t["ttft_s"] for t in r["turns"]]
+                                                 for r in rounds]}
+            rows.append([name, *(f"{1000 * t:.0f}" for t in per_turn), f"{1000 * cold:.0f}",
+                         f"{per_turn[-1] / cold:.2f}",
+                         " / ".join("?" if c is None else str(c) for c in cached)])
+            axes[0][column].plot(range(1, TURNS + 1), [1000 * t for t in per_turn], "o-",
+                                 label=name)
+        ours, theirs = (summary[variant][s]["ttft_s"][-1] for s in ("localinfer",
+                                                                   "llama-server"))
+        lines += [f"## {variant}", "",
+                  *harness.markdown_table(
+                      ["server", *(f"turn {t + 1}" for t in range(TURNS)), "re-read",
+                       "turn 6 ÷ re-read", "cached tokens per turn"], rows),
+                  "", f"Turn 6: localinfer ÷ llama-server = **{ours / theirs:.2f}**; "
+                  f"prompt tokens per turn: {summary[variant]['localinfer']['prompt_tokens']}.",
+                  ""]
+        axes[0][column].set(title=variant, xlabel="turn", ylabel="TTFT (ms)")
+        axes[0][column].legend()
+    meta = harness.run_facts(reps=args.reps, tokens=args.tokens, ctx=CTX,
+                             llama_server=str(args.llama_server))
+    harness.write("hybrid_turns", meta, summary, lines, fig, args.results)
+
+
+if __name__ == "__main__":
+    main()
