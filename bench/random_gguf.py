@@ -48,6 +48,9 @@ SHAPES = {  # as the published Llama configs give them
     "llama3.2-1b": Shape(16, 2048, 32, 8, 8192, 128256, 131072, True),
     "llama3.2-3b": Shape(28, 3072, 24, 8, 8192, 128256, 131072, True),
     "llama3.1-8b": Shape(32, 4096, 32, 8, 14336, 128256, 131072, False),
+    # SmolLM2-135M's shape: a real small model's costs, and random weights that do not end
+    # a reply early (bench/long_prompt_gap.py)
+    "smollm2-135m": Shape(30, 576, 9, 3, 1536, 49152, 8192, True),
     # one thin layer over smollm2's vocabulary: a CPU decodes it at GPU-like step rates,
     # so what surrounds llama_decode (engine, HTTP, SSE) shows as it would on a GPU
     "fast-step": Shape(1, 64, 2, 2, 128, 49152, 8192, True),
