@@ -207,11 +207,11 @@ def _summary(stats: Sequence[RequestStats], wall: float) -> dict:
 
 def engine_level(path: Path, clients: int, work: Workload, threads: int,
                  step_budget: float | None = None, n_batch: int = 512,
-                 gpu_layers: int = 0) -> dict:
+                 gpu_layers: int = 0, step_ms: int = 0) -> dict:
     n_ctx = work.max_prompt + work.max_output + 16
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=n_ctx, n_slots=clients, n_threads=threads,
                                                 n_gpu_layers=gpu_layers, step_budget=step_budget,
-                                                n_batch=n_batch))
+                                                n_batch=n_batch, step_ms=step_ms))
     try:
         level = {"clients": clients, **closed_loop(backend, clients, work)}
         return {**level, **time_split(backend.stats(), level["wall_s"])}
@@ -289,13 +289,14 @@ def baseline(path: Path, work: Workload, n_requests: int, threads: int,
 # ---------------------------------------------------------------------------- scenarios
 def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_running: int = 4,
                      long_prompt: int = 2000, step_budget: float | None = None,
-                     n_batch: int = 512, gpu_layers: int = 0) -> dict:
+                     n_batch: int = 512, gpu_layers: int = 0, step_ms: int = 0) -> dict:
     """Running streams' ITL while a long prompt is read, against their own median ITL.
     chunk: prompt tokens per slot per step (None: the batch); n_batch: tokens per step."""
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=long_prompt + 300, n_slots=n_running + 1,
                                                 n_threads=threads, prefill_chunk=chunk,
                                                 n_gpu_layers=gpu_layers,
-                                                step_budget=step_budget, n_batch=n_batch))
+                                                step_budget=step_budget, n_batch=n_batch,
+                                                step_ms=step_ms))
     try:
         bias = {backend.native.eos(): -100}  # keep them running through the whole window
         running = [backend.generate(prompt_tokens(backend, 32, i), SamplingParams(
@@ -320,6 +321,7 @@ def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_runni
         p99 = _pct(during, 0.99)
         return {"prefill_chunk": backend.engine.prefill_chunk,
                 "step_budget": backend.engine.budget.factor,
+                "step_ms": step_ms,
                 "median_itl_s": median, "p99_itl_during_prefill_s": p99,
                 "ratio": p99 / median if p99 else None,
                 "long_prompt_ttft_s": reader.stats.ttft}
@@ -330,6 +332,8 @@ def long_prefill_itl(path: Path, threads: int, chunk: int | None = None, n_runni
 def prefill_label(r: dict) -> str:
     if r["step_budget"]:
         return f"step budget {r['step_budget']:g}x a decode step"
+    if r.get("step_ms"):
+        return f"steps held to {r['step_ms']} ms"
     return f"chunks of {r['prefill_chunk']}, no step budget"
 
 
@@ -411,16 +415,20 @@ def run_bench(path: Path, levels: Sequence[int] = (1, 2, 4, 8, 16), work: Worklo
             f"{level['bare_vs_wall']:.0%} of that time; {level['llama_decode_share']:.0%} "
             f"inside llama_decode, {level['engine_share']:.1%} in the engine around it")
     if scenarios:
-        result["long_prefill"] = [long_prefill_itl(path, threads, chunk, step_budget=budget, **on)
-                                  for chunk, budget in ((512, None), (32, None), (512, 2.0))]
+        result["long_prefill"] = [
+            long_prefill_itl(path, threads, chunk, step_budget=budget, step_ms=ms, **on)
+            for chunk, budget, ms in ((512, None, 0), (32, None, 0), (512, 2.0, 0),
+                                      (512, None, 200))]
         for r in result["long_prefill"]:
             log(f"long prefill, {prefill_label(r)}: running streams' P99 ITL "
                 f"{r['p99_itl_during_prefill_s']:.3f} s = {r['ratio']:.1f}x their median, "
                 f"the long prompt's TTFT {r['long_prompt_ttft_s']:.1f} s")
         short = dataclasses.replace(work, max_prompt=256)
-        result["short_prompts"] = [engine_level(path, 8, short, threads, step_budget=b, **on)
-                                   for b in (None, 2.0)]
-        for r, b in zip(result["short_prompts"], ("no step budget", "step budget 2x")):
+        result["short_prompts"] = [
+            engine_level(path, 8, short, threads, step_budget=b, step_ms=ms, **on)
+            for b, ms in ((None, 0), (2.0, 0), (None, 200))]
+        for r, b in zip(result["short_prompts"], ("no step budget", "step budget 2x",
+                                                  "steps held to 200 ms")):
             r["label"] = b
             log(f"8 clients, prompts 32-256 tokens, {b}: TTFT p50 {r['ttft_p50_s']:.2f} s "
                 f"p99 {r['ttft_p99_s']:.2f} s")

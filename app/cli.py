@@ -492,6 +492,7 @@ def serve(
     threads: Annotated[Optional[int], _flag("threads")] = None,
     prefill_chunk: Annotated[Optional[int], _flag("prefill_chunk")] = None,
     step_budget: Annotated[Optional[float], _flag("step_budget")] = None,
+    step_ms: Annotated[Optional[int], _flag("step_ms")] = None,
     draft: Annotated[Optional[int], _flag("draft")] = None,
     draft_model: Annotated[Optional[str], _flag("draft_model")] = None,
     kv_type: Annotated[Optional[KvType], _flag("kv_type")] = None,
@@ -527,7 +528,7 @@ def serve(
         settings = Settings.read({
             "model": model, "host": host, "port": port, "parallel": parallel, "ctx": ctx,
             "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
-            "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
+            "step_ms": step_ms, "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "cache_reuse": cache_reuse,
             "ctx_checkpoints": ctx_checkpoints, "ctx_checkpoint_mib": ctx_checkpoint_mib,
             "swa_full": swa_full,

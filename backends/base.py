@@ -192,6 +192,10 @@ class LoadOptions:
     # at 2, against 79x) but slows that prompt and, under load, short prompts' TTFT
     # (measured in the issue notes; bench/results/engine_mixed.md)
     step_budget: float | None = None
+    # while streams generate, a step may take about this many milliseconds (the longest
+    # pause a running stream sees while a prompt is read; step_budget.py); 0: off. Where a
+    # whole chunk is read faster (a GPU) it never cuts. Off by default: see settings.py
+    step_ms: int = 0
     # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
     # with each token and keep those the sampler agrees with (same output); 0 turns it off
     draft_tokens: int = 0
@@ -250,7 +254,8 @@ class LoadOptions:
         return cls(n_ctx=n_ctx, n_slots=n_slots, n_threads=settings.threads,
                    kv_type=settings.kv_type, flash_attn=settings.flash_attn,
                    prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
-                   draft_tokens=settings.draft, draft_model=settings.draft_model,
+                   step_ms=settings.step_ms, draft_tokens=settings.draft,
+                   draft_model=settings.draft_model,
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
                    cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
                    ctx_checkpoint_mib=settings.ctx_checkpoint_mib,

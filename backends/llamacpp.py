@@ -115,7 +115,7 @@ class LlamaCppBackend(Backend):
                 raise
         self.engine = Engine(self.native, n_slots=options.n_slots, n_batch=n_batch,
                              prefill_chunk=options.prefill_chunk,
-                             step_budget=options.step_budget,
+                             step_budget=options.step_budget, step_ms=options.step_ms,
                              draft_tokens=options.guesses,
                              unified=options.kv_unified, drafter=drafter,
                              reply_cap=options.reply_cap,

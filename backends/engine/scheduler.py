@@ -53,6 +53,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         prefill_chunk: int | None = None,
         step_budget: float | None = None,
+        step_ms: int = 0,
         draft_tokens: int = 0,
         unified: bool = False,
         drafter: DraftModel | None = None,
@@ -85,8 +86,9 @@ class Engine:
         # moving while a long prompt is read, at some cost to that prompt's own prefill speed
         self.prefill_chunk = max(1, min(prefill_chunk or self.n_batch, self.n_batch))
         # while streams generate, prompt tokens per step are held to what keeps a step within
-        # `step_budget` decode-only steps' time (see step_budget.py); None: chunks only
-        self.budget = StepBudget(step_budget)
+        # `step_ms` milliseconds or `step_budget` decode-only steps' time (step_budget.py);
+        # neither: chunks only
+        self.budget = StepBudget(step_budget, target_s=step_ms / 1000)
         # a lone stream also decodes guesses with its next token (speculator.py); a
         # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
         # does only for hybrids, and as many tokens as it keeps snapshots for

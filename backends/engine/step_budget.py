@@ -4,15 +4,21 @@ Every step decodes one token for each generating stream; prompt tokens of a requ
 being read ride along in the same batch. On a CPU, prefill costs milliseconds per token, so a
 512-token chunk turns a 20 ms step into two seconds and every running stream stalls that long
 (measured: 110× their usual inter-token latency on smollm2). The budget keeps a step within
-`factor` times a decode-only step, by learning from the steps it has run:
+a time — `target_s` seconds (the longest pause a running stream sees while a prompt is
+read), or `factor` times a decode-only step, whichever is tighter — by learning
+from the steps it has run:
 
 - decode_s[n]:  duration of a step that decodes n streams and reads no prompt (moving average
                 per n: a step for 16 streams costs more than one for 2)
 - per_token_s:  what each prompt token adds to a step (moving average)
 
-and allowing (factor − 1) × decode_s[n] / per_token_s prompt tokens while n streams generate.
-With nothing generating, a prompt is read in full chunks: no one is waiting on the step.
-Small chunks read a long prompt more slowly (its own TTFT grows); that is the trade.
+and allowing (target_s − decode_s[n]) / per_token_s prompt tokens while n streams generate
+(with a factor, at most (factor − 1) × decode_s[n] / per_token_s). With nothing generating,
+a prompt is read in full chunks: no one is waiting on the step. Where a step is fast (a GPU:
+a full chunk costs less than the target) the budget never cuts. Smaller chunks read a long
+prompt more slowly: on a CPU a piece of 15 tokens at position ~4,000 cost 13 ms a token where
+whole chunks averaged 2-4 (bench/results/long_prompt_gap.md: TTFT 3.9x of reading it alone
+at 200 ms, 1.9x in whole chunks); that is the trade, and why both are off by default.
 """
 
 from __future__ import annotations
@@ -29,9 +35,11 @@ def _average(old: float | None, new: float) -> float:
 
 
 class StepBudget:
-    def __init__(self, factor: float | None, floor: int = 1):
-        """factor: a step may take this many decode-only steps' time; None or 0 turns it off."""
+    def __init__(self, factor: float | None, floor: int = 1, target_s: float | None = None):
+        """factor: a step may take this many decode-only steps' time; target_s: a step may
+        take about this many seconds; None or 0 turns either off."""
         self.factor = factor or None
+        self.target_s = target_s or None
         self.floor = floor
         self.decode_s: dict[int, float] = {}  # streams decoded → seconds per step
         self.per_token_s: float | None = None
@@ -47,17 +55,25 @@ class StepBudget:
 
     def allowance(self, n_decode: int, limit: int) -> int:
         """Prompt tokens a step that decodes `n_decode` streams may carry, at most `limit`."""
-        if not n_decode or self.factor is None:
+        if not n_decode or not self.on:
             return limit
         decode = self.decode_estimate(n_decode)
         if decode is None or self.per_token_s is None:
             return min(limit, _LEARNING_CHUNK)
-        room = (self.factor - 1) * decode / self.per_token_s
+        room = float("inf")
+        if self.factor is not None:
+            room = (self.factor - 1) * decode / self.per_token_s
+        if self.target_s is not None:
+            room = min(room, (self.target_s - decode) / self.per_token_s)
         return max(min(self.floor, limit), min(limit, int(room)))
+
+    @property
+    def on(self) -> bool:
+        return self.factor is not None or self.target_s is not None
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> None:
         """Learn from one finished step: its duration and what it carried."""
-        if self.factor is None:
+        if not self.on:
             return  # off: nothing will ask
         if n_prompt == 0:
             if n_decode:

@@ -58,15 +58,37 @@ def test_a_floor_keeps_long_prompts_moving_and_off_means_off():
     assert off.allowance(1, 512) == 512
 
 
+def test_a_time_target_bounds_a_step_and_the_tighter_bound_wins():
+    budget = StepBudget(None, target_s=0.2)
+    budget.observe(0.020, n_decode=4, n_prompt=0)  # a decode-only step: 20 ms
+    budget.observe(0.070, n_decode=4, n_prompt=10)  # 5 ms a prompt token
+    assert budget.allowance(4, 512) == 36  # (200 − 20) ms / 5 ms
+    assert budget.allowance(0, 512) == 512  # nobody waiting: whole chunks
+    both = StepBudget(2.5, target_s=0.2)
+    both.observe(0.020, n_decode=4, n_prompt=0)
+    both.observe(0.070, n_decode=4, n_prompt=10)
+    assert both.allowance(4, 512) == 6  # the factor's 30 ms is tighter than 200 ms
+    fast = StepBudget(None, target_s=0.2)  # a GPU: a whole chunk costs less than the target
+    fast.observe(0.008, n_decode=8, n_prompt=0)
+    fast.observe(0.030, n_decode=8, n_prompt=500)
+    assert fast.allowance(8, 504) == 504
+    slow = StepBudget(None, target_s=0.2, floor=4)  # a decode step past the target alone
+    slow.observe(0.300, n_decode=1, n_prompt=0)
+    slow.observe(0.400, n_decode=1, n_prompt=10)
+    assert slow.allowance(1, 512) == 4
+    assert LoadOptions().step_ms == 0  # off by default (it slows a long prompt on a CPU)
+
+
 def test_a_budget_of_one_or_less_is_refused():
     with pytest.raises(InvalidRequest, match="more than 1"):
         LoadOptions(step_budget=0.5)
     assert LoadOptions(step_budget=0).step_budget == 0
 
 
-def _steps_while_a_prompt_is_read(path, budget: float | None) -> tuple[list, list, int]:
-    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_budget=budget),
-                              name="smollm2:135m")
+def _steps_while_a_prompt_is_read(path, budget: float | None, step_ms: int = 0
+                                  ) -> tuple[list, list, int]:
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_budget=budget,
+                                                step_ms=step_ms), name="smollm2:135m")
     steps: list[tuple[float, int, int]] = []
     try:
         bias = eog_ban(backend.native)
@@ -99,3 +121,15 @@ def test_the_engine_keeps_steps_short_while_streams_run(smollm2_path):
     reference = statistics.median(s for s, _, _ in decode_only)
     typical = statistics.median(s for s, _, _ in with_prompt)
     assert typical <= 8 * reference, (typical, reference)
+
+
+def test_a_step_stays_near_its_time_target_while_a_stream_runs(smollm2_path):
+    decode_only, with_prompt, n_prompt = _steps_while_a_prompt_is_read(
+        smollm2_path, None, step_ms=200)
+    assert sum(p for _, _, p in with_prompt) == n_prompt  # the whole prompt was read
+    assert all(d == 1 for _, d, _ in with_prompt)
+    # ~700 tokens: two 512-token chunks without the target (each ~0.5-1 s on 2 cores);
+    # with it, pieces of ~100-200 tokens in steps of ~0.2 s
+    assert len(with_prompt) >= 3, with_prompt
+    typical = statistics.median(s for s, _, _ in with_prompt)
+    assert typical <= 0.5, (typical, with_prompt)  # 0.2 s, with room for a loaded machine
