@@ -330,6 +330,10 @@ class Engine:
         n_decode, n_prompt = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
+        if self.threads is not None:  # (decode steps: the tuned count; prompt steps: threads.py)
+            count = self.threads.for_step(n_prompt)
+            if count != self.native.threads():
+                self.native.set_threads(count)
         decode_started = time.perf_counter()
         rc = self.batch.decode()  # until the device is done: the wait for a GPU
         # belongs to the decode, not to the engine's own time
@@ -363,9 +367,7 @@ class Engine:
         self._seconds["step"] += seconds
         self.budget.observe(seconds, n_decode, n_prompt)
         if self.threads is not None:
-            count = self.threads.observe(seconds, n_decode, n_prompt)
-            if count is not None:
-                self.native.set_threads(count)
+            self.threads.observe(seconds, n_decode, n_prompt)  # (set at the next step)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 

@@ -11,6 +11,12 @@ llama.cpp and Ollama, is right only on an idle machine.
   of streams (moving averages). When the steps of the current count slow down by a third
   against the best it has shown — a neighbour started — or every `period` steps, the tuner
   runs a few steps with one thread fewer or one more, and keeps whichever count was faster.
+- A step that reads prompt tokens runs with the count chosen at load (or the tuned one where
+  it is higher): its matrix products keep every thread busy between barriers, so the light
+  load of the server's own parent and clients costs it little, while one thread fewer
+  halves it. Tuned on decode steps alone, a 3,000-token prompt read beside a running stream
+  took 2.1x as long as alone (1 thread); with the count at load, 1.0x
+  (bench/results/long_prompt_gap.md).
   A user's explicit --threads is never changed.
 """
 
@@ -44,6 +50,7 @@ def free_cores(sample_s: float = 0.1) -> int:
 class ThreadTuner:
     def __init__(self, start: int, max_threads: int, period: int = 512):
         self.current = max(1, min(start, max_threads))
+        self.prompt = self.current  # for steps that read prompt tokens: the count at load
         self.max_threads = max(1, max_threads)
         self.period = period
         self._avg: dict[tuple[int, int], float] = {}  # (threads, streams) → seconds a step
@@ -52,6 +59,11 @@ class ThreadTuner:
         self._probe: tuple[int, int, list[float]] | None = None  # (from, streams, times)
         self._probe_steps = 0  # steps since the probe began, of any number of streams
         self.switches = 0
+
+    def for_step(self, n_prompt: int) -> int:
+        """The count a step runs with: the tuned one, or for a step that reads prompt tokens
+        the count at load where that is higher."""
+        return max(self.current, self.prompt) if n_prompt else self.current
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> int | None:
         """Feed one step's time; returns a thread count to change to, or None."""

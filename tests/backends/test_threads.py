@@ -65,3 +65,34 @@ def test_free_cores_are_the_physical_cores_other_processes_leave(monkeypatch, bu
 
 def test_engine_reports_its_thread_count(smollm2):
     assert smollm2.stats().threads >= 1
+
+
+def test_prompt_steps_keep_the_count_at_load_while_decoding_is_tuned_down():
+    tuner = ThreadTuner(start=2, max_threads=2, period=20)
+    _run(tuner, BUSY, 100)
+    assert tuner.current == 1  # a neighbour moved decoding to one thread
+    assert tuner.for_step(n_prompt=0) == 1
+    assert tuner.for_step(n_prompt=300) == 2  # a prompt chunk keeps both cores
+    one = ThreadTuner(start=1, max_threads=2)  # a core was busy at load: 1, unless tuned up
+    assert one.for_step(300) == 1
+    one.current = 2
+    assert one.for_step(300) == 2
+
+
+def test_the_engine_switches_counts_between_prompt_and_decode_steps(smollm2_path):
+    from localinfer.backends.base import LoadOptions, SamplingParams
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        assert tuner is not None  # no --threads: the tuner chooses
+        tuner.prompt, tuner.current, tuner.period = 2, 1, 10_000  # as a busy neighbour leaves it
+        seen = []
+        backend.engine.on_step = lambda s, d, p: seen.append((p > 0, backend.native.threads()))
+        backend.generate(backend.tokenize("The lighthouse keeper " * 20),
+                         SamplingParams(temperature=0, max_tokens=4)).text()
+        assert (True, 2) in seen and (False, 1) in seen, seen
+        assert all(n == (2 if prompt else 1) for prompt, n in seen), seen
+    finally:
+        backend.close()
