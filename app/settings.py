@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # off by default: it holds a running stream's pauses to ~the target while a long prompt
-    # is read (0.26 s against 3.5 s) but reads that prompt ~2x slower on a CPU, where small
+    # is read (0.29 s against 1.9 s) but reads that prompt ~2x slower on a CPU, where small
     # pieces at a deep position cost far more a token (bench/results/long_prompt_gap.md)
     step_ms: int = Field(0, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "

@@ -19,6 +19,7 @@ Writes bench/results/long_prompt_gap.{json,md,png}.
 
 from __future__ import annotations
 
+import random
 import statistics
 import tempfile
 import threading
@@ -37,8 +38,10 @@ _WORDS = ("harbour lantern keeper tide rope gull stone window evening storm ledg
 
 
 def _prompt(seed: int, words: int) -> str:
-    return f"Note {seed}: " + " ".join(_WORDS[(seed + i * 7) % len(_WORDS)]
-                                       for i in range(words))
+    """Words in a random order of their own: no run of one prompt repeats in another (a
+    server that reuses moved chunks of its cache, as localinfer does, finds nothing)."""
+    rng = random.Random(seed)
+    return f"Note {seed}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
 
 
 def _stream(url: str, prompt: str, max_tokens: int, times: list[float]) -> float:

@@ -17,8 +17,8 @@ and allowing (target_s − decode_s[n]) / per_token_s prompt tokens while n stre
 a prompt is read in full chunks: no one is waiting on the step. Where a step is fast (a GPU:
 a full chunk costs less than the target) the budget never cuts. Smaller chunks read a long
 prompt more slowly: on a CPU a piece of 15 tokens at position ~4,000 cost 13 ms a token where
-whole chunks averaged 2-4 (bench/results/long_prompt_gap.md: TTFT 3.9x of reading it alone
-at 200 ms, 1.9x in whole chunks); that is the trade, and why both are off by default.
+whole chunks averaged 2-4 (bench/results/long_prompt_gap.md: TTFT 2.0x of reading it alone
+at 200 ms, 1.0x in whole chunks); that is the trade, and why both are off by default.
 """
 
 from __future__ import annotations

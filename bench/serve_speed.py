@@ -1,0 +1,114 @@
+"""Solo decode and 8 clients: `localinfer serve` against llama-server, round by round.
+
+The model is SmolLM2-135M's shape with random Q8_0 weights (bench/random_gguf.py's
+"smollm2-135m", smollm2's tokenizer): the real model's costs, and replies that run to their
+length. Both servers run side by side with the same slots and context (llama-server's other
+settings its defaults; localinfer's its defaults), and take the load in turns, round after
+round, so the machine's noise hits both. The load is bench/serve_load.py's raw-socket client
+in a process of its own (greedy, --tokens a reply, --requests per client). Reported per
+level: each round's localinfer ÷ llama-server streamed tokens/s (their median and the lowest
+round), and TTFT p50 of both.
+
+Build llama-server once (see bench/serve_fast_steps.py's docstring).
+
+    python3 bench/serve_speed.py --llama-server PATH [--reps 5] [--levels 1,8]
+                                 [--tokens 128] [--requests 2]
+
+Writes bench/results/serve_speed.{json,md,png}.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+import harness
+from clients import level_in_subprocess
+from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
+
+MODEL = "smollm2-135m-random"  # the file's stem: localinfer's name for it
+CTX = 1024  # per slot
+SERVERS = ("llama-server", "localinfer")
+
+
+def main() -> None:
+    parser = harness.arguments(__doc__, tokens=128, reps=5)
+    parser.add_argument("--llama-server", type=Path, required=True)
+    parser.add_argument("--levels", default="1,8", help="concurrent clients")
+    parser.add_argument("--requests", type=int, default=2, help="per client")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    slots = max(levels)
+    rows: list[dict] = []
+    with tempfile.TemporaryDirectory() as home:
+        model = Path(home) / f"{MODEL}.gguf"
+        write_model(SHAPES["smollm2-135m"], model, read_tokenizer(embedded_smollm2()),
+                    "random smollm2-135m Q8_0")
+        servers = {
+            "llama-server": harness.start_server(
+                [str(args.llama_server)],
+                ["-m", str(model), "-np", str(slots), "-c", str(CTX * slots)]),
+            "localinfer": harness.start_serve(harness.SERVE, str(model), slots, CTX, home)}
+        try:
+            for rep in range(args.reps):
+                for clients in levels:
+                    order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
+                    for name in order:
+                        row = level_in_subprocess(servers[name][1], MODEL, clients,
+                                                  args.requests, args.tokens)
+                        rows.append({"server": name, "rep": rep, **row})
+                        print(f"{rep} {name:12s} {clients:2d} clients: "
+                              f"{row['output_tps']:6.1f} tok/s, TTFT p50 "
+                              f"{row['ttft_p50_s']:.3f} s", flush=True)
+        finally:
+            harness.stop_servers(servers)
+    report(args, levels, rows)
+
+
+def report(args, levels: list[int], rows: list[dict]) -> None:
+    med = statistics.median
+
+    def pick(server: str, clients: int) -> list[dict]:
+        return sorted((r for r in rows if r["server"] == server and r["clients"] == clients),
+                      key=lambda r: r["rep"])
+
+    summary, table = {}, []
+    fig, axes = harness.figure(len(levels))
+    for column, clients in enumerate(levels):
+        ours, theirs = pick("localinfer", clients), pick("llama-server", clients)
+        ratios = [a["output_tps"] / b["output_tps"] for a, b in zip(ours, theirs)]
+        ttft = [a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in zip(ours, theirs)]
+        summary[clients] = {"ratio_median": med(ratios), "ratio_min": min(ratios),
+                            "ratios": ratios, "ttft_ratio_median": med(ttft),
+                            "localinfer_tps": med(r["output_tps"] for r in ours),
+                            "llama_server_tps": med(r["output_tps"] for r in theirs)}
+        table.append([clients, f"{summary[clients]['llama_server_tps']:.1f}",
+                      f"{summary[clients]['localinfer_tps']:.1f}",
+                      f"**{med(ratios):.2f}** (lowest {min(ratios):.2f})",
+                      " ".join(f"{x:.2f}" for x in ratios),
+                      f"{med(r['ttft_p50_s'] for r in theirs):.3f} / "
+                      f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})"])
+        ax = axes[0][column]
+        ax.plot(range(1, len(ratios) + 1), ratios, "o-")
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set(title=f"{clients} client(s)", xlabel="round",
+               ylabel="localinfer ÷ llama-server tok/s")
+    lines = ["# Solo decode and 8 clients: localinfer against llama-server", "",
+             f"SmolLM2-135M's shape, random Q8_0 weights; both servers with {max(levels)} "
+             f"slots of {CTX} tokens; greedy, {args.tokens} tokens a reply, {args.requests} "
+             f"requests per client, the raw-socket client in a process of its own; "
+             f"{args.reps} rounds with the servers in turns.", "",
+             *harness.markdown_table(
+                 ["clients", "llama-server tok/s (median)", "localinfer tok/s (median)",
+                  "localinfer ÷ llama-server", "each round", "TTFT p50 llama-server / "
+                  "localinfer s (ratio)"], table)]
+    meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens,
+                             requests=args.requests, ctx=CTX,
+                             llama_server=str(args.llama_server))
+    harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
+                  args.results)
+
+
+if __name__ == "__main__":
+    main()
