@@ -173,11 +173,12 @@ def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:
     return options.guesses if info.shape().hybrid else 0
 
 
-def checkpoints_of(options: LoadOptions | Settings) -> dict[str, int]:
+def checkpoints_of(options: LoadOptions | Settings) -> dict[str, int | None]:
     """The context checkpoints a slot keeps at most, and their bytes, as the planner takes
     them (it counts them only for a model with recurrent layers)."""
+    mib = options.ctx_checkpoint_mib
     return {"checkpoints": options.ctx_checkpoints,
-            "checkpoint_cap": options.ctx_checkpoint_mib << 20}
+            "checkpoint_cap": None if mib is None else mib << 20}
 
 
 def with_workers(hw: Hardware | None, workers: Sequence[str], key: str | None

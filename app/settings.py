@@ -138,9 +138,10 @@ class Settings(BaseSettings):
         "Context checkpoints per slot of a hybrid, recurrent or sliding-window model: its "
         "state saved near each prompt's end, so a next turn that rewrites the last reply "
         "reads only the rest; 0: off."))
-    ctx_checkpoint_mib: int = Field(256, ge=1, le=1 << 20, description=(
+    ctx_checkpoint_mib: int | None = Field(None, ge=1, le=1 << 20, description=(
         "MiB of context checkpoints a slot keeps at most, in RAM (the oldest go first); the "
-        "memory plan counts them."))
+        "memory plan counts them."), **_unset(
+        "256, or room for two where one is larger: a large sliding-window model's"))
     # llama-server's default (off): Gemma 3 at 8,192 tokens keeps 39 MiB of KV, not 144;
     # a prompt that leaves the cached one further back than the window then goes back to a
     # context checkpoint, or is read again

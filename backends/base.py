@@ -219,7 +219,9 @@ class LoadOptions:
     # before its end goes back to the newest one before it (llama-server's
     # --ctx-checkpoints); 0: off, such a prompt is read again whole
     ctx_checkpoints: int = 32
-    ctx_checkpoint_mib: int = 256  # and at most this many MiB of them a slot, in RAM
+    # and at most this many MiB of them a slot, in RAM; None: 256, or room for two where one
+    # is larger (model_store.shape.checkpoint_cap)
+    ctx_checkpoint_mib: int | None = None
     # a sliding-window model's windowed layers keep a cell for every token (llama.cpp's
     # swa_full); off: only their window and a micro-batch per slot, and a prompt that leaves
     # the cached one further back than that goes back to a context checkpoint
@@ -287,7 +289,7 @@ class LoadOptions:
             raise InvalidRequest("cache reuse is a count of tokens: 0 (off) or more")
         if self.ctx_checkpoints < 0:
             raise InvalidRequest("context checkpoints are a count per slot: 0 (off) or more")
-        if self.ctx_checkpoint_mib < 1:
+        if self.ctx_checkpoint_mib is not None and self.ctx_checkpoint_mib < 1:
             raise InvalidRequest("the context checkpoints' cap is MiB per slot: 1 or more")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")

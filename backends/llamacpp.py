@@ -121,7 +121,8 @@ class LlamaCppBackend(Backend):
                              reply_cap=options.reply_cap,
                              cache_reuse=options.cache_reuse,
                              ctx_checkpoints=options.ctx_checkpoints,
-                             checkpoint_bytes=options.ctx_checkpoint_mib << 20,
+                             checkpoint_bytes=None if options.ctx_checkpoint_mib is None
+                             else options.ctx_checkpoint_mib << 20,
                              projector=self.projector,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
 from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer
-from localinfer.model_store.shape import CHECKPOINT_CAP
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
            "projector_memory"]
@@ -71,7 +70,7 @@ def projector_memory(projector: ProjectorInfo) -> int:
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
                     kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
                     swa_full: bool = False, snapshots: int = 0, checkpoints: int = 0,
-                    checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
+                    checkpoint_cap: int | None = None) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
     swa_full: sliding-window layers keep every cell (--swa-full), else their window (the
     engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
@@ -88,7 +87,7 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
                 kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
                 snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
-                checkpoint_cap: int = CHECKPOINT_CAP) -> int:
+                checkpoint_cap: int | None = None) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
@@ -109,7 +108,7 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
                   snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
-                  checkpoint_cap: int = CHECKPOINT_CAP) -> MemoryEstimate:
+                  checkpoint_cap: int | None = None) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.

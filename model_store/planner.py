@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from localinfer.model_store.hardware import GPU
-from localinfer.model_store.shape import CHECKPOINT_CAP, ModelShape
+from localinfer.model_store.shape import ModelShape
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
            "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
@@ -146,7 +146,7 @@ def _gpu_parts(weights: int, kv: int, compute: int, backend: str, state: int = 0
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
          n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = False, snapshots: int = 0,
-         checkpoints: int = 0, checkpoint_cap: int = CHECKPOINT_CAP) -> Plan:
+         checkpoints: int = 0, checkpoint_cap: int | None = None) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
     n_outputs: logits a step may ask for (at least one per slot). swa_full: sliding-window

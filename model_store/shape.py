@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from localinfer.settings import KvType
 
-__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "Layer", "ModelShape", "swa_cells"]
+__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "Layer", "ModelShape", "checkpoint_cap", "swa_cells"]
 
 KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
 # block scales (a StrEnum: the plain names index it as well)
 _SWA_PAD = 256  # llama.cpp pads a sliding-window cache to this many cells
-CHECKPOINT_CAP = 256 << 20  # a slot's context checkpoints at most (the setting's default)
+CHECKPOINT_CAP = 256 << 20  # a slot's context checkpoints at most, where one is small
+CHECKPOINT_KEEP = 2  # where one is larger than CHECKPOINT_CAP / 2: room for this many
 # what llama.cpp writes around a sequence's partial state (llama_state_seq_get_data_ext):
 # its magic and the sequence id, the cell's count, position and sequence count, the state's
 # layout and layer count; and per recurrent layer, the types and row sizes of its r and s
@@ -27,6 +28,15 @@ _CHECKPOINT_HEADER, _CHECKPOINT_LAYER_HEADER = 28, 24
 _CHECKPOINT_CELL_HEADER = 8  # a windowed cell's position and sequence
 _CHECKPOINT_WINDOW_LAYER_HEADER = 80  # a windowed layer's K and V headers
 
+
+
+def checkpoint_cap(one: int, cap: int | None = None) -> int:
+    """A slot's bytes of context checkpoints, where one takes `one`: `cap` where the user set
+    one (--ctx-checkpoint-mib); else CHECKPOINT_CAP, or room for CHECKPOINT_KEEP of them
+    where one is larger (a Gemma-3-27B window's is ~416 MiB: under a fixed 256 MiB it would
+    get none, and a turn that leaves the cache further back than its window would read the
+    whole prompt again)."""
+    return cap if cap is not None else max(CHECKPOINT_CAP, CHECKPOINT_KEEP * one)
 
 @dataclass(frozen=True)
 class Layer:
@@ -120,16 +130,16 @@ class ModelShape:
         return size
 
     def checkpoints_bytes(self, n_slots: int = 1, n_checkpoints: int = 0,
-                          cap: int = CHECKPOINT_CAP, swa_full: bool = False) -> int:
+                          cap: int | None = None, swa_full: bool = False) -> int:
         """What the context checkpoints of n_slots slots can take, in host RAM: each slot
         keeps at most n_checkpoints of them and `cap` bytes (the engine's
-        `Checkpoints(n_max, max_bytes)`: one bigger than the cap is not kept at all). 0 for
-        a model without recurrent layers or small sliding-window caches, or with
-        checkpoints off."""
+        `Checkpoints(n_max, max_bytes)`: one bigger than the cap is not kept at all; None:
+        `checkpoint_cap`'s choice). 0 for a model without recurrent layers or small
+        sliding-window caches, or with checkpoints off."""
         one = self.checkpoint_bytes(swa_full)
         if not one or n_checkpoints <= 0:
             return 0
-        return min(n_checkpoints, cap // one) * one * max(n_slots, 1)
+        return min(n_checkpoints, checkpoint_cap(one, cap) // one) * one * max(n_slots, 1)
 
     def context_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
                       swa_full: bool = True, n_ubatch: int = 512, snapshots: int = 0) -> int:

@@ -18,7 +18,8 @@ window's last n_swa cells; restored, the cut at it is whole again.
 The points, as llama-server chooses them: a few tokens before the prompt's end (the next turn
 shares all but its tail: the generation prompt, which a template may rewrite), one chunk
 before that, and every `every` tokens of a long prompt. A slot keeps at most `n_max`
-checkpoints and `max_bytes` of them, the oldest dropped first (what the memory plan counts:
+checkpoints and `max_bytes` of them (None: 256 MiB, or room for two where one is larger —
+`checkpoint_cap`), the oldest dropped first (what the memory plan counts:
 `ModelShape.checkpoints_bytes`); those past a cut are dropped with it. Every native answer
 is checked: a restore or a cut refused reads the prompt again.
 """
@@ -30,7 +31,7 @@ from collections.abc import Sequence
 
 from localinfer.backends.engine.slots import Checkpoint, Slot
 from localinfer.backends.native.model import NativeModel
-from localinfer.model_store.shape import CHECKPOINT_CAP
+from localinfer.model_store.shape import checkpoint_cap
 
 __all__ = ["Checkpoints"]
 
@@ -43,12 +44,13 @@ class Checkpoints:
     TAIL = 4  # the last checkpoint of a prompt: this many tokens before its end (llama-server's)
 
     def __init__(self, native: NativeModel, n_max: int, chunk: int,
-                 max_bytes: int = CHECKPOINT_CAP, every: int = 8192):
+                 max_bytes: int | None = None, every: int = 8192):
         self.native = native
         # only where the memory cannot be cut back anywhere (the others keep any prefix)
         self.n_max = n_max if native.stateful or native.windowed else 0
         self.chunk = chunk  # the prompt tokens one step reads: one more stop a chunk earlier
         self.max_bytes = max_bytes
+        self._largest = 0  # the largest checkpoint written: what an automatic cap is made for
         self.every = every
         self.restored = 0  # checkpoints restored, and the prompt tokens they saved reading
         self.restored_tokens = 0
@@ -75,11 +77,13 @@ class Checkpoints:
         data = self.native.save_partial(slot.id, self.max_bytes)
         if data is None:
             log.debug("slot %d: no checkpoint at %d tokens (none written, or more than "
-                      "%d bytes)", slot.id, n_tokens, self.max_bytes)
+                      "%s bytes)", slot.id, n_tokens, self.max_bytes)
             return
+        self._largest = max(self._largest, len(data))
+        cap = checkpoint_cap(self._largest, self.max_bytes)
         kept = slot.checkpoints
         while kept and (len(kept) >= self.n_max or
-                        sum(len(c.data) for c in kept) + len(data) > self.max_bytes):
+                        sum(len(c.data) for c in kept) + len(data) > cap):
             del kept[0]
         kept.append(Checkpoint(n_tokens, data))
         log.debug("slot %d: checkpoint at %d tokens (%d bytes), %d kept", slot.id, n_tokens,

@@ -35,7 +35,6 @@ from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
 from localinfer.backends.base import is_image
 from localinfer.backends.native.vision import Pictures, Projector
-from localinfer.model_store.shape import CHECKPOINT_CAP
 from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequest, LocalinferError
 
 __all__ = ["Engine", "Slot", "SlotState", "Task"]
@@ -63,7 +62,7 @@ class Engine:
         cache_reuse: int = 0,
         projector: Projector | None = None,
         ctx_checkpoints: int = 0,
-        checkpoint_bytes: int = CHECKPOINT_CAP,
+        checkpoint_bytes: int | None = None,
     ):
         self.native = native
         self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
@@ -109,7 +108,8 @@ class Engine:
         # admits and preempts requests by free cells (cells.py); past a request's cached
         # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off);
         # a recurrent state that cannot be cut goes back to one of its slot's last
-        # `ctx_checkpoints` checkpoints, `checkpoint_bytes` in all (checkpoints.py; 0: off)
+        # `ctx_checkpoints` checkpoints, `checkpoint_bytes` in all (checkpoints.py; 0: off;
+        # None: model_store.shape.checkpoint_cap's choice)
         self.cells = (SharedCells if unified else SplitCells)(
             native, n_slots, cache_reuse, Checkpoints(native, ctx_checkpoints, self.prefill_chunk,
                                                       max_bytes=checkpoint_bytes))

@@ -216,6 +216,19 @@ def test_a_slot_keeps_at_most_its_count_and_bytes_of_checkpoints_the_newest():
     assert slot.checkpoints == []
 
 
+def test_with_no_cap_set_a_slot_keeps_two_checkpoints_larger_than_the_default_cap(
+        monkeypatch):
+    import localinfer.model_store.shape as shape
+
+    monkeypatch.setattr(shape, "CHECKPOINT_CAP", 350)  # as 256 MiB to a 416 MiB window
+    automatic, slot = Checkpoints(_Memory(400), 8, 10, every=20), Slot(0)
+    _read(automatic, slot, 95, 10)
+    assert [c.n_tokens for c in slot.checkpoints] == [81, 91]  # the two newest
+    small, slot = Checkpoints(_Memory(100), 8, 10, every=20), Slot(0)
+    _read(small, slot, 95, 10)
+    assert [c.n_tokens for c in slot.checkpoints] == [80, 81, 91]  # within the default cap
+
+
 def test_a_cut_goes_back_to_the_newest_checkpoint_at_or_before_it():
     memory = _Memory()
     policy, slot = Checkpoints(memory, 8, 10, every=20), Slot(0)

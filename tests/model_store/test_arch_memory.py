@@ -186,6 +186,22 @@ def test_the_cap_bounds_a_slots_checkpoints_and_none_go_on_the_gpu():
                 checkpoint_cap=one - 1).parts.get("checkpoints") is None  # none fits the cap
 
 
+def test_a_large_window_gets_room_for_two_checkpoints_unless_a_cap_is_set():
+    """Gemma 3 27B's window checkpoint (~416 MiB) is over the 256 MiB a slot keeps of small
+    ones: with no cap set a slot keeps two of them, and the plan counts them; a cap the
+    user set below one keeps none. Qwen3.5-9B's (~50 MiB) stay within 256 MiB either way."""
+    gemma = read_gguf_info(plan_model("gemma3-27b")).shape()
+    one = gemma.checkpoint_bytes()
+    assert 300 * _MIB < one < 600 * _MIB
+    assert gemma.checkpoints_bytes(n_slots=4, n_checkpoints=32) == 4 * 2 * one
+    assert gemma.checkpoints_bytes(n_slots=4, n_checkpoints=32, cap=256 * _MIB) == 0
+    assert gemma.checkpoints_bytes(n_slots=4, n_checkpoints=1) == 4 * one
+    qwen = read_gguf_info(plan_model("qwen3.5-9b")).shape()
+    assert (qwen.checkpoints_bytes(n_slots=2, n_checkpoints=32)
+            == qwen.checkpoints_bytes(n_slots=2, n_checkpoints=32, cap=256 * _MIB)
+            == 2 * (256 * _MIB // qwen.checkpoint_bytes()) * qwen.checkpoint_bytes())
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
 def test_ram_that_holds_the_model_but_not_its_checkpoints_is_refused(arch):
     """On the CPU: the planner and the service's RAM check both count the checkpoints. The
