@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import pexpect
@@ -10,13 +11,21 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
+def _ctrl_c_reaches_it() -> None:
+    """In the child before its program starts: Ctrl-C back to its default. A suite started
+    in the background of a script (`cmd &`) ignores SIGINT, and an ignored signal stays
+    ignored across exec: Python then installs no KeyboardInterrupt and Ctrl-C does nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.fixture
 def chat():
     # one thread: this tests the terminal, and on a loaded 2-core machine llama.cpp's threads
     # can wait on each other for a minute (its spin barriers, oversubscribed)
     child = pexpect.spawn(sys.executable, ["-m", "localinfer", "run", "--temperature", "0",
                                            "--max-tokens", "60", "--threads", "1"],
-                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+                          encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          preexec_fn=_ctrl_c_reaches_it)
     child.expect("/bye to exit")
     child.expect(">>> ")
     yield child
@@ -89,7 +98,8 @@ def test_a_chat_that_outgrows_the_context_leaves_out_its_oldest_turns():
     child = pexpect.spawn(sys.executable, ["-m", "localinfer", "run", "--temperature", "0",
                                            "--max-tokens", "40", "--threads", "1", "--ctx",
                                            "256", "--system", "Answer in English."],
-                          encoding="utf-8", timeout=60, dimensions=(40, 200))
+                          encoding="utf-8", timeout=60, dimensions=(40, 200),
+                          preexec_fn=_ctrl_c_reaches_it)
     try:
         child.expect(">>> ")
         notices = 0
