@@ -52,8 +52,10 @@ SHAPES = {  # as the published Llama configs give them
     # a reply early (bench/long_prompt_gap.py)
     "smollm2-135m": Shape(30, 576, 9, 3, 1536, 49152, 8192, True),
     # one thin layer over smollm2's vocabulary: a CPU decodes it at GPU-like step rates,
-    # so what surrounds llama_decode (engine, HTTP, SSE) shows as it would on a GPU
-    "fast-step": Shape(1, 64, 2, 2, 128, 49152, 8192, True),
+    # so what surrounds llama_decode (engine, HTTP, SSE) shows as it would on a GPU; its
+    # output layer is its own (tied to the embeddings, one thin layer's greedy pick is the
+    # token it was given: after a chat prompt's "\n", newlines a chat reply drops)
+    "fast-step": Shape(1, 64, 2, 2, 128, 49152, 8192, False),
 }
 _TOKENIZER_KEYS = ("tokenizer.", "general.name")
 _Q8_BLOCK = 32
