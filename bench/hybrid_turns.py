@@ -73,7 +73,7 @@ def _turn(client: httpx.Client, url: str, messages: list[dict], thinking: bool,
             "max_tokens": tokens, "stream_options": {"include_usage": True},
             "chat_template_kwargs": {"enable_thinking": thinking}}
     start = time.perf_counter()
-    first, content, cached = None, [], None
+    first, content, cached, prompt = None, [], None, None
     with client.stream("POST", url + "/v1/chat/completions", json=body,
                        headers={"Connection": "close"}) as response:  # one per turn
         if response.status_code != 200:

@@ -129,7 +129,9 @@ def test_a_step_stays_near_its_time_target_while_a_stream_runs(smollm2_path):
     assert sum(p for _, _, p in with_prompt) == n_prompt  # the whole prompt was read
     assert all(d == 1 for _, d, _ in with_prompt)
     # ~700 tokens: two 512-token chunks without the target (each ~0.5-1 s on 2 cores);
-    # with it, pieces of ~100-200 tokens in steps of ~0.2 s
-    assert len(with_prompt) >= 3, with_prompt
+    # with it, pieces of ~100-200 tokens in steps of ~0.2 s. A CPU that reads a whole chunk
+    # within the target is never cut: then the chunks themselves stay short
+    whole_chunks_fit = max(s for s, _, _ in with_prompt) <= 0.3
+    assert len(with_prompt) >= 3 or whole_chunks_fit, with_prompt
     typical = statistics.median(s for s, _, _ in with_prompt)
     assert typical <= 0.5, (typical, with_prompt)  # 0.2 s, with room for a loaded machine
