@@ -36,7 +36,8 @@ logging.getLogger("localinfer.llama_cpp").setLevel(logging.DEBUG)
 from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.service import llama_cpp_backend, prepare
 path, n_ctx, n_slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-model, _, options = prepare(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots))
+prepared = prepare(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots))
+model, options = prepared.model, prepared.options
 backend = llama_cpp_backend(model.path, options, model.name)
 backend.generate(backend.tokenize("hello " * 600), SamplingParams(temperature=0, max_tokens=4)).text()
 def process_gpu_bytes():
@@ -89,7 +90,8 @@ def measure(path: Path, n_ctx: int, n_slots: int) -> dict:
                           capture_output=True, text=True, timeout=600)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:
-        return {"model": path.name, "n_ctx": n_ctx, "error": done.stderr[-2000:]}
+        return {"model": path.name, "n_ctx": n_ctx,  # a crash may leave no stderr
+                "error": f"exit {done.returncode}: {(done.stderr or done.stdout)[-2000:]}"}
     child = json.loads(line[len("RESULT "):])
     report = buffers(child["log"])
     gpu_reported = sum(v for dev, kinds in report.items() if dev.startswith(("CUDA", "ROCm"))

@@ -310,6 +310,47 @@ def _q4_k_m(tensor: str):
     return q.Q6_K if tensor == "output.weight" or ".ffn_down" in tensor else q.Q4_K
 
 
+# Bytes of one block of 256 weights: Q4_K (f16 d, f16 dmin, 12 of 6-bit scales and mins,
+# 128 of 4-bit weights) and Q6_K (128 low nibbles, 64 of high bits, 16 int8 scales, f16 d).
+_Q4_K_BYTES, _Q6_K_BYTES = 144, 210
+
+
+def _k_blocks(rng: np.random.Generator, qtype, rows: int, cols: int) -> np.ndarray:
+    """`rows` rows of random but valid K-quant (or Q8_0) blocks, weights of standard
+    deviation ~0.02: random bytes for the weights and scales, finite f16 block scales."""
+    import gguf
+
+    q = gguf.GGMLQuantizationType
+    if qtype == q.Q8_0:
+        return _q8_0(rng, rows, cols)
+    size = _Q4_K_BYTES if qtype == q.Q4_K else _Q6_K_BYTES
+    blocks = rng.integers(0, 256, size=(rows * cols // 256, size), dtype=np.uint8)
+    if qtype == q.Q4_K:  # w = d·scale·q − dmin·min: q ~ U(0, 15), scale and min ~ U(0, 63)
+        blocks[:, :4] = np.frombuffer(np.array([1e-4, 7.5e-4], np.float16).tobytes(), np.uint8)
+    else:  # w = d·scale·(q − 32), q ~ U(0, 63); scales of −16..16
+        blocks[:, 192:208] = rng.integers(-16, 17, size=(len(blocks), 16),
+                                          dtype=np.int8).view(np.uint8)
+        blocks[:, 208:] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
+    return blocks.reshape(rows, -1)
+
+
+class _Repeated:
+    """A tensor's bytes as `copies` copies of one matrix, written without holding them all
+    (GGUFWriter needs shape, dtype, nbytes and tofile): a 17 GB mixture of experts is
+    written at the disk's speed. What the weights say does not change the speed of reading
+    them; every copy is its own bytes in the file."""
+
+    def __init__(self, matrix: np.ndarray, copies: int) -> None:
+        self.matrix, self.copies = matrix, copies
+        self.shape = ((copies,) if copies > 1 else ()) + matrix.shape
+        self.dtype, self.nbytes = matrix.dtype, matrix.nbytes * copies
+
+    def tofile(self, fout) -> None:
+        data = self.matrix.tobytes()
+        for _ in range(self.copies):
+            fout.write(data)
+
+
 def synthetic_tokenizer(n_vocab: int) -> dict:
     """A vocabulary of n_vocab placeholder tokens: a header-only file's (never loaded)."""
     import gguf
@@ -329,13 +370,15 @@ def write_plan_shape(shape: ArchShape, out: Path, name: str, sparse: bool = Fals
 
 
 def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: int = 0,
-               header_only: bool = False, sparse: bool = False) -> int:
+               header_only: bool = False, sparse: bool = False, quant: str = "q8_0") -> int:
     """A random-weight GGUF of `shape`'s architecture that llama.cpp loads and decodes, with
     `tokenizer`'s vocabulary (unpadded) and the output tied to the token embeddings. Matrices
     are Q8_0; norms, convolution kernels, biases, routers and the state-space scalars F32, as
     llama-quantize leaves them. header_only: the header and tensor table alone (matrices
     typed as in a Q4_K_M file), for a shape too big to write; sparse: with its weights'
-    bytes as a hole. The file's size with its weights."""
+    bytes as a hole. quant "q4_k_m": every weight written, typed as in a Q4_K_M file, each
+    layer's matrices alike (one random matrix per shape, repeated): a real model's size at
+    the disk's speed. The file's size with its weights."""
     import gguf
 
     arch = shape.arch
@@ -345,7 +388,10 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
     writer = gguf.GGUFWriter(out, arch)
     writer.add_name(name)
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if header_only
+    if quant not in ("q8_0", "q4_k_m"):
+        raise ValueError(f"no writer for the quantization {quant!r}")
+    k_quants = header_only or quant == "q4_k_m"
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if k_quants
                          else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_block_count(shape.n_layer)
     writer.add_context_length(shape.n_ctx_train)
@@ -399,14 +445,23 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     q8 = gguf.GGMLQuantizationType.Q8_0
     e, hd = shape.n_embd, shape.head_dim or (shape.n_embd // shape.n_head if shape.n_head else 0)
 
+    pools: dict[tuple, np.ndarray] = {}
+
     def matrix(tensor: str, rows: int, cols: int, experts: int = 0) -> None:
         """A Q8_0 matrix of llama.cpp's shape {cols, rows} (× experts)."""
+        qtype = _q4_k_m(tensor) if k_quants and cols % 256 == 0 else q8
         if header_only:
-            qtype = _q4_k_m(tensor) if cols % 256 == 0 else q8
             dims = ((experts,) if experts else ()) + (rows, cols)
             byte_shape = gguf.quant_shape_to_byte_shape(dims, qtype)
             writer.add_tensor_info(tensor, byte_shape, np.dtype(np.uint8),
                                    int(np.prod(byte_shape)), raw_dtype=qtype)
+            return
+        if quant == "q4_k_m":
+            key = (qtype, rows, cols)
+            if key not in pools:
+                pools[key] = _k_blocks(rng, qtype, rows, cols)
+            writer.add_tensor(tensor, _Repeated(pools[key], max(experts, 1)),  # type: ignore[arg-type]
+                              raw_dtype=qtype)
             return
         data = _q8_0(rng, rows * max(experts, 1), cols)
         if experts:
@@ -625,19 +680,31 @@ def write_tokenizer_only(out: Path, tokenizer: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES) + sorted(ARCH_SHAPES))
+    parser.add_argument("shape", nargs="?", choices=sorted(SHAPES) + sorted(ARCH_SHAPES) + sorted(PLAN_SHAPES))
     parser.add_argument("out", type=Path)
     parser.add_argument("--tokenizer", type=Path, help="GGUF to copy the tokenizer from "
                                                        "[the embedded smollm2]")
     parser.add_argument("--tokenizer-only", action="store_true")
+    parser.add_argument("--quant", choices=("q8_0", "q4_k_m"), default="q8_0",
+                        help="an architecture shape's matrices: q4_k_m writes a real "
+                             "model's size fast (each layer's matrices alike)")
+    parser.add_argument("--template", type=Path, help="a chat template (.jinja) to embed")
     args = parser.parse_args()
     tokenizer = read_tokenizer(args.tokenizer or embedded_smollm2())
+    if args.template:
+        import gguf
+
+        tokenizer["tokenizer.chat_template"] = (args.template.read_text(),
+                                                gguf.GGUFValueType.STRING, None)
     if args.tokenizer_only:
         write_tokenizer_only(args.out, tokenizer)
     elif args.shape is None:
         parser.error("name a shape, or pass --tokenizer-only")
-    elif args.shape in ARCH_SHAPES:
-        write_arch(ARCH_SHAPES[args.shape], args.out, tokenizer, f"random {args.shape} Q8_0")
+    elif args.shape in ARCH_SHAPES or args.shape in PLAN_SHAPES:
+        write_arch({**ARCH_SHAPES, **PLAN_SHAPES}[args.shape], args.out, tokenizer,
+                   f"random {args.shape} {args.quant.upper()}", quant=args.quant)
+    elif args.quant != "q8_0":
+        parser.error("--quant is for the architecture shapes; the llama shapes are Q8_0")
     else:
         write_model(SHAPES[args.shape], args.out, tokenizer, f"random {args.shape} Q8_0")
 

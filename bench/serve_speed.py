@@ -13,6 +13,11 @@ Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
     python3 bench/serve_speed.py --llama-server PATH [--reps 5] [--levels 1,8]
                                  [--tokens 128] [--requests 2]
+                                 [--shape llama3.2-1b --tokenizer TOKENIZER.gguf]
+
+--shape takes another of random_gguf.py's llama shapes (a GPU's: llama3.2-1b, llama3.1-8b),
+--tokenizer a GGUF to take the vocabulary from where the embedded smollm2 is not installed
+(random_gguf.py --tokenizer-only writes one).
 
 Writes bench/results/serve_speed.{json,md,png}.
 """
@@ -27,7 +32,6 @@ import harness
 from clients import level_in_subprocess
 from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
-MODEL = "smollm2-135m-random"  # the file's stem: localinfer's name for it
 CTX = 1024  # per slot
 SERVERS = ("llama-server", "localinfer")
 
@@ -37,14 +41,19 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--levels", default="1,8", help="concurrent clients")
     parser.add_argument("--requests", type=int, default=2, help="per client")
+    parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
+    parser.add_argument("--tokenizer", type=Path, help="a GGUF whose vocabulary to use "
+                                                       "[the embedded smollm2's]")
     args = parser.parse_args()
+    name = f"{args.shape}-random"  # the file's stem: localinfer's name for it
     levels = [int(x) for x in args.levels.split(",")]
     slots = max(levels)
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as home:
-        model = Path(home) / f"{MODEL}.gguf"
-        write_model(SHAPES["smollm2-135m"], model, read_tokenizer(embedded_smollm2()),
-                    "random smollm2-135m Q8_0")
+        model = Path(home) / f"{name}.gguf"
+        write_model(SHAPES[args.shape], model,
+                    read_tokenizer(args.tokenizer or embedded_smollm2()),
+                    f"random {args.shape} Q8_0")
         servers = {
             "llama-server": harness.start_server(
                 [str(args.llama_server)],
@@ -54,11 +63,11 @@ def main() -> None:
             for rep in range(args.reps):
                 for clients in levels:
                     order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
-                    for name in order:
-                        row = level_in_subprocess(servers[name][1], MODEL, clients,
+                    for server in order:
+                        row = level_in_subprocess(servers[server][1], name, clients,
                                                   args.requests, args.tokens)
-                        rows.append({"server": name, "rep": rep, **row})
-                        print(f"{rep} {name:12s} {clients:2d} clients: "
+                        rows.append({"server": server, "rep": rep, **row})
+                        print(f"{rep} {server:12s} {clients:2d} clients: "
                               f"{row['output_tps']:6.1f} tok/s, TTFT p50 "
                               f"{row['ttft_p50_s']:.3f} s", flush=True)
         finally:
@@ -95,7 +104,7 @@ def report(args, levels: list[int], rows: list[dict]) -> None:
         ax.set(title=f"{clients} client(s)", xlabel="round",
                ylabel="localinfer ÷ llama-server tok/s")
     lines = ["# Solo decode and 8 clients: localinfer against llama-server", "",
-             f"SmolLM2-135M's shape, random Q8_0 weights; both servers with {max(levels)} "
+             f"The {args.shape} shape, random Q8_0 weights; both servers with {max(levels)} "
              f"slots of {CTX} tokens; greedy, {args.tokens} tokens a reply, {args.requests} "
              f"requests per client, the raw-socket client in a process of its own; "
              f"{args.reps} rounds with the servers in turns.", "",
@@ -103,7 +112,7 @@ def report(args, levels: list[int], rows: list[dict]) -> None:
                  ["clients", "llama-server tok/s (median)", "localinfer tok/s (median)",
                   "localinfer ÷ llama-server", "each round", "TTFT p50 llama-server / "
                   "localinfer s (ratio)"], table)]
-    meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens,
+    meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
                              requests=args.requests, ctx=CTX,
                              llama_server=str(args.llama_server))
     harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
