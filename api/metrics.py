@@ -74,6 +74,9 @@ class _PoolCollector(Collector):
                                                 labels=["model"]),
             "steps": GaugeMetricFamily("localinfer_decode_steps", "llama_decode calls so far",
                                        labels=["model"]),
+            "threads": GaugeMetricFamily("localinfer_threads", "CPU threads llama.cpp decodes "
+                                         "with now (tuned to the cores left free)",
+                                         labels=["model"]),
             "preemptions": GaugeMetricFamily(
                 "localinfer_preemptions", "requests whose KV was dropped to make room so far "
                 "(--kv-unified)", labels=["model"]),

@@ -129,6 +129,13 @@ def log_facts(process: subprocess.Popen) -> dict:
     return {"buffers_mib": buffers, "fit_log": fit}
 
 
+def threads(url: str) -> float | None:
+    """The CPU threads localinfer's engine decodes with now (its /metrics)."""
+    match = re.search(r"^localinfer_threads\{[^}]*\} ([\d.]+)", httpx.get(url + "/metrics").text,
+                      re.M)
+    return float(match.group(1)) if match else None
+
+
 def stream(client: httpx.Client, url: str, model: str, seed: int, tokens: int) -> dict:
     words = ("harbour lantern keeper tide rope gull stone window evening storm ledger "
              "candle island signal ferry").split()
@@ -177,7 +184,7 @@ def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, to
         with httpx.Client(timeout=900) as client:
             stream(client, url, served, 99, 8)  # warm-up
             runs = [stream(client, url, served, rep, tokens) for rep in range(reps)]
-        facts = log_facts(process) if name == "llama-server" else {}
+        facts = log_facts(process) if name == "llama-server" else {"threads": threads(url)}
     finally:
         harness.stop_servers({name: (process, url)})
     held = None if before is None or loaded is None else loaded - before
@@ -187,6 +194,7 @@ def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, to
               "decode_tok_s": statistics.median(decode) if decode else None,
               "ttft_s": statistics.median(ttft) if ttft else None}
     print(name, f"held {held and held / 2**30:.2f} GiB" if held else "",
+          f"threads {facts['threads']}" if facts.get("threads") else "",
           f"decode {result['decode_tok_s']:.1f} tok/s" if decode else "no decode",
           f"ttft {result['ttft_s']:.3f} s" if ttft else "", flush=True)
     return result

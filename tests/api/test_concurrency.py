@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -82,6 +83,8 @@ def test_metrics_count_requests_by_route_and_status(server):
     assert re.search(r'^localinfer_ttft_seconds_count\{model="smollm2:135m"\} [1-9]', text, re.M)
     decode = _metric(server, "localinfer_llama_decode_seconds_total")
     assert 0 < decode < _metric(server, "localinfer_engine_step_seconds_total")
+    # the runner's count reaches the server: at least one, at most the machine's CPUs
+    assert 1 <= _metric(server, "localinfer_threads") <= (os.cpu_count() or 1)
 
 
 def test_a_bad_prompt_in_a_batch_leaves_nothing_running(server):
