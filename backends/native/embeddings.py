@@ -38,7 +38,8 @@ class PooledContext:
     def _context(self) -> llama_cpp.llama_context_p:
         if self._ctx is None:
             params = llama_cpp.llama_context_default_params()
-            params.n_ctx = params.n_batch = params.n_ubatch = self.n_ctx
+            params.n_ctx = params.n_batch = self.n_ctx
+            params.n_ubatch = self._micro_batch()
             params.n_seq_max = self.SEQUENCES
             params.kv_unified = self.SEQUENCES > 1
             params.n_threads = params.n_threads_batch = self._n_threads
@@ -51,6 +52,13 @@ class PooledContext:
                 raise EngineError(f"llama.cpp could not create {self.WHAT} context of "
                                   f"{self.n_ctx} tokens — lower --ctx")
         return self._ctx
+
+    def _micro_batch(self) -> int:
+        """Tokens llama.cpp computes at once. It reserves its compute buffer for that many
+        outputs, each as wide as the model's output layer (a causal model's vocabulary,
+        pooled or not): 20 GiB for Qwen3's 151,936 at 32,768 tokens. Here a whole input is
+        one micro-batch, as mean pooling needs (llama.cpp pools each micro-batch apart)."""
+        return self.n_ctx
 
     def close(self) -> None:
         with self._lock:

@@ -50,3 +50,43 @@ def test_pairs_over_several_decodes_score_as_each_alone(qwen3):
 
     with pytest.raises(PromptTooLong, match="256"):  # one pair past the context: none scored
         qwen3.rerank("What do cats eat?", ["short", "cats " * 200])
+
+
+def test_a_causal_rerankers_long_pair_is_read_in_micro_batches_and_scores_as_in_one(caplog):
+    """llama.cpp reserves a pooled context's compute buffer for a micro-batch's outputs, each
+    as wide as the vocabulary: a Qwen3-Reranker read a whole context at once reserved 2.4 GiB
+    at 4,096 tokens (21 GiB at 32,768). Read in micro-batches, a pair longer than one scores
+    as llama.cpp scores it read whole."""
+    import llama_cpp
+
+    caplog.set_level("DEBUG", logger="localinfer.llama_cpp")
+    backend = LlamaCppBackend(reranker_model("qwen3"), LoadOptions(n_ctx=4096, n_slots=1))
+    try:
+        document = "Cats hunt small animals and sleep in the sun. " * 120
+        pair = backend.reranker.tokens("What do cats eat?", document, backend._holds_control)
+        assert 1024 < len(pair) < 4096  # more than one micro-batch
+        (score,), _ = backend.rerank("What do cats eat?", [document])
+        reserved = [float(line.split("=")[1].split()[0]) for message in caplog.messages
+                    for line in message.splitlines() if "compute buffer size" in line]
+        assert reserved and reserved[-1] < 1024  # MiB: the rerank context's, made last
+
+        params = llama_cpp.llama_context_default_params()  # the pair in one micro-batch
+        params.n_ctx = params.n_batch = params.n_ubatch = 4096
+        params.embeddings = True
+        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_RANK
+        ctx = llama_cpp.llama_init_from_model(backend.native.model, params)
+        assert ctx
+        batch = llama_cpp.llama_batch_init(len(pair), 0, 1)
+        try:
+            for i, token in enumerate(pair):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, True
+            batch.n_tokens = len(pair)
+            assert llama_cpp.llama_decode(ctx, batch) == 0
+            whole = llama_cpp.llama_get_embeddings_seq(ctx, 0)[0]
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            llama_cpp.llama_free(ctx)
+        assert score == pytest.approx(whole, abs=2e-3)
+    finally:
+        backend.close()
