@@ -488,12 +488,12 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
         raise ApiError(400, "input is empty")
     async with request.app.state.pool.use(core.check_model_name(body.model or None)) as loaded:
         core.check_embeds(loaded)
-        data, n_tokens = [], 0
-        for i, item in enumerate(inputs):
-            text = item if isinstance(item, str) else await asyncio.to_thread(
-                loaded.backend.detokenize, item)
-            vector, n = await asyncio.to_thread(loaded.backend.embed, text)
-            n_tokens += n
+        texts = [item if isinstance(item, str) else await asyncio.to_thread(
+            loaded.backend.detokenize, item) for item in inputs]
+        # one call for them all: short inputs share a decode
+        vectors, n_tokens = await asyncio.to_thread(loaded.backend.embed_many, texts)
+        data = []
+        for i, vector in enumerate(vectors):
             encoded: Any = vector
             if body.encoding_format == "base64":
                 encoded = base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

@@ -498,6 +498,16 @@ class Backend(ABC):
     def embed(self, text: str) -> tuple[list[float], int]:
         """An L2-normalised embedding of `text`, and how many tokens it took."""
 
+    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        """Each text's embedding, in order, and the tokens they took: one call for a
+        request's inputs (a backend may read several in one decode)."""
+        vectors, n_tokens = [], 0
+        for text in texts:
+            vector, n = self.embed(text)
+            vectors.append(vector)
+            n_tokens += n
+        return vectors, n_tokens
+
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         """Each document's relevance to `query`, in order, scored by a reranker (a
         cross-encoder with rank pooling), and how many tokens the pairs took."""

@@ -269,8 +269,12 @@ class LlamaCppBackend(Backend):
         return self.engine.submit(tokens, params)
 
     def embed(self, text: str) -> tuple[list[float], int]:
-        tokens = self.tokenize(text)
-        return self.embedder.embed(tokens), len(tokens)
+        vectors, n_tokens = self.embed_many([text])
+        return vectors[0], n_tokens
+
+    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        inputs = [self.tokenize(text) for text in texts]
+        return self.embedder.embed_many(inputs), sum(len(tokens) for tokens in inputs)
 
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         n_ctx = self.reranker.n_ctx

@@ -269,6 +269,10 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
     "qwen3-rerank-tiny": ArchShape("qwen3", 2, 64, n_ff=128, n_head=2, n_head_kv=1,
                                    head_dim=32, n_ctx_train=40960, classifier=("yes", "no"),
                                    pooling=4),
+    # Qwen3-Embedding: Qwen3 whose file names last-token pooling (an embedding is the last
+    # token's hidden state)
+    "qwen3-embed-tiny": ArchShape("qwen3", 2, 64, n_ff=128, n_head=2, n_head_kv=1,
+                                  head_dim=32, n_ctx_train=40960, pooling=3),
 }
 
 # Published models' shapes, for what a plan says of them (`show`, the planner's tests): their

@@ -175,6 +175,22 @@ def reranker_model(arch: str) -> Path:
     return out
 
 
+def embedding_model() -> Path:
+    """A random-weight Qwen3-Embedding (bench/random_gguf.py's `qwen3-embed-tiny`): Qwen3
+    whose file names last-token pooling, with Qwen3's vocabulary."""
+    out = CACHE / "models" / "qwen3-embed-tiny.gguf"
+    if out.exists():
+        return out
+    random_gguf = _random_gguf()
+    tokenizer = _tokenizer(random_gguf, "Qwen-Qwen3-0.6B", "qwen2", QWEN_ADDED)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    random_gguf.write_arch(random_gguf.ARCH_SHAPES["qwen3-embed-tiny"], partial, tokenizer,
+                           "random qwen3-embed-tiny")
+    os.replace(partial, out)
+    return out
+
+
 def plan_model(shape: str) -> Path:
     """A published model's shape (bench/random_gguf.py PLAN_SHAPES: qwen3.5-9b,
     qwen3-30b-a3b, lfm2-1.2b, mamba2-2.7b, gemma3-27b) as a file the planner reads as the

@@ -11,10 +11,7 @@ prompt (`tokenizer.chat_template.rerank`, with `{query}` and `{document}` in it)
 has one, else [BOS] query [EOS] [SEP] document [EOS], each special token where the
 vocabulary adds it. Only the prompt writes control tokens: a query or document that spells
 one is read as text. Short pairs share a decode, each its own sequence, up to ~256 tokens in
-all (a longer pair goes alone): a decode's attention spans every token in it, masked by
-sequence, so its cost grows with the square of what it holds — nine 206-token pairs to a
-decode scored 17 documents a second here, one to a decode 27 (a MiniLM-L6 shape, 2 cores).
-A pair's score is its own alone: an encoder's exactly, a causal model's within rounding
+all (a longer pair goes alone; `embeddings.groups` says why). A pair's score is its own alone: an encoder's exactly, a causal model's within rounding
 (flash attention over the shared cells sums in another order: ~1e-3 at most).
 """
 
@@ -26,16 +23,14 @@ from collections.abc import Callable, Sequence
 
 import llama_cpp
 
-from localinfer.backends.native.embeddings import PooledContext
+from localinfer.backends.native.embeddings import (_MICRO_BATCH, _SEQUENCES, PooledContext,
+                                                    groups)
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
 __all__ = ["Reranker"]
 
 _SLOT = re.compile(r"(\{query\}|\{document\})")
-_SEQUENCES = 16  # pairs in one decode at most (their tokens within the context)
-_DECODE_TOKENS = 256  # pairs share a decode up to this many tokens (a longer one alone)
-_MICRO_BATCH = 512  # a causal reranker's tokens computed at once
 
 
 class Reranker(PooledContext):
@@ -56,7 +51,7 @@ class Reranker(PooledContext):
         value of each sequence): _MICRO_BATCH tokens at a time bound its compute buffer
         (Qwen3-Reranker-0.6B at --ctx 32768: 300 MiB, not 21 GiB). An encoder attends both
         ways: a pair is one micro-batch."""
-        if llama_cpp.llama_get_causal_attn(self.native.ctx):
+        if self._causal():
             return min(self.n_ctx, _MICRO_BATCH)
         return self.n_ctx
 
@@ -119,31 +114,14 @@ class Reranker(PooledContext):
         scores: list[float] = []
         with self._lock:
             ctx = self._context()
-            for group in _groups(pairs, self.n_ctx):
+            for group in groups(pairs, self.n_ctx):
                 scores += self._decode(ctx, group)
         return scores
 
     def _decode(self, ctx: llama_cpp.llama_context_p, group: Sequence[Sequence[int]]
                 ) -> list[float]:
-        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-        n = sum(len(pair) for pair in group)
-        batch = llama_cpp.llama_batch_init(n, 0, 1)
-        try:
-            at = 0
-            for seq, pair in enumerate(group):
-                for pos, token in enumerate(pair):
-                    batch.token[at] = token
-                    batch.pos[at] = pos
-                    batch.n_seq_id[at] = 1
-                    batch.seq_id[at][0] = seq
-                    batch.logits[at] = True
-                    at += 1
-            batch.n_tokens = n
-            if llama_cpp.llama_decode(ctx, batch) != 0:
-                raise EngineError("llama.cpp failed to score the documents")
-            return [_score(ctx, seq) for seq in range(len(group))]
-        finally:
-            llama_cpp.llama_batch_free(batch)
+        self._read(ctx, group, "llama.cpp failed to score the documents")
+        return [_score(ctx, seq) for seq in range(len(group))]
 
 
 def _score(ctx: llama_cpp.llama_context_p, seq: int) -> float:
@@ -154,18 +132,3 @@ def _score(ctx: llama_cpp.llama_context_p, seq: int) -> float:
     if not math.isfinite(value):
         raise EngineError(f"this model gave a score that is not a number ({value})")
     return value
-
-
-def _groups(pairs: Sequence[Sequence[int]], n_ctx: int) -> list[list[Sequence[int]]]:
-    """Consecutive pairs, as many to a decode as _DECODE_TOKENS, the context and the
-    sequences hold."""
-    cap = min(n_ctx, _DECODE_TOKENS)
-    groups: list[list[Sequence[int]]] = []
-    size = 0
-    for pair in pairs:
-        if not groups or len(groups[-1]) == _SEQUENCES or size + len(pair) > cap:
-            groups.append([])
-            size = 0
-        groups[-1].append(pair)
-        size += len(pair)
-    return groups

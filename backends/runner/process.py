@@ -511,7 +511,11 @@ class RunnerBackend(Backend):
                                                _plain(template_args), tuple(images)))
 
     def embed(self, text: str) -> tuple[list[float], int]:
-        return self._link.call(p.Embed(text))
+        vectors, n_tokens = self.embed_many([text])
+        return vectors[0], n_tokens
+
+    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        return self._link.call(p.Embed(list(texts)))
 
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         return self._link.call(p.Rerank(query, list(documents)))

@@ -246,10 +246,10 @@ class Start(Call):
 @_message
 class Embed(Call):
     watched: ClassVar[bool] = False
-    text: str
+    texts: list[str]
 
-    def run(self, backend: Backend) -> tuple[list[float], int]:
-        return backend.embed(self.text)
+    def run(self, backend: Backend) -> tuple[list[list[float]], int]:
+        return backend.embed_many(self.texts)
 
 
 @_message

@@ -83,6 +83,9 @@ class Replicas(Backend):
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)
 
+    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+        return self.members[0].embed_many(texts)
+
     def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
         return self.members[0].rerank(query, documents)
 

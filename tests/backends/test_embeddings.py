@@ -1,0 +1,86 @@
+"""Embeddings in the backend (backends/native/embeddings.py): pooled as the model's file says
+(a random Qwen3-Embedding of tests/families.py names its last token), checked against
+llama.cpp pooling the input read whole in a context of its own; a request's short inputs
+sharing decodes embed as each alone."""
+
+from __future__ import annotations
+
+import math
+
+import llama_cpp
+import pytest
+
+from localinfer.backends.base import LoadOptions
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.backends.native.embeddings import _SEQUENCES
+from localinfer.errors import InvalidRequest, PromptTooLong
+
+from ..families import embedding_model
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    backend = LlamaCppBackend(embedding_model(), LoadOptions(n_ctx=2048, n_slots=1))
+    yield backend
+    backend.close()
+
+
+def _direct(backend, tokens: list[int], pooling: int) -> list[float]:
+    """llama.cpp's pooled embedding of `tokens` read in one micro-batch, L2-normalised."""
+    params = llama_cpp.llama_context_default_params()
+    params.n_ctx = params.n_batch = params.n_ubatch = 2048
+    params.embeddings = True
+    params.pooling_type = pooling
+    ctx = llama_cpp.llama_init_from_model(backend.native.model, params)
+    assert ctx
+    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
+    try:
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+            batch.seq_id[i][0], batch.logits[i] = 0, True
+        batch.n_tokens = len(tokens)
+        assert llama_cpp.llama_decode(ctx, batch) == 0
+        n_embd = llama_cpp.llama_model_n_embd(backend.native.model)
+        vector = llama_cpp.llama_get_embeddings_seq(ctx, 0)[:n_embd]
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llama_cpp.llama_free(ctx)
+    norm = math.sqrt(sum(v * v for v in vector))
+    return [v / norm for v in vector]
+
+
+def test_the_files_own_pooling_even_past_a_micro_batch(qwen3):
+    short = "What do cats eat?"
+    vector, n_tokens = qwen3.embed(short)
+    tokens = qwen3.tokenize(short)
+    assert n_tokens == len(tokens)
+    last = _direct(qwen3, tokens, llama_cpp.LLAMA_POOLING_TYPE_LAST)
+    mean = _direct(qwen3, tokens, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+    assert vector == pytest.approx(last, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(vector, mean)) > 1e-2  # (not a mean)
+
+    long = "Cats hunt small animals and sleep in the sun. " * 120
+    tokens = qwen3.tokenize(long)
+    assert 1024 < len(tokens) <= 2048  # more than one micro-batch
+    assert qwen3.embed(long)[0] == pytest.approx(
+        _direct(qwen3, tokens, llama_cpp.LLAMA_POOLING_TYPE_LAST), abs=2e-3)
+
+
+def test_a_requests_inputs_sharing_decodes_embed_as_each_alone(smollm2):
+    # more inputs than a decode takes, of uneven lengths; smollm2 names no pooling: mean
+    texts = [f"Text {i}: " + "cats and dogs " * (i % 5) for i in range(_SEQUENCES + 6)]
+    vectors, n_tokens = smollm2.embed_many(texts)
+    alone = [smollm2.embed(text) for text in texts]
+    assert len(vectors) == len(texts)
+    for vector, (one, _) in zip(vectors, alone):
+        # flash attention over the shared cells sums in another order, in half precision:
+        # the same direction within rounding (a sequence that saw another's tokens would not be)
+        assert sum(a * b for a, b in zip(vector, one)) > 0.999
+        assert vector == pytest.approx(one, abs=0.02)
+    assert n_tokens == sum(n for _, n in alone)
+    assert len({round(v[0], 6) for v in vectors}) > 1
+
+    with pytest.raises(InvalidRequest):  # an empty input: none is read
+        smollm2.embed_many(["cats", ""])
+    with pytest.raises(PromptTooLong):
+        smollm2.embed_many(["cats", "cats " * 3000])
