@@ -28,8 +28,9 @@ _MICRO_BATCH = 512  # tokens computed at once where a sequence may span micro-ba
 class PooledContext:
     """A second llama.cpp context on the model's weights whose outputs llama.cpp pools (the
     model's own context cannot: pooling is fixed when a context is made), made on first use
-    and freed with the model. A whole input is one micro-batch (pooling needs it so);
-    `SEQUENCES` inputs may share a decode, each its own sequence, over one pool of cells."""
+    and freed with the model. An input is one micro-batch where its pooling needs it so
+    (`_micro_batch`); `SEQUENCES` inputs may share a decode, each its own sequence, over one
+    pool of cells."""
 
     POOLING = llama_cpp.LLAMA_POOLING_TYPE_MEAN
     SEQUENCES = 1
