@@ -1,14 +1,18 @@
 """Embeddings: a second llama.cpp context on the same weights, pooled by mean, L2-normalised.
 
 It is made on first use (chat-only servers never pay for it) and serves one input at a
-time under a lock, next to the engine's context, which keeps generating meanwhile.
+time under a lock. Its decodes run where the backend says (`run`): the engine's thread,
+between two of its steps (Engine.call), so that one thread of the process calls
+llama_decode — one OpenMP team, whose barriers spin (a second team's mere existence makes
+every barrier of both sleep).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import llama_cpp
 
@@ -22,16 +26,20 @@ class PooledContext:
     """A second llama.cpp context on the model's weights whose outputs llama.cpp pools (the
     model's own context cannot: pooling is fixed when a context is made), made on first use
     and freed with the model. A whole input is one micro-batch (pooling needs it so);
-    `SEQUENCES` inputs may share a decode, each its own sequence, over one pool of cells."""
+    `SEQUENCES` inputs may share a decode, each its own sequence, over one pool of cells.
+    `run(work)` runs one decode's work (a context made, a batch decoded, its outputs read)
+    where llama.cpp should be called: the engine's thread (Engine.call), else the caller's."""
 
     POOLING = llama_cpp.LLAMA_POOLING_TYPE_MEAN
     SEQUENCES = 1
     WHAT = "an embedding"
 
-    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
+                 run: Callable[[Callable[[], Any]], Any] | None = None):
         self.native = native
         self.n_ctx = n_ctx
         self._n_threads = n_threads
+        self._run = run or (lambda work: work())
         self._ctx = None
         self._lock = threading.Lock()
 
@@ -67,6 +75,11 @@ class Embedder(PooledContext):
             raise InvalidRequest("cannot embed an empty input")
         if len(tokens) > self.n_ctx:
             raise PromptTooLong(len(tokens), self.n_ctx)
+        vector = self._run(lambda: self._decode(tokens))
+        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+        return [v / norm for v in vector]
+
+    def _decode(self, tokens: Sequence[int]) -> list[float]:
         with self._lock:
             ctx = self._context()
             llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
@@ -84,8 +97,6 @@ class Embedder(PooledContext):
                 pooled = llama_cpp.llama_get_embeddings_seq(ctx, 0)
                 if not pooled:
                     raise EngineError("this model gave no pooled embedding")
-                vector = pooled[: llama_cpp.llama_model_n_embd(self.native.model)]
+                return pooled[: llama_cpp.llama_model_n_embd(self.native.model)]
             finally:
                 llama_cpp.llama_batch_free(batch)
-        norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-        return [v / norm for v in vector]

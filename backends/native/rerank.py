@@ -15,7 +15,10 @@ all (a longer pair goes alone): a decode's attention spans every token in it, ma
 sequence, so its cost grows with the square of what it holds — nine 206-token pairs to a
 decode scored 17 documents a second here, one to a decode 27 (a MiniLM-L6 shape, 2 cores).
 A pair's score is its own alone: an encoder's exactly, a causal model's within rounding
-(flash attention over the shared cells sums in another order: ~1e-3 at most).
+(flash attention over the shared cells sums in another order: ~1e-3 at most). Each decode
+runs on the engine's thread between two of its steps (PooledContext's `run`): requests on
+several threads once decoded on several, and every OpenMP barrier then slept (~200 sleeps a
+decode, 2 cores ~1.8 busy: 21-25 documents a second where one thread scored 27).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import llama_cpp
 
@@ -44,8 +48,9 @@ class Reranker(PooledContext):
     SEQUENCES = _SEQUENCES
     WHAT = "a reranking"
 
-    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
-        super().__init__(native, n_ctx, n_threads)
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
+                 run: Callable[[Callable[[], Any]], Any] | None = None):
+        super().__init__(native, n_ctx, n_threads, run)
         source = llama_cpp.llama_model_chat_template(native.model, b"rerank")
         self.template = source.decode("utf-8", errors="replace") if source else None
 
@@ -106,14 +111,16 @@ class Reranker(PooledContext):
         past the context is refused before any is decoded."""
         self.check(pairs)
         scores: list[float] = []
-        with self._lock:
-            ctx = self._context()
-            for group in _groups(pairs, self.n_ctx):
-                scores += self._decode(ctx, group)
+        for group in _groups(pairs, self.n_ctx):  # a decode each, between the engine's steps
+            scores += self._run(lambda group=group: self._decode(group))
         return scores
 
-    def _decode(self, ctx: llama_cpp.llama_context_p, group: Sequence[Sequence[int]]
-                ) -> list[float]:
+    def _decode(self, group: Sequence[Sequence[int]]) -> list[float]:
+        with self._lock:
+            return self._decode_in(self._context(), group)
+
+    def _decode_in(self, ctx: llama_cpp.llama_context_p, group: Sequence[Sequence[int]]
+                   ) -> list[float]:
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         n = sum(len(pair) for pair in group)
         batch = llama_cpp.llama_batch_init(n, 0, 1)

@@ -5,6 +5,9 @@ each alone."""
 
 from __future__ import annotations
 
+import threading
+
+import llama_cpp
 import pytest
 
 from localinfer.backends.base import LoadOptions
@@ -50,3 +53,26 @@ def test_pairs_over_several_decodes_score_as_each_alone(qwen3):
 
     with pytest.raises(PromptTooLong, match="256"):  # one pair past the context: none scored
         qwen3.rerank("What do cats eat?", ["short", "cats " * 200])
+
+
+def test_every_decode_runs_on_the_engine_thread_whoever_asks(qwen3, monkeypatch):
+    # llama.cpp's CPU threads are an OpenMP team per calling thread; two teams make every
+    # barrier of both sleep: requests from several threads must not decode on them
+    callers: list[str] = []
+    decode = llama_cpp.llama_decode
+
+    def traced(ctx, batch):
+        callers.append(threading.current_thread().name)
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", traced)
+    documents = [f"Document {i}: cats and dogs" for i in range(_SEQUENCES + 2)]
+    scores: dict[int, list[float]] = {}
+    threads = [threading.Thread(target=lambda i=i: scores.update(
+        {i: qwen3.rerank("What do cats eat?", documents)[0]})) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(callers) >= 6 and set(callers) == {"localinfer-engine"}
+    assert scores[0] == scores[1] == scores[2]
