@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,6 +52,9 @@ class Reranker(PooledContext):
     def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
                  run: Callable[[Callable[[], Any]], Any] | None = None):
         super().__init__(native, n_ctx, n_threads, run)
+        # one request's decodes in a row, requests in turn: each ends as soon as it can
+        # (their decodes interleaved, every request of a burst ended with the last)
+        self._turn = threading.Lock()
         source = llama_cpp.llama_model_chat_template(native.model, b"rerank")
         self.template = source.decode("utf-8", errors="replace") if source else None
 
@@ -111,8 +115,9 @@ class Reranker(PooledContext):
         past the context is refused before any is decoded."""
         self.check(pairs)
         scores: list[float] = []
-        for group in _groups(pairs, self.n_ctx):  # a decode each, between the engine's steps
-            scores += self._run(lambda group=group: self._decode(group))
+        with self._turn:
+            for group in _groups(pairs, self.n_ctx):  # a decode each, between the engine's steps
+                scores += self._run(lambda group=group: self._decode(group))
         return scores
 
     def _decode(self, group: Sequence[Sequence[int]]) -> list[float]:
