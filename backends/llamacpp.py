@@ -127,10 +127,12 @@ class LlamaCppBackend(Backend):
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(
                                  n_threads, physical_cores()))
+        # their decodes on the engine's thread: one thread of the process calls llama_decode
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
-                                 n_threads=n_threads)
+                                 n_threads=n_threads, run=self.engine.call)
         # (a pair read at once: the context a request gets)
-        self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot, n_threads=n_threads)
+        self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot, n_threads=n_threads,
+                                 run=self.engine.call)
         self.info = ModelInfo(
             name=name or Path(path).stem,
             path=path,

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import replace
+from typing import TypeVar
 
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.batch import StepBatch
@@ -29,7 +30,8 @@ from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.backends.engine.slots import Slot, SlotState, Task
 from localinfer.backends.engine.speculator import Speculator
 from localinfer.backends.engine.think_budget import ThinkBudget
-from localinfer.backends.engine.task_queue import CANCEL_ALL, CLOSE, WAKE, TaskQueue, check_request
+from localinfer.backends.engine.task_queue import (CANCEL_ALL, CLOSE, WAKE, Job, TaskQueue,
+                                                  check_request)
 from localinfer.backends.engine.step_budget import StepBudget
 from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
@@ -40,6 +42,8 @@ from localinfer.errors import EngineBusy, EngineClosed, EngineError, InvalidRequ
 __all__ = ["Engine", "Slot", "SlotState", "Task"]
 
 log = logging.getLogger("localinfer.engine")
+
+_T = TypeVar("_T")
 
 
 class Engine:
@@ -120,6 +124,7 @@ class Engine:
         self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)
         self._ids = itertools.count(1)
         self._closed = False
+        self._closing = threading.Lock()  # a job is queued before CLOSE, or refused
         self._counters = {"steps": 0, "evaluated": 0, "generated": 0, "finished": 0,
                           "preempted": 0}
         # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
@@ -202,13 +207,31 @@ class Engine:
         gets its DoneEvent, so its stream closes properly. Safe from any thread."""
         self.queue.put(CANCEL_ALL)
 
+    def call(self, work: Callable[[], _T]) -> _T:
+        """Run `work` on the engine thread, between two steps, and give back its result or
+        raise its exception (any other thread; it waits). A pooled context's decode goes
+        here: llama.cpp's CPU threads are an OpenMP team of the thread that calls
+        llama_decode, and while a second thread's team exists libgomp's barriers sleep
+        instead of spinning (~200 sleeps a decode, a tenth of 2 cores idle), for every
+        context of the process. One decoding thread keeps one team."""
+        if threading.current_thread() is self._thread:
+            return work()
+        job = Job(work)
+        with self._closing:
+            if self._closed:
+                raise EngineClosed("the engine has been shut down")
+            self.queue.put(job)
+        return job.done.result()
+
     def stop(self) -> None:
-        """The engine's thread ends: every request ends (EngineClosed), its sampler freed;
-        nothing runs on the model afterwards. (close frees what the engine holds.)"""
-        if self._closed:
-            return
-        self._closed = True
-        self.queue.put(CLOSE)
+        """The engine's thread ends: every request ends (EngineClosed), its sampler freed,
+        every job not yet run refused; nothing runs on the model afterwards. (close frees
+        what the engine holds.)"""
+        with self._closing:
+            if self._closed:
+                return
+            self._closed = True
+            self.queue.put(CLOSE)
         self._thread.join()
 
     def close(self) -> None:
@@ -249,10 +272,22 @@ class Engine:
         for signal in self.queue.arrivals(block=idle):
             if signal is CLOSE:
                 return False
+            if isinstance(signal, Job):
+                self._run_job(signal)
+                continue
             if signal is CANCEL_ALL:  # every request so far ends now, with what it has
                 for task in [*self.queue.waiting, *(s.task for s in self.slots if s.task)]:
                     task.generation.cancelled = True
         return True
+
+    @staticmethod
+    def _run_job(job: Job) -> None:
+        if not job.done.set_running_or_notify_cancel():
+            return
+        try:
+            job.done.set_result(job.work())
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            job.done.set_exception(exc)
 
     def _drop_cancelled(self) -> None:
         for task in self.queue.drop_cancelled():
@@ -567,6 +602,9 @@ class Engine:
 
     def _fail_all(self, error: LocalinferError) -> None:
         self._fail_active(error)
-        for task in self.queue.drain():
-            task.close()
-            task.generation.put(ErrorEvent(error))
+        for item in self.queue.drain():
+            if isinstance(item, Job):
+                item.done.set_exception(error)
+                continue
+            item.close()
+            item.generation.put(ErrorEvent(error))

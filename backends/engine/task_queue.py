@@ -11,18 +11,29 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.engine.slots import Task
 from localinfer.errors import InvalidRequest, PromptTooLong
 
-__all__ = ["CANCEL_ALL", "CLOSE", "WAKE", "TaskQueue", "check_request"]
+__all__ = ["CANCEL_ALL", "CLOSE", "WAKE", "Job", "TaskQueue", "check_request"]
 
 # the engine's own signals, through the same inbox as requests
 WAKE = object()  # look again (a request was cancelled)
 CLOSE = object()  # stop
 CANCEL_ALL = object()  # every request so far ends now, with what it has
+
+
+@dataclass
+class Job:
+    """Work that must run on the engine thread, between two steps (Engine.call): one
+    decode of a pooled context. Its caller waits on `done`."""
+
+    work: Callable[[], object]
+    done: Future = field(default_factory=Future)
 
 
 def check_request(prompt: list[int], params: SamplingParams, n_vocab: int,
@@ -79,7 +90,8 @@ class TaskQueue:
 
     def arrivals(self, block: bool) -> Iterator[object]:
         """(Engine thread.) Move arrived requests into the wait list and yield the signals
-        that came with them (CLOSE, CANCEL_ALL); wait for the first arrival only if `block`."""
+        and jobs that came with them (CLOSE, CANCEL_ALL, a Job); wait for the first arrival
+        only if `block`."""
         while True:
             try:
                 item = self.inbox.get(block=block)
@@ -99,16 +111,17 @@ class TaskQueue:
             self.taken(task)
         return gone
 
-    def drain(self) -> list[Task]:
-        """(Engine thread, stopping.) Every request waiting or still in the inbox."""
-        tasks = list(self.waiting)
+    def drain(self) -> list[Task | Job]:
+        """(Engine thread, stopping.) Every request waiting or still in the inbox, and every
+        job not yet run."""
+        tasks: list[Task | Job] = list(self.waiting)
         self.waiting.clear()
         while True:
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return tasks
-            if isinstance(item, Task):
+            if isinstance(item, (Task, Job)):
                 tasks.append(item)
 
     def requeue_first(self, task: Task) -> None:

@@ -2,16 +2,19 @@
 where it says nothing), L2-normalised.
 
 It is made on first use (chat-only servers never pay for it) and serves a request's inputs
-under a lock, next to the engine's context, which keeps generating meanwhile. Short inputs
-share a decode, each its own sequence (`groups`): one decode of many short texts instead of
-one each.
+in a row, requests in turn. Short inputs share a decode, each its own sequence (`groups`):
+one decode of many short texts instead of one each. Its decodes run where the backend says
+(`run`): the engine's thread, between two of its steps (Engine.call), so that one thread of
+the process calls llama_decode — one OpenMP team, whose barriers spin (a second team's mere
+existence makes every barrier of both sleep).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import llama_cpp
 
@@ -30,18 +33,25 @@ class PooledContext:
     model's own context cannot: pooling is fixed when a context is made), made on first use
     and freed with the model. An input is one micro-batch where its pooling needs it so
     (`_micro_batch`); `SEQUENCES` inputs may share a decode, each its own sequence, over one
-    pool of cells."""
+    pool of cells. `run(work)` runs one decode's work (a context made, a batch decoded, its
+    outputs read) where llama.cpp should be called: the engine's thread (Engine.call), else
+    the caller's."""
 
     POOLING = llama_cpp.LLAMA_POOLING_TYPE_MEAN
     SEQUENCES = 1
     WHAT = "an embedding"
 
-    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int):
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
+                 run: Callable[[Callable[[], Any]], Any] | None = None):
         self.native = native
         self.n_ctx = n_ctx
         self._n_threads = n_threads
+        self._run = run or (lambda work: work())
         self._ctx = None
         self._lock = threading.Lock()
+        # one request's decodes in a row, requests in turn: each ends as soon as it can
+        # (their decodes interleaved, every request of a burst ended with the last)
+        self._turn = threading.Lock()
 
     def _context(self) -> llama_cpp.llama_context_p:
         if self._ctx is None:
@@ -137,19 +147,28 @@ class Embedder(PooledContext):
             if len(tokens) > self.n_ctx:
                 raise PromptTooLong(len(tokens), self.n_ctx)
         vectors: list[list[float]] = []
+        with self._turn:
+            for group in groups(inputs, self.n_ctx):  # a decode each, between the engine's steps
+                vectors += self._run(lambda group=group: self._decode(group))
+        return [_normalised(vector) for vector in vectors]
+
+    def _decode(self, group: Sequence[Sequence[int]]) -> list[list[float]]:
         n_embd = llama_cpp.llama_model_n_embd(self.native.model)
         with self._lock:
             ctx = self._context()
-            for group in groups(inputs, self.n_ctx):
-                self._read(ctx, group, "llama.cpp failed to compute the embedding")
-                for seq in range(len(group)):
-                    pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
-                    if not pooled:
-                        raise EngineError("this model gave no pooled embedding")
-                    vector = pooled[:n_embd]
-                    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
-                    vectors.append([v / norm for v in vector])
-        return vectors
+            self._read(ctx, group, "llama.cpp failed to compute the embedding")
+            vectors = []
+            for seq in range(len(group)):
+                pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
+                if not pooled:
+                    raise EngineError("this model gave no pooled embedding")
+                vectors.append(pooled[:n_embd])
+            return vectors
+
+
+def _normalised(vector: list[float]) -> list[float]:
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
 
 
 def groups(inputs: Sequence[Sequence[int]], n_ctx: int) -> list[list[Sequence[int]]]:

@@ -5,6 +5,9 @@ each alone."""
 
 from __future__ import annotations
 
+import threading
+
+import llama_cpp
 import pytest
 
 from localinfer.backends.base import LoadOptions
@@ -57,8 +60,6 @@ def test_a_causal_rerankers_long_pair_is_read_in_micro_batches_and_scores_as_in_
     as wide as the vocabulary: a Qwen3-Reranker read a whole context at once reserved 2.4 GiB
     at 4,096 tokens (21 GiB at 32,768). Read in micro-batches, a pair longer than one scores
     as llama.cpp scores it read whole."""
-    import llama_cpp
-
     caplog.set_level("DEBUG", logger="localinfer.llama_cpp")
     backend = LlamaCppBackend(reranker_model("qwen3"), LoadOptions(n_ctx=4096, n_slots=1))
     try:
@@ -90,3 +91,26 @@ def test_a_causal_rerankers_long_pair_is_read_in_micro_batches_and_scores_as_in_
         assert score == pytest.approx(whole, abs=2e-3)
     finally:
         backend.close()
+
+
+def test_every_decode_runs_on_the_engine_thread_whoever_asks(qwen3, monkeypatch):
+    # llama.cpp's CPU threads are an OpenMP team per calling thread; two teams make every
+    # barrier of both sleep: requests from several threads must not decode on them
+    callers: list[str] = []
+    decode = llama_cpp.llama_decode
+
+    def traced(ctx, batch):
+        callers.append(threading.current_thread().name)
+        return decode(ctx, batch)
+
+    monkeypatch.setattr(llama_cpp, "llama_decode", traced)
+    documents = [f"Document {i}: cats and dogs" for i in range(_SEQUENCES + 2)]
+    scores: dict[int, list[float]] = {}
+    threads = [threading.Thread(target=lambda i=i: scores.update(
+        {i: qwen3.rerank("What do cats eat?", documents)[0]})) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(callers) >= 6 and set(callers) == {"localinfer-engine"}
+    assert scores[0] == scores[1] == scores[2]

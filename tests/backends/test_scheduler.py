@@ -223,3 +223,26 @@ def test_cached_runs_after_dropped_text_are_moved_into_place(reuse):
                    for cells in native.cells.values())
     finally:
         engine.close()
+
+
+def test_work_called_on_the_engine_runs_on_its_thread_between_steps():
+    # (a pooled context's decodes: one thread of the process calls llama.cpp)
+    import threading
+
+    from localinfer.errors import EngineClosed
+
+    native = FakeNative(n_ctx=512)
+    engine = _engine(native)
+    try:
+        prompt = _prompt(3, 12)
+        reply = engine.submit(prompt, GREEDY)
+        names = [engine.call(lambda: threading.current_thread().name) for _ in range(5)]
+        assert names == ["localinfer-engine"] * 5
+        assert reply.text() == text(reference(prompt, 12))  # the generation went on as before
+        with pytest.raises(ZeroDivisionError):  # the work's own error, raised to its caller
+            engine.call(lambda: 1 / 0)
+        assert engine.call(lambda: 7) == 7  # and the engine lives on
+    finally:
+        engine.close()
+    with pytest.raises(EngineClosed):
+        engine.call(lambda: 7)
