@@ -2,7 +2,7 @@
 
 The embedded SmolLM2-135M (mean pooling on both sides: llama-server `--pooling mean`;
 localinfer pools by mean where a file names no pooling). Two loads through /v1/embeddings:
-one request of 32 documents of ~175 tokens, and 8 clients at once each sending a request
+one request of 32 documents of ~140 tokens, and 8 clients at once each sending a request
 of 4 such documents. Both servers run side by side (llama-server with 8 slots, as it needs
 for 8 requests at once; localinfer's embedding context is its own) and take the load in
 turns, round after round. Reported: input tokens a second (the servers' own token counts
@@ -36,7 +36,7 @@ LOADS = {"one request of 32": (1, 32), "8 requests of 4 at once": (8, 4)}
 
 
 def documents(seed: int, n: int) -> list[str]:
-    """n documents of ~175 tokens (140 words), each its own words in its own order."""
+    """n documents of ~140 tokens (140 words), each its own words in its own order."""
     rng = random.Random(seed)
     return [" ".join(rng.choice(WORDS) for _ in range(140)) for _ in range(n)]
 
@@ -110,7 +110,7 @@ def report(args, rows: list[dict]) -> None:
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=label, xlabel="round", ylabel="localinfer ÷ llama-server tokens/s")
     lines = ["# Embeddings: localinfer against llama-server --embedding", "",
-             "The embedded SmolLM2-135M, mean pooling on both sides; documents of ~175 tokens "
+             "The embedded SmolLM2-135M, mean pooling on both sides; documents of ~140 tokens "
              f"through /v1/embeddings; {args.reps} rounds with the servers in turns.", "",
              *harness.markdown_table(["load", "llama-server tokens/s (median)",
                                       "localinfer tokens/s (median)",
