@@ -110,12 +110,12 @@ def main() -> None:
     completion_variants = ["defaults", "--cache-reuse 0"]
     itl_variants = ["defaults", "--step-budget 2"]
     with tempfile.TemporaryDirectory() as home:
-        servers = {name: harness.start_server(
+        servers = harness.start_servers({name: (lambda name=name, extra=extra: harness.start_server(
             [sys.executable, "-m", "localinfer", "serve"],
             ["--model", args.model, "--parallel", "2", "--ctx", "4096", *extra],
             path="/api/ps", ready=lambda r: bool(r.json().get("models")),
-            env={"LOCALINFER_HOME": str(Path(home) / name.replace(" ", "_"))})
-            for name, extra in variants.items()}
+            env={"LOCALINFER_HOME": str(Path(home) / name.replace(" ", "_"))}))
+            for name, extra in variants.items()})
         try:
             for rep in range(args.reps):
                 for name in completion_variants:

@@ -66,11 +66,11 @@ def main() -> None:
     model = embedded_smollm2()
     rows: list[dict] = []
     with tempfile.TemporaryDirectory() as home:
-        servers = {
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "--embedding", "--pooling", "mean",
                                            "-np", "8", "-c", "8192"]),
-            "localinfer": harness.start_serve(harness.SERVE, str(model), 1, 2048, home)}
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), 1, 2048, home)})
         names = {"llama-server": model.stem, "localinfer": model.stem}
         try:
             for name, (_, url) in servers.items():

@@ -249,6 +249,21 @@ def _tail(process: subprocess.Popen) -> str:
     return text.decode("utf-8", "replace")[-2000:]
 
 
+def start_servers(starts: dict[str, Callable[[], tuple[subprocess.Popen, str]]]
+                  ) -> dict[str, tuple[subprocess.Popen, str]]:
+    """Each server in turn (name → what starts it); where one fails to start, those already
+    running are stopped before the error goes on (a llama-server left behind holds its
+    memory and port after the benchmark has ended)."""
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    try:
+        for name, start in starts.items():
+            servers[name] = start()
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers
+
+
 def stop_servers(servers: dict[str, tuple[subprocess.Popen, str]]) -> None:
     for process, _ in servers.values():
         process.terminate()

@@ -126,11 +126,11 @@ def main() -> None:
     source = args.source or args.llama_server.resolve().parents[2]
     with tempfile.TemporaryDirectory() as home:
         model = model_file(source, Path(home))
-        servers = {
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "-np", "1", "-c", str(CTX),
                                            "--jinja"]),
-            "localinfer": harness.start_serve(harness.SERVE, str(model), 1, CTX, home)}
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), 1, CTX, home)})
         runs: dict[str, dict[str, list]] = {v: {s: [] for s in SERVERS} for v in VARIANTS}
         try:
             for rep in range(args.reps):

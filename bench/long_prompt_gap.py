@@ -93,12 +93,12 @@ def main() -> None:
         li = ["--model", str(model), "--parallel", "2", "--ctx", str(CTX)]
         ready = {"path": "/api/ps", "ready": lambda r: bool(r.json().get("models")),
                  "env": {"LOCALINFER_HOME": home}}
-        servers = {
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "-np", "2", "-c", str(2 * CTX)]),
-            "localinfer": harness.start_server(harness.SERVE, li, **ready),
-            "localinfer --step-ms 200": harness.start_server(
-                harness.SERVE, [*li, "--step-ms", "200"], **ready)}
+            "localinfer": lambda: harness.start_server(harness.SERVE, li, **ready),
+            "localinfer --step-ms 200": lambda: harness.start_server(
+                harness.SERVE, [*li, "--step-ms", "200"], **ready)})
         try:
             for rep in range(args.reps):
                 order = SERVERS if rep % 2 == 0 else SERVERS[::-1]

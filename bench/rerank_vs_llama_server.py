@@ -94,11 +94,11 @@ def main() -> None:
     runs: dict[int, dict[str, list]] = {n: {s: [] for s in SERVERS} for n in args.clients}
     with tempfile.TemporaryDirectory() as home:
         model = model_file(source, Path(home))
-        servers = {
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "--reranking", "-np", str(SLOTS),
                                            "-c", str(CTX * SLOTS)]),
-            "localinfer": harness.start_serve(harness.SERVE, str(model), SLOTS, CTX, home)}
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), SLOTS, CTX, home)})
         try:
             for rep in range(args.reps):
                 for clients in args.clients:

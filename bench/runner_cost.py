@@ -77,9 +77,10 @@ def main() -> None:
                   "smollm2": lambda: "smollm2:135m"}
         models = {label: models[label]() for label in labels}
         for label, model in models.items():
-            servers = {name: harness.start_serve([sys.executable, *launch, "serve"], model,
-                                                 max(levels), CTX, home)
-                       for name, launch in VARIANTS.items()}
+            servers = harness.start_servers({
+                name: (lambda launch=launch: harness.start_serve(
+                    [sys.executable, *launch, "serve"], model, max(levels), CTX, home))
+                for name, launch in VARIANTS.items()})
             served = Path(model).stem if label == "fast-step" else model
             try:
                 for rep in range(args.reps):

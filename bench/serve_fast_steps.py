@@ -51,11 +51,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         model = fast_step_model(Path(home))
         slots = max(levels)
-        servers = {  # llama-server with its defaults; localinfer as a user runs it
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({  # llama-server with its defaults; localinfer as a user runs it
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)],
                 ["-m", str(model), "-np", str(slots), "-c", str(CTX * slots)]),
-            "localinfer": harness.start_serve(harness.SERVE, str(model), slots, CTX, home)}
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home)})
         rows = []
         try:
             for _ in range(args.reps):

@@ -54,11 +54,11 @@ def main() -> None:
         write_model(SHAPES[args.shape], model,
                     read_tokenizer(args.tokenizer or embedded_smollm2()),
                     f"random {args.shape} Q8_0")
-        servers = {
-            "llama-server": harness.start_server(
+        servers = harness.start_servers({
+            "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)],
                 ["-m", str(model), "-np", str(slots), "-c", str(CTX * slots)]),
-            "localinfer": harness.start_serve(harness.SERVE, str(model), slots, CTX, home)}
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home)})
         try:
             for rep in range(args.reps):
                 for clients in levels:

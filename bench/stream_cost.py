@@ -88,9 +88,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         model = args.model or str(fast_step_model(Path(home)))
         model_name = Path(model).stem if model.endswith(".gguf") else model
-        servers = {name: harness.start_serve([sys.executable, *launch, "serve"], model,
-                                             max(levels), args.tokens + 128, home)
-                   for name, launch in VARIANTS.items()}
+        servers = harness.start_servers({
+            name: (lambda launch=launch: harness.start_serve(
+                [sys.executable, *launch, "serve"], model, max(levels), args.tokens + 128, home))
+            for name, launch in VARIANTS.items()})
         rows = []
         try:
             for _ in range(args.reps):

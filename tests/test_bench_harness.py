@@ -1,0 +1,28 @@
+"""bench/harness.py's server handling, run for real: a benchmark whose second server fails to
+start leaves no first one running (a llama-server left behind keeps its memory and port)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import harness  # noqa: E402
+
+
+def test_a_server_that_fails_to_start_stops_those_started_before():
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+
+    def failing():
+        raise RuntimeError("the server exited")
+
+    try:
+        with pytest.raises(RuntimeError, match="exited"):
+            harness.start_servers({"first": lambda: (first, "http://127.0.0.1:1"),
+                                   "second": failing})
+        assert first.wait(timeout=30) is not None  # stopped, not left running
+    finally:
+        first.kill()
