@@ -3,14 +3,17 @@ start leaves no first one running (a llama-server left behind keeps its memory a
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import harness  # noqa: E402
+_SPEC = importlib.util.spec_from_file_location(
+    "bench_harness", Path(__file__).resolve().parent.parent / "bench" / "harness.py")
+harness = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(harness)
 
 
 def test_a_server_that_fails_to_start_stops_those_started_before():
