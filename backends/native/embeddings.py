@@ -135,9 +135,6 @@ class Embedder(PooledContext):
             return min(self.n_ctx, _MICRO_BATCH)
         return self.n_ctx
 
-    def embed(self, tokens: Sequence[int]) -> list[float]:
-        return self.embed_many([tokens])[0]
-
     def embed_many(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """Each input's embedding, in order; short ones share a decode. An empty input or
         one past the context is refused before any is read."""
