@@ -13,6 +13,7 @@ import llama_cpp
 import pytest
 
 from ..families import QWEN3_RERANK_PROMPT, install, reranker_model
+from ..pooled import pooled
 from .conftest import Server, start_server, stop_server
 
 QUERY = "What do cats eat?"
@@ -103,24 +104,11 @@ def _direct_score(path: Path, query: str, document: str) -> tuple[float, int]:
     llama_cpp.llama_backend_init()
     model = llama_cpp.llama_model_load_from_file(str(path).encode(),
                                                  llama_cpp.llama_model_default_params())
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 512
-    params.embeddings = True
-    params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_RANK
-    ctx = llama_cpp.llama_init_from_model(model, params)
     try:
         pair = _pair_tokens(model, llama_cpp.llama_model_get_vocab(model), query, document)
-        batch = llama_cpp.llama_batch_init(len(pair), 0, 1)
-        for i, token in enumerate(pair):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-            batch.seq_id[i][0], batch.logits[i] = 0, True
-        batch.n_tokens = len(pair)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-        score = llama_cpp.llama_get_embeddings_seq(ctx, 0)[0]
-        llama_cpp.llama_batch_free(batch)
+        (score,) = pooled(model, pair, llama_cpp.LLAMA_POOLING_TYPE_RANK, 512, 1)
         return score, len(pair)
     finally:
-        llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
 
 

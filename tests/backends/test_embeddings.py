@@ -16,6 +16,7 @@ from localinfer.backends.native.embeddings import _SEQUENCES
 from localinfer.errors import InvalidRequest, PromptTooLong
 
 from ..families import embedding_model
+from ..pooled import pooled
 
 
 @pytest.fixture(scope="module")
@@ -27,24 +28,8 @@ def qwen3():
 
 def _direct(backend, tokens: list[int], pooling: int) -> list[float]:
     """llama.cpp's pooled embedding of `tokens` read in one micro-batch, L2-normalised."""
-    params = llama_cpp.llama_context_default_params()
-    params.n_ctx = params.n_batch = params.n_ubatch = 2048
-    params.embeddings = True
-    params.pooling_type = pooling
-    ctx = llama_cpp.llama_init_from_model(backend.native.model, params)
-    assert ctx
-    batch = llama_cpp.llama_batch_init(len(tokens), 0, 1)
-    try:
-        for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-            batch.seq_id[i][0], batch.logits[i] = 0, True
-        batch.n_tokens = len(tokens)
-        assert llama_cpp.llama_decode(ctx, batch) == 0
-        n_embd = llama_cpp.llama_model_n_embd(backend.native.model)
-        vector = llama_cpp.llama_get_embeddings_seq(ctx, 0)[:n_embd]
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llama_cpp.llama_free(ctx)
+    vector = pooled(backend.native.model, tokens, pooling, 2048,
+                    llama_cpp.llama_model_n_embd(backend.native.model))
     norm = math.sqrt(sum(v * v for v in vector))
     return [v / norm for v in vector]
 

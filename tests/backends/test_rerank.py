@@ -16,6 +16,7 @@ from localinfer.backends.native.rerank import _SEQUENCES
 from localinfer.errors import PromptTooLong
 
 from ..families import QWEN3_RERANK_PROMPT, reranker_model
+from ..pooled import pooled
 
 
 @pytest.fixture(scope="module")
@@ -71,23 +72,8 @@ def test_a_causal_rerankers_long_pair_is_read_in_micro_batches_and_scores_as_in_
                     for line in message.splitlines() if "compute buffer size" in line]
         assert reserved and reserved[-1] < 1024  # MiB: the rerank context's, made last
 
-        params = llama_cpp.llama_context_default_params()  # the pair in one micro-batch
-        params.n_ctx = params.n_batch = params.n_ubatch = 4096
-        params.embeddings = True
-        params.pooling_type = llama_cpp.LLAMA_POOLING_TYPE_RANK
-        ctx = llama_cpp.llama_init_from_model(backend.native.model, params)
-        assert ctx
-        batch = llama_cpp.llama_batch_init(len(pair), 0, 1)
-        try:
-            for i, token in enumerate(pair):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-                batch.seq_id[i][0], batch.logits[i] = 0, True
-            batch.n_tokens = len(pair)
-            assert llama_cpp.llama_decode(ctx, batch) == 0
-            whole = llama_cpp.llama_get_embeddings_seq(ctx, 0)[0]
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            llama_cpp.llama_free(ctx)
+        (whole,) = pooled(backend.native.model, pair, llama_cpp.LLAMA_POOLING_TYPE_RANK, 4096,
+                          1)  # the pair in one micro-batch
         assert score == pytest.approx(whole, abs=2e-3)
     finally:
         backend.close()
