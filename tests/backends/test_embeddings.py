@@ -15,7 +15,7 @@ from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.native.embeddings import _SEQUENCES
 from localinfer.errors import InvalidRequest, PromptTooLong
 
-from ..families import embedding_model
+from ..families import arch_model, embedding_model
 from ..pooled import pooled
 
 
@@ -69,3 +69,17 @@ def test_a_requests_inputs_sharing_decodes_embed_as_each_alone(smollm2):
         smollm2.embed_many(["cats", ""])
     with pytest.raises(PromptTooLong):
         smollm2.embed_many(["cats", "cats " * 3000])
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe"])
+def test_every_architecture_embeds_inputs_sharing_a_decode_as_each_alone(arch):
+    """Hybrid (a recurrent state per sequence), recurrent, sliding-window and MoE models: 16
+    sequences in one pooled context, each pooled as if read alone."""
+    backend = LlamaCppBackend(arch_model(arch), LoadOptions(n_ctx=512, n_slots=1))
+    try:
+        texts = [f"Text {i}: " + "cats and dogs " * (i % 5) for i in range(_SEQUENCES + 4)]
+        vectors, _ = backend.embed_many(texts)
+        for vector, text in zip(vectors, texts):
+            assert sum(a * b for a, b in zip(vector, backend.embed(text)[0])) > 0.999
+    finally:
+        backend.close()
