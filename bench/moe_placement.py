@@ -72,14 +72,20 @@ def model_file(source: Path, folder: Path, layers: int | None) -> Path:
     return path
 
 
-def gpu_used() -> int | None:
-    """The card's memory in use (bytes), or None without nvidia-smi."""
+def _nvidia_smi(query: str) -> str | None:
+    """nvidia-smi's answer for GPU 0 (`--query-gpu=QUERY`), or None without one."""
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,"
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,"
                               "nounits", "-i", "0"], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return int(out.stdout.split()[0]) * 2**20 if out.returncode == 0 else None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def gpu_used() -> int | None:
+    """The card's memory in use (bytes), or None without nvidia-smi."""
+    used = _nvidia_smi("memory.used")
+    return int(used) * 2**20 if used else None
 
 
 def hold(gib: float) -> subprocess.Popen | None:
@@ -175,10 +181,9 @@ def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, to
         process, url = harness.start_server(
             [str(llama_server)], ["-m", str(model), "-np", "1", "-c", str(CTX), "--jinja",
                                    "-lv", "4"])  # its load log: the buffers and --fit's steps
-        served = model.stem
     else:
         process, url = harness.start_serve(harness.SERVE, str(model), 1, CTX, home)
-        served = model.stem
+    served = model.stem  # (localinfer's name for a file; llama-server takes any)
     try:
         loaded = gpu_used()
         with httpx.Client(timeout=900) as client:
@@ -264,12 +269,7 @@ def main() -> None:
 
 
 def gpu_name() -> str | None:
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,"
-                              "noheader", "-i", "0"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
+    return _nvidia_smi("name,driver_version")
 
 
 if __name__ == "__main__":
