@@ -128,11 +128,13 @@ class LlamaCppBackend(Backend):
                              threads=None if options.n_threads else ThreadTuner(
                                  n_threads, physical_cores()))
         # their decodes on the engine's thread: one thread of the process calls llama_decode
+        tuner = self.engine.threads  # pooled decodes read whole inputs, as prompt steps do
+        pooled_threads = n_threads if tuner is None else (lambda: tuner.for_step(1))
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
-                                 n_threads=n_threads, run=self.engine.call)
+                                 n_threads=pooled_threads, run=self.engine.call)
         # (a pair read at once: the context a request gets)
-        self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot, n_threads=n_threads,
-                                 run=self.engine.call)
+        self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot,
+                                 n_threads=pooled_threads, run=self.engine.call)
         self.info = ModelInfo(
             name=name or Path(path).stem,
             path=path,

@@ -13,7 +13,8 @@
 # same machine) while it writes the models, then runs, while LIMIT (s) allows, in this order:
 # moe_placement.py at 16 and 8 GiB free, serve_speed.py on Llama 3.2 1B's shape at 1, 8, 32
 # clients, gpu_memory.py on the Qwen3.5 hybrid, moe_placement.py at 24 GiB, serve_speed.py on
-# Llama 3.1 8B's shape. Results go to $OUT/res.tgz after each step.
+# Llama 3.1 8B's shape (STEPS="moe serve_1b gpu_memory moe24 serve_8b": which, in that order).
+# Results go to $OUT/res.tgz after each step.
 # CPU=1 bash bench/gpu_session.sh run: a dry run here (the CPU build at $SDIST, small
 # shapes, only the packages that machine has importable).
 set -u
@@ -62,6 +63,8 @@ stamp() { echo "== $(el) s: $*"; }
 pack() { (cd $RES && tar czf "$OUT/res.tgz" .); }
 LIMIT=${LIMIT:-560}
 left() { [ $(( LIMIT - $(el) )) -gt "$1" ]; }   # more than $1 s left?
+STEPS=${STEPS:-moe serve_1b gpu_memory moe24 serve_8b}
+want() { left "$2"; }  # time left for step $1
 export PATH=$PATH:/usr/local/cuda/bin
 stamp start
 nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv 2>&1 | tee $RES/gpu.txt
@@ -149,40 +152,37 @@ python3 -c "import llama_cpp; print('gpu offload', llama_cpp.llama_supports_gpu_
 python3 -c "from localinfer.cli import main; main()" hw 2>&1 | tee $RES/hw.txt
 wait $WRITE; stamp "models written"; cat $M/w1.log $M/w2.log | tail -4; ls -la $M
 
-# 1. MoE placement, the two sizes that split the model
-if left 150; then
-  stamp moe
+# the steps, each if named in STEPS (in that order) and its time is left; results packed after each
+step_moe() {  # MoE placement, the two sizes that split the model (PINNED=N: also --threads N)
+  want moe 150 || return 0; stamp moe
   python3 bench/moe_placement.py --llama-server $LLAMA_SERVER --source .gpu/src --model $M/moe.gguf \
-    --hold-gib ${HOLDS:-16,8} --reps 3 --tokens 128 --results $RES/moe 2>&1 | tail -30
-  pack
-fi
-# 2. serve against llama-server, Llama 3.2 1B's shape
-if left 120; then
-  stamp serve_1b
+    --hold-gib ${HOLDS:-16,8} --reps ${MOE_REPS:-3} --tokens 128 --results $RES/moe \
+    ${PINNED:+--pinned-threads $PINNED} 2>&1 | tail -30
+}
+step_serve_1b() {  # serve against llama-server, Llama 3.2 1B's shape
+  want serve_1b 120 || return 0; stamp serve_1b
   python3 bench/serve_speed.py --llama-server $LLAMA_SERVER --shape $L1 --tokenizer .gpu/tok.gguf \
     --levels ${LEVELS1:-1,8,32} --reps ${REPS:-3} --results $RES/serve_1b 2>&1 | tail -15
-  pack
-fi
-# 3. the hybrid's plan against what the GPU holds
-if left 60; then
-  stamp gpu_memory
-  python3 bench/gpu_memory.py $M/qwen3.5-0.8b.gguf --ctx 4096,32768 --slots 1,4 --out $RES/gpu_memory_qwen35.json 2>&1 | tail -12
-  pack
-fi
-# 4. MoE at 24 GiB (the whole model fits)
-if left 80; then
-  stamp moe24
+}
+step_gpu_memory() {  # the hybrid's plan against what the GPU holds
+  want gpu_memory 60 || return 0; stamp gpu_memory
+  python3 bench/gpu_memory.py $M/qwen3.5-0.8b.gguf --ctx 4096,32768 --slots 1,4 \
+    --out $RES/gpu_memory_qwen35.json 2>&1 | tail -12
+}
+step_moe24() {  # MoE at 24 GiB (the whole model fits)
+  want moe24 80 || return 0; stamp moe24
   python3 bench/moe_placement.py --llama-server $LLAMA_SERVER --source .gpu/src --model $M/moe.gguf \
     --hold-gib 24 --reps 3 --tokens 128 --results $RES/moe24 2>&1 | tail -8
-  pack
-fi
-# 5. serve, Llama 3.1 8B's shape
-if left 100; then
-  stamp serve_8b
+}
+step_serve_8b() {  # serve, Llama 3.1 8B's shape
+  want serve_8b 100 || return 0; stamp serve_8b
   python3 bench/serve_speed.py --llama-server $LLAMA_SERVER --shape $L8 --tokenizer .gpu/tok.gguf \
     --levels ${LEVELS8:-1,8} --reps ${REPS8:-2} --results $RES/serve_8b 2>&1 | tail -10
-  pack
-fi
+}
+for step in $STEPS; do
+  declare -F "step_$step" >/dev/null || { echo "no step $step"; continue; }
+  "step_$step"; pack
+done
 stamp end
 pack
 }

@@ -174,21 +174,47 @@ def stream(client: httpx.Client, url: str, model: str, seed: int, tokens: int) -
             "tokens": generated, "prompt_tokens": (usage or {}).get("prompt_tokens")}
 
 
+def major_faults(pid: int) -> int:
+    """Pages read from disk on a fault, by a process and those it started (its runner)."""
+    import psutil
+
+    total = 0
+    try:
+        root = psutil.Process(pid)
+        for process in (root, *root.children(recursive=True)):
+            with open(f"/proc/{process.pid}/stat") as stat:
+                total += int(stat.read().rpartition(")")[2].split()[9])  # majflt
+    except (OSError, psutil.Error):
+        pass
+    return total
+
+
 def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, tokens: int
             ) -> dict:
+    """One server's load and streams. `name`: llama-server, localinfer, or localinfer-tN
+    (localinfer with --threads N: its thread tuner off)."""
     before = gpu_used()
     if name == "llama-server":
         process, url = harness.start_server(
             [str(llama_server)], ["-m", str(model), "-np", "1", "-c", str(CTX), "--jinja",
                                    "-lv", "4"])  # its load log: the buffers and --fit's steps
     else:
-        process, url = harness.start_serve(harness.SERVE, str(model), 1, CTX, home)
+        pinned = name.partition("-t")[2]
+        process, url = harness.start_serve(
+            [*harness.SERVE, *(["--threads", pinned] if pinned else [])], str(model), 1, CTX,
+            home)
     served = model.stem  # (localinfer's name for a file; llama-server takes any)
     try:
         loaded = gpu_used()
         with httpx.Client(timeout=900) as client:
             stream(client, url, served, 99, 8)  # warm-up
-            runs = [stream(client, url, served, rep, tokens) for rep in range(reps)]
+            runs = []
+            for rep in range(reps):
+                faults = major_faults(process.pid)
+                runs.append(stream(client, url, served, rep, tokens))
+                runs[-1]["major_faults"] = major_faults(process.pid) - faults  # pages from disk
+                if name != "llama-server":  # the count each request ended with
+                    runs[-1]["threads"] = threads(url)
         facts = log_facts(process) if name == "llama-server" else {"threads": threads(url)}
     finally:
         harness.stop_servers({name: (process, url)})
@@ -198,7 +224,9 @@ def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, to
     result = {"gpu_held_bytes": held, "runs": runs, **facts,
               "decode_tok_s": statistics.median(decode) if decode else None,
               "ttft_s": statistics.median(ttft) if ttft else None}
-    print(name, f"held {held and held / 2**30:.2f} GiB" if held else "",
+    print(name, "runs", [(round(r["decode_tok_s"] or 0, 1), r.get("threads"), r["major_faults"])
+                         for r in runs],
+          f"held {held and held / 2**30:.2f} GiB" if held else "",
           f"threads {facts['threads']}" if facts.get("threads") else "",
           f"decode {result['decode_tok_s']:.1f} tok/s" if decode else "no decode",
           f"ttft {result['ttft_s']:.3f} s" if ttft else "", flush=True)
@@ -208,10 +236,11 @@ def measure(name: str, model: Path, llama_server: Path, home: str, reps: int, to
 def report(args, results: dict, meta: dict) -> None:
     rows = []
     for gib, by_server in results.items():
-        for name in SERVERS:
-            r = by_server[name]
+        for name, r in by_server.items():
             if name == "localinfer":
                 where = (r.get("plan") or {}).get("reason", "?")
+            elif name.startswith("localinfer"):
+                where = f"its plan, --threads {name.partition('-t')[2]}"
             else:
                 where = ", ".join(f"{k} {v:,.0f}" for k, v in
                                   sorted((r.get("buffers_mib") or {}).items())) or "?"
@@ -243,7 +272,12 @@ def main() -> None:
                         help="free GPU memory each server sees, one run each")
     parser.add_argument("--model", type=Path, help="the model file, if written before")
     parser.add_argument("--layers", type=int, help="write this many layers (a quick check)")
+    parser.add_argument("--pinned-threads", type=int,
+                        help="also localinfer with --threads N (its thread tuner off)")
     args = parser.parse_args()
+    # (the pinned one before the tuned one: a first-use cost would show in the first of them)
+    servers = (SERVERS[0], *([f"localinfer-t{args.pinned_threads}"] if args.pinned_threads
+                             else []), *SERVERS[1:])
     source = args.source or args.llama_server.resolve().parents[2]
     with tempfile.TemporaryDirectory() as home:
         model = args.model or model_file(source, Path(home), args.layers)
@@ -252,7 +286,7 @@ def main() -> None:
             holder = hold(float(gib))
             try:
                 by_server = {}
-                for name in SERVERS:
+                for name in servers:
                     by_server[name] = measure(name, model, args.llama_server, home, args.reps,
                                               args.tokens)
                 by_server["localinfer"]["plan"] = plan(model, home)

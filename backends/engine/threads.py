@@ -10,7 +10,10 @@ llama.cpp and Ollama, is right only on an idle machine.
 - While running (`ThreadTuner`): decode-only steps are timed per thread count and per number
   of streams (moving averages). When the steps of the current count slow down by a third
   against the best it has shown — a neighbour started — or every `period` steps, the tuner
-  runs a few steps with one thread fewer or one more, and keeps whichever count was faster.
+  runs a few steps with another count and keeps whichever was faster: the cores other
+  processes leave now (`OthersLoad`, since the last probe) where that differs from the
+  current count by more than one — a neighbour started, or one busy at load stopped — else
+  one thread fewer.
 - A step that reads prompt tokens runs with the count chosen at load (or the tuned one where
   it is higher): its matrix products keep every thread busy between barriers, so the light
   load of the server's own parent and clients costs it little, while one thread fewer
@@ -23,10 +26,12 @@ llama.cpp and Ollama, is right only on an idle machine.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 import psutil
 
-__all__ = ["ThreadTuner", "free_cores", "physical_cores"]
+__all__ = ["OthersLoad", "ThreadTuner", "free_cores", "physical_cores"]
 
 _ALPHA = 0.25  # weight of the newest step in a moving average
 _SLOWDOWN = 1.35  # steps this much slower than the count's best: the load changed, probe
@@ -47,8 +52,35 @@ def free_cores(sample_s: float = 0.1) -> int:
     return max(1, min(cores, round(cores - busy_cores)))
 
 
+class OthersLoad:
+    """The physical cores other processes leave free, over the time since the last call: the
+    machine's busy time less this process's own (its llama.cpp threads spin while they wait)."""
+
+    def __init__(self) -> None:
+        self._process = psutil.Process()
+        self._last = self._sample()
+
+    def _sample(self) -> tuple[float, float, float]:
+        times = psutil.cpu_times()
+        busy = sum(times) - times.idle - sum(getattr(times, name, 0.0) for name in (
+            "iowait", "guest", "guest_nice"))  # (Linux counts a guest's time in user too)
+        own = self._process.cpu_times()
+        return time.monotonic(), busy, own.user + own.system
+
+    def __call__(self) -> int:
+        then, self._last = self._last, self._sample()
+        elapsed = self._last[0] - then[0]
+        cores = physical_cores()
+        if elapsed <= 0:
+            return cores
+        others = max(0.0, (self._last[1] - then[1]) - (self._last[2] - then[2])) / elapsed
+        logical = psutil.cpu_count() or cores
+        return max(1, min(cores, round(cores - others * cores / logical)))
+
+
 class ThreadTuner:
-    def __init__(self, start: int, max_threads: int, period: int = 512):
+    def __init__(self, start: int, max_threads: int, period: int = 512,
+                 free: Callable[[], int] | None = None):
         self.current = max(1, min(start, max_threads))
         self.prompt = self.current  # for steps that read prompt tokens: the count at load
         self.max_threads = max(1, max_threads)
@@ -59,6 +91,8 @@ class ThreadTuner:
         self._probe: tuple[int, int, list[float]] | None = None  # (from, streams, times)
         self._probe_steps = 0  # steps since the probe began, of any number of streams
         self.switches = 0
+        # the cores free of other processes now (None: only one thread fewer is tried)
+        self._free = free if free is not None else (OthersLoad() if max_threads > 1 else None)
 
     def for_step(self, n_prompt: int) -> int:
         """The count a step runs with: the tuned one, or for a step that reads prompt tokens
@@ -82,7 +116,11 @@ class ThreadTuner:
         return None
 
     def _start_probe(self, n_decode: int) -> int:
-        other = self.current - 1 if self.current > 1 else self.current + 1  # ≤ max_threads
+        free = min(self._free(), self.max_threads) if self._free is not None else 0
+        if free > self.current or 0 < free < self.current - 1:
+            other = free  # the cores other processes leave now: try them all
+        else:
+            other = self.current - 1 if self.current > 1 else self.current + 1  # ≤ max_threads
         self._probe = (self.current, n_decode, [])
         self._probe_steps = 0
         self._since_probe = 0

@@ -41,11 +41,12 @@ class PooledContext:
     SEQUENCES = 1
     WHAT = "an embedding"
 
-    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int | Callable[[], int],
                  run: Callable[[Callable[[], Any]], Any] | None = None):
         self.native = native
         self.n_ctx = n_ctx
-        self._n_threads = n_threads
+        # a count, or where the engine tunes its own, the count its prompt steps run with now
+        self._threads = n_threads if callable(n_threads) else (lambda: n_threads)
         self._run = run or (lambda work: work())
         self._ctx = None
         self._lock = threading.Lock()
@@ -60,7 +61,7 @@ class PooledContext:
             params.n_ubatch = self._micro_batch()
             params.n_seq_max = self.SEQUENCES
             params.kv_unified = self.SEQUENCES > 1
-            params.n_threads = params.n_threads_batch = self._n_threads
+            params.n_threads = params.n_threads_batch = self._threads()
             params.embeddings = True
             params.pooling_type = self._pooling()
             params.no_perf = True
@@ -82,6 +83,9 @@ class PooledContext:
         """One decode of `group`, each input its own sequence from position 0, every token
         an output (pooling needs them all), in cells cleared first."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        threads = self._threads()
+        if threads != llama_cpp.llama_n_threads(ctx):
+            llama_cpp.llama_set_n_threads(ctx, threads, threads)
         n = sum(len(tokens) for tokens in group)
         batch = llama_cpp.llama_batch_init(n, 0, 1)
         try:

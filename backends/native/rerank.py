@@ -44,7 +44,7 @@ class Reranker(PooledContext):
     SEQUENCES = _SEQUENCES
     WHAT = "a reranking"
 
-    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int,
+    def __init__(self, native: NativeModel, n_ctx: int, n_threads: int | Callable[[], int],
                  run: Callable[[Callable[[], Any]], Any] | None = None):
         super().__init__(native, n_ctx, n_threads, run)
         source = llama_cpp.llama_model_chat_template(native.model, b"rerank")

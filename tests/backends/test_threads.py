@@ -3,9 +3,12 @@ threads 8 ms a step and 1 thread 11 ms; beside one busy process, 2 threads 25 ms
 
 from __future__ import annotations
 
+import collections
+import types
+
 import pytest
 
-from localinfer.backends.engine.threads import ThreadTuner, free_cores
+from localinfer.backends.engine.threads import OthersLoad, ThreadTuner, free_cores
 
 IDLE = {2: 0.008, 1: 0.011}
 BUSY = {2: 0.025, 1: 0.013}
@@ -44,6 +47,48 @@ def test_a_probe_abandoned_when_the_streams_change_goes_back():
     changes = [tuner.observe(IDLE[tuner.current], 3, 0) for _ in range(20)]
     # every step now has 3 streams, so the probe's count never fills: it gives up
     assert changes == [None] * 19 + [2] and tuner.current == 2
+
+
+def test_cores_that_come_free_after_a_busy_load_are_taken_at_the_next_probe():
+    """16 cores, 2 free at load (a neighbour was busy then): when the neighbour stops, the
+    periodic probe tries all the cores other processes leave, not one more."""
+    speeds = {n: 0.08 / n for n in range(1, 17)}
+    free = [2]
+    tuner = ThreadTuner(start=2, max_threads=16, period=100, free=lambda: free[0])
+    assert set(_run(tuner, speeds, 150)) <= {1, 2}  # still busy: only one fewer is tried
+    free[0] = 16
+    assert _run(tuner, speeds, 150)[-1] == 16 and tuner.for_step(300) == 16
+    free[0] = 12  # a neighbour takes 4 cores, and its load slows the 16 threads' steps
+    busy = {n: 0.08 / min(n, 12) * (3 if n > 12 else 1) for n in range(1, 17)}
+    assert _run(tuner, busy, 300)[-1] < 16
+
+
+def test_the_load_of_others_leaves_out_this_process_own(monkeypatch):
+    """psutil's shapes: the machine's times over all logical CPUs, this process's own."""
+    import psutil
+
+    Machine = collections.namedtuple("scputimes", "user nice system idle iowait irq softirq "
+                                     "steal guest guest_nice")
+    clock = {"t": 100.0, "busy": 0.0, "own": 0.0}
+
+    def machine():
+        fields = dict.fromkeys(Machine._fields, 0.0)
+        fields.update(user=clock["busy"], guest=clock["busy"] / 2, idle=1000.0)  # (in user)
+        return Machine(**fields)
+
+    class Own:
+        def cpu_times(self):
+            return types.SimpleNamespace(user=clock["own"], system=0.0)
+
+    monkeypatch.setattr(psutil, "cpu_times", machine)
+    monkeypatch.setattr(psutil, "Process", Own)
+    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8)
+    monkeypatch.setattr("time.monotonic", lambda: clock["t"])
+    load = OthersLoad()
+    clock.update(t=110.0, busy=60.0, own=40.0)  # 10 s: 6 CPUs busy, 4 of them ours
+    assert load() == 6  # 8 cores less the 2 of others
+    clock.update(t=120.0, busy=140.0, own=120.0)  # only ours busy now
+    assert load() == 8
 
 
 def test_one_core_never_changes():
@@ -94,5 +139,26 @@ def test_the_engine_switches_counts_between_prompt_and_decode_steps(smollm2_path
                          SamplingParams(temperature=0, max_tokens=4)).text()
         assert (True, 2) in seen and (False, 1) in seen, seen
         assert all(n == (2 if prompt else 1) for prompt, n in seen), seen
+    finally:
+        backend.close()
+
+
+def test_embeddings_run_with_the_count_prompt_steps_have_now(smollm2_path):
+    """A pooled context is made once; its decodes follow the tuner, as prompt steps do."""
+    import llama_cpp
+
+    from localinfer.backends.base import LoadOptions
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        tuner.prompt, tuner.current = 1, 1  # as a neighbour busy at load leaves it
+        backend.embed_many(["The lighthouse keeper"])
+        ctx = backend.embedder._ctx
+        assert llama_cpp.llama_n_threads(ctx) == 1
+        tuner.current = 2  # a probe found both cores free
+        backend.embed_many(["The lighthouse keeper"])
+        assert backend.embedder._ctx is ctx and llama_cpp.llama_n_threads(ctx) == 2
     finally:
         backend.close()
