@@ -17,6 +17,7 @@ the GPU session's files in bench/results/gpu_h100/.
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import subprocess
 import sys
@@ -33,12 +34,11 @@ class Keep(logging.Handler):
         records.append(record.getMessage())
 logging.getLogger("localinfer.llama_cpp").addHandler(Keep())
 logging.getLogger("localinfer.llama_cpp").setLevel(logging.DEBUG)
-from localinfer.backends.base import LoadOptions, SamplingParams
-from localinfer.service import llama_cpp_backend, prepare
-path, n_ctx, n_slots = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-prepared = prepare(path, LoadOptions(n_ctx=n_ctx, n_slots=n_slots))
-model, options = prepared.model, prepared.options
-backend = llama_cpp_backend(model.path, options, model.name)
+import dataclasses, pickle
+from localinfer.backends.base import SamplingParams
+from localinfer.service import llama_cpp_backend
+path, options = sys.argv[1], pickle.loads(bytes.fromhex(sys.argv[2]))
+backend = llama_cpp_backend(path, options, os.path.basename(path))
 backend.generate(backend.tokenize("hello " * 600), SamplingParams(temperature=0, max_tokens=4)).text()
 def process_gpu_bytes():
     try:
@@ -81,12 +81,18 @@ def buffers(log: list[str]) -> dict[str, dict[str, float]]:
 
 
 def measure(path: Path, n_ctx: int, n_slots: int) -> dict:
+    """The plan made here, the model loaded with its options in a fresh process that plans
+    nothing, as a runner loads it (on a CUDA build, a hybrid loaded in the process that
+    planned it crashed at load: bench/results/gpu_h200.md)."""
+    from localinfer.backends.base import LoadOptions
     from localinfer.model_store.gguf_info import read_gguf_info
     from localinfer.backends.native.machine import detect
-    from localinfer.service import plan_for
+    from localinfer.service import plan_for, prepare
 
     plan = plan_for(read_gguf_info(path), detect(), n_ctx, n_slots)
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(n_ctx), str(n_slots)],
+    options = prepare(str(path), LoadOptions(n_ctx=n_ctx, n_slots=n_slots)).options
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _CHILD, str(path),
+                           pickle.dumps(options).hex()],
                           capture_output=True, text=True, timeout=600)
     line = next((x for x in done.stdout.splitlines() if x.startswith("RESULT ")), None)
     if line is None:

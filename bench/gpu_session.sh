@@ -13,7 +13,8 @@
 # same machine) while it writes the models, then runs, while LIMIT (s) allows, in this order:
 # moe_placement.py at 16 and 8 GiB free, serve_speed.py on Llama 3.2 1B's shape at 1, 8, 32
 # clients, gpu_memory.py on the Qwen3.5 hybrid, moe_placement.py at 24 GiB, serve_speed.py on
-# Llama 3.1 8B's shape (STEPS="moe serve_1b gpu_memory moe24 serve_8b": which, in that order).
+# Llama 3.1 8B's shape (STEPS="moe serve_1b gpu_memory moe24 serve_8b": which, in that order;
+# also hybrid_load: the hybrid served, and loaded in-process after each part of prepare).
 # Results go to $OUT/res.tgz after each step.
 # CPU=1 bash bench/gpu_session.sh run: a dry run here (the CPU build at $SDIST, small
 # shapes, only the packages that machine has importable).
@@ -151,6 +152,7 @@ ls /tmp/pkg/llama_cpp/lib
 python3 -c "import llama_cpp; print('gpu offload', llama_cpp.llama_supports_gpu_offload())"
 python3 -c "from localinfer.cli import main; main()" hw 2>&1 | tee $RES/hw.txt
 wait $WRITE; stamp "models written"; cat $M/w1.log $M/w2.log | tail -4; ls -la $M
+sync; stamp "written to disk"  # (the kernel's writeback of 20 GB must not run beside a measure)
 
 # the steps, each if named in STEPS (in that order) and its time is left; results packed after each
 step_moe() {  # MoE placement, the two sizes that split the model (PINNED=N: also --threads N)
@@ -168,6 +170,43 @@ step_gpu_memory() {  # the hybrid's plan against what the GPU holds
   want gpu_memory 60 || return 0; stamp gpu_memory
   python3 bench/gpu_memory.py $M/qwen3.5-0.8b.gguf --ctx 4096,32768 --slots 1,4 \
     --out $RES/gpu_memory_qwen35.json 2>&1 | tail -12
+}
+step_hybrid_load() {  # the hybrid served, and which of prepare's parts makes its load crash
+  want hybrid_load 60 || return 0; stamp hybrid_load
+  local model=$M/qwen3.5-0.8b.gguf
+  python3 - "$model" <<'PY' 2>&1 | tail -12
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, "bench")
+import harness, httpx
+model = sys.argv[1]
+process, url = harness.start_serve(harness.SERVE, model, 1, 4096, "/tmp/home")
+try:
+    reply = httpx.post(url + "/v1/chat/completions", timeout=120, json={
+        "model": Path(model).stem, "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hello"}]})
+    print("serve:", reply.status_code, reply.text[:200])
+finally:
+    harness.stop_servers({"localinfer": (process, url)})
+LOAD = ("import llama_cpp as l; from localinfer.backends.native.model import model_params; "
+        "l.llama_backend_init(); p, k = model_params(99, 'none', 0, (), False, ()); "
+        "print('loaded', bool(l.llama_model_load_from_file(sys.argv[1].encode(), p)))")
+for name, before in [
+        ("nothing", ""),
+        ("devices", "from localinfer.backends.native.ggml import devices; devices()"),
+        ("detect", "from localinfer.backends.native.machine import detect; detect()"),
+        ("read_gguf_info", "from localinfer.model_store.gguf_info import read_gguf_info; "
+                           "read_gguf_info(sys.argv[1])"),
+        ("prepare", "from localinfer.service import prepare; "
+                    "from localinfer.backends.base import LoadOptions; "
+                    "prepare(sys.argv[1], LoadOptions(n_ctx=4096))")]:
+    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
+                           f"import sys\n{before}\n{LOAD}", model],
+                          capture_output=True, text=True, timeout=120)
+    print(f"load after {name}: exit {done.returncode}",
+          (done.stdout.strip().splitlines() or [""])[-1],
+          " | ".join(l for l in done.stderr.splitlines() if "File" in l)[-300:])
+PY
 }
 step_moe24() {  # MoE at 24 GiB (the whole model fits)
   want moe24 80 || return 0; stamp moe24
