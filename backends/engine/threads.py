@@ -37,6 +37,7 @@ _ALPHA = 0.25  # weight of the newest step in a moving average
 _SLOWDOWN = 1.35  # steps this much slower than the count's best: the load changed, probe
 _PROBE_STEPS = 5  # decode-only steps timed at the other count (the first is not counted)
 _BETTER = 0.92  # a count must be this much faster to replace the current one
+_RECHECK_S = 5.0  # how often a prompt step may raise its count to the cores free now
 
 
 def physical_cores() -> int:
@@ -82,7 +83,8 @@ class ThreadTuner:
     def __init__(self, start: int, max_threads: int, period: int = 512,
                  free: Callable[[], int] | None = None):
         self.current = max(1, min(start, max_threads))
-        self.prompt = self.current  # for steps that read prompt tokens: the count at load
+        self.at_load = self.current
+        self.prompt = self.current  # for steps that read prompt tokens: at least the count at load
         self.max_threads = max(1, max_threads)
         self.period = period
         self._avg: dict[tuple[int, int], float] = {}  # (threads, streams) → seconds a step
@@ -93,11 +95,22 @@ class ThreadTuner:
         self.switches = 0
         # the cores free of other processes now (None: only one thread fewer is tried)
         self._free = free if free is not None else (OthersLoad() if max_threads > 1 else None)
+        self._checked = time.monotonic()  # when the prompt count last looked for free cores
 
     def for_step(self, n_prompt: int) -> int:
         """The count a step runs with: the tuned one, or for a step that reads prompt tokens
-        the count at load where that is higher."""
-        return max(self.current, self.prompt) if n_prompt else self.current
+        (or a pooled decode) the count at load where that is higher — or, looked at every
+        _RECHECK_S, the cores other processes leave now where that is higher still: a runner
+        loaded while the machine was busy, that only embeds or ranks, has no decode steps to
+        tune on."""
+        if not n_prompt:
+            return self.current
+        if self._free is not None:
+            now = time.monotonic()
+            if now - self._checked >= _RECHECK_S:
+                self._checked = now
+                self.prompt = max(self.at_load, min(self._free(), self.max_threads))
+        return max(self.current, self.prompt)
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> int | None:
         """Feed one step's time; returns a thread count to change to, or None."""

@@ -63,6 +63,28 @@ def test_cores_that_come_free_after_a_busy_load_are_taken_at_the_next_probe():
     assert _run(tuner, busy, 300)[-1] < 16
 
 
+def test_prompt_steps_take_cores_that_came_free_without_any_decode_step(monkeypatch):
+    """A runner that only embeds, loaded while 14 of 16 cores were busy: its pooled decodes
+    (prompt-like steps) take the freed cores within _RECHECK_S, never fewer than at load."""
+    from localinfer.backends.engine import threads
+
+    clock, free = [0.0], [2]
+    monkeypatch.setattr(threads.time, "monotonic", lambda: clock[0])
+    tuner = ThreadTuner(start=2, max_threads=16, free=lambda: free[0])
+    assert tuner.for_step(300) == 2
+    free[0] = 16
+    clock[0] = 1.0
+    assert tuner.for_step(300) == 2  # looked again only after _RECHECK_S
+    clock[0] = threads._RECHECK_S + 0.1
+    assert tuner.for_step(300) == 16 and tuner.for_step(0) == 2  # decoding is the tuner's
+    free[0] = 3
+    clock[0] += threads._RECHECK_S + 0.1
+    assert tuner.for_step(300) == 3  # a neighbour came back: the cores it leaves
+    free[0] = 1
+    clock[0] += threads._RECHECK_S + 0.1
+    assert tuner.for_step(300) == 2  # never fewer than at load
+
+
 def test_the_load_of_others_leaves_out_this_process_own(monkeypatch):
     """psutil's shapes: the machine's times over all logical CPUs, this process's own."""
     import psutil
@@ -133,6 +155,7 @@ def test_the_engine_switches_counts_between_prompt_and_decode_steps(smollm2_path
         tuner = backend.engine.threads
         assert tuner is not None  # no --threads: the tuner chooses
         tuner.prompt, tuner.current, tuner.period = 2, 1, 10_000  # as a busy neighbour leaves it
+        tuner.at_load, tuner._free = 2, lambda: 1  # (and keeps it, however long this takes)
         seen = []
         backend.engine.on_step = lambda s, d, p: seen.append((p > 0, backend.native.threads()))
         backend.generate(backend.tokenize("The lighthouse keeper " * 20),
@@ -153,7 +176,8 @@ def test_embeddings_run_with_the_count_prompt_steps_have_now(smollm2_path):
     backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
     try:
         tuner = backend.engine.threads
-        tuner.prompt, tuner.current = 1, 1  # as a neighbour busy at load leaves it
+        tuner.prompt = tuner.current = tuner.at_load = 1  # as a neighbour busy at load leaves it
+        tuner._free = lambda: 1  # (and keeps it)
         backend.embed_many(["The lighthouse keeper"])
         ctx = backend.embedder._ctx
         assert llama_cpp.llama_n_threads(ctx) == 1
