@@ -163,7 +163,11 @@ class Embedder(PooledContext):
                 pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
                 if not pooled:
                     raise EngineError("this model gave no pooled embedding")
-                vectors.append(pooled[:n_embd])
+                vector = pooled[:n_embd]
+                if not math.isfinite(sum(vector)):  # (a NaN or an infinity carries into the sum)
+                    raise EngineError("this model gave an embedding that is not a number — "
+                                      "its file is damaged, or its weights overflow")
+                vectors.append(vector)
             return vectors
 
 

@@ -83,3 +83,30 @@ def test_every_architecture_embeds_inputs_sharing_a_decode_as_each_alone(arch):
             assert sum(a * b for a, b in zip(vector, backend.embed(text)[0])) > 0.999
     finally:
         backend.close()
+
+
+def test_an_embedding_that_is_not_a_number_is_an_error_not_a_vector(smollm2_path, tmp_path):
+    """smollm2 with NaN in its output norm: every hidden state it pools is NaN. The request
+    fails with a clear error (a NaN in JSON is no number a client can read), and the model
+    keeps serving."""
+    import shutil
+
+    import numpy as np
+
+    from localinfer.errors import EngineError
+    from localinfer.model_store.gguf_info import gguf
+
+    broken = tmp_path / "nan.gguf"
+    shutil.copy(smollm2_path, broken)
+    reader = gguf.GGUFReader(broken, "r+")
+    norm = next(t for t in reader.tensors if t.name == "output_norm.weight")
+    norm.data[:] = np.nan
+    reader.data.flush()
+    del reader
+    backend = LlamaCppBackend(broken, LoadOptions(n_ctx=256))
+    try:
+        with pytest.raises(EngineError, match="not a number"):
+            backend.embed_many(["cats", "dogs"])
+        assert backend.tokenize("still here")
+    finally:
+        backend.close()
