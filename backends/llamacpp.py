@@ -23,6 +23,7 @@ from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name
+from localinfer.model_store.shape import POOLED_EMBED_CTX
 from localinfer.settings import default
 
 __all__ = ["LlamaCppBackend", "default_threads"]
@@ -130,7 +131,7 @@ class LlamaCppBackend(Backend):
         # their decodes on the engine's thread: one thread of the process calls llama_decode
         tuner = self.engine.threads  # pooled decodes read whole inputs, as prompt steps do
         pooled_threads = n_threads if tuner is None else (lambda: tuner.for_step(1))
-        self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, 2048),
+        self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, POOLED_EMBED_CTX),
                                  n_threads=pooled_threads, run=self.engine.call)
         # (a pair read at once: the context a request gets)
         self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot,

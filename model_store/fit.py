@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
-from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer
+from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer, pooled_bytes
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
            "projector_memory"]
@@ -76,8 +76,9 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
     checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes."""
     shape = info.shape()
-    kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
-    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
+    pooled_kv, pooled_compute = pooled_bytes(shape, n_ctx)
+    kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch) + pooled_kv
+    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots)) + pooled_compute
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
                           shape.state_bytes(n_slots, snapshots),
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,

@@ -16,7 +16,7 @@ from typing import Any
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.arch import read_layers
-from localinfer.model_store.shape import Layer, ModelShape
+from localinfer.model_store.shape import POOLED_UBATCH, Layer, ModelShape
 
 __all__ = ["GGUFInfo", "ProjectorInfo", "has_fim_tokens", "part_paths", "quant_name",
            "read_gguf_header", "read_gguf_info", "read_gguf_part", "read_projector_header",
@@ -73,6 +73,7 @@ class GGUFInfo:
     # pooling in its header (Qwen3-Reranker) or a classification head (cls.output, as
     # llama.cpp's converter writes bge-reranker's and BERT cross-encoders'); it embeds nothing
     rerank: bool = False
+    pooling: int = 0  # the header's pooling type (llama.cpp's enum: 1 mean, 2 CLS, 3 last, 4 rank)
     # per layer where they are not all full attention with n_head_kv heads (n_head_kv is
     # the largest of a per-layer array): attention kind, KV heads, recurrent (arch.py)
     layers: tuple[Layer, ...] = ()
@@ -89,12 +90,17 @@ class GGUFInfo:
             layers = tuple(dataclasses.replace(layer, expert_share=n / self.file_size)
                            for layer, n in zip(layers or (Layer(self.n_head_kv),) * self.n_layer,
                                                self.expert_bytes))
+        encoder = self.architecture in _ENCODERS
+        # a causal model pooled by its last token (or ranked) reads an input in micro-batches
+        spans = not encoder and (self.rerank or self.pooling == _LAST)
         return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
                           self.n_vocab, self.n_ctx_train, self.n_embd,
                           input_embd_share=self.input_embd_share(), layers=layers,
                           state_bytes_per_layer=self.state_bytes, n_expert=self.n_expert,
                           n_expert_used=self.n_expert_used,
-                          recurrent_kind=self.recurrent_kind)
+                          recurrent_kind=self.recurrent_kind,
+                          pooled="rerank" if self.rerank else "embed" if self.embedding else "",
+                          pooled_ubatch=POOLED_UBATCH if spans else 0, encoder=encoder)
 
     def input_embd_share(self) -> float:
         """The share of the weights that llama.cpp keeps in RAM whatever the GPU layers: the
@@ -120,7 +126,7 @@ _SCALARS = {
 # architectures that only embed (llama.cpp's encoder-only ones)
 _ENCODERS = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
              "modern-bert", "neo-bert", "eurobert"}
-_RANK = 4  # llama.cpp's LLAMA_POOLING_TYPE_RANK
+_LAST, _RANK = 3, 4  # llama.cpp's LLAMA_POOLING_TYPE_LAST and _RANK
 _CLASSIFIER = "cls.output.weight"
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
 _MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
@@ -504,6 +510,7 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         separate_output=header.separate_output,
         embedding=not rerank and (bool(pooling) or arch in _ENCODERS),
         rerank=rerank,
+        pooling=pooling if isinstance(pooling, int) else 0,
         layers=kinds.layers,
         state_bytes=kinds.state_bytes,
         recurrent_kind=kinds.recurrent_kind,

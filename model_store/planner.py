@@ -126,6 +126,18 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
     return max(logits, activations) + masks
 
 
+def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int]:
+    """The KV and compute buffer of an embedder's or reranker's pooled context (none for a
+    chat model): its KV F16 with sliding-window layers full size, as llama.cpp's defaults
+    make it, and every token of a micro-batch an output."""
+    cells = shape.pooled_cells(n_ctx)
+    if not cells:
+        return 0, 0
+    ubatch = min(cells, shape.pooled_ubatch or cells)
+    return (shape.kv_bytes(cells, 1, "f16", True, ubatch),
+            compute_buffer(shape, cells, ubatch, ubatch))
+
+
 def _margin(total: int) -> int:
     return max(256 * _MIB, total // 20)  # RAM: allocator, fragmentation: 5%, at least 256 MiB
 
@@ -193,6 +205,8 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
+    pooled_kv, pooled_compute = pooled_bytes(shape, n_ctx)  # (with the layers, as the KV)
+    kv, compute = kv + pooled_kv, compute + pooled_compute
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
     usable = sorted(gpus, key=free_memory, reverse=True)  # the card with the most room first

@@ -14,10 +14,16 @@ from dataclasses import dataclass
 
 from localinfer.settings import KvType
 
-__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "Layer", "ModelShape", "checkpoint_cap", "swa_cells"]
+__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "POOLED_EMBED_CTX", "POOLED_UBATCH", "Layer",
+           "ModelShape", "checkpoint_cap", "swa_cells"]
 
 KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
 # block scales (a StrEnum: the plain names index it as well)
+# an embedding or rerank model's pooled context (backends/native/embeddings.py), made on its
+# first request beside the model's own: an embedding context's cells at most, and the
+# micro-batch of one whose input may span several (a causal model's last-token or rank pooling)
+POOLED_EMBED_CTX = 2048
+POOLED_UBATCH = 512
 _SWA_PAD = 256  # llama.cpp pads a sliding-window cache to this many cells
 CHECKPOINT_CAP = 256 << 20  # a slot's context checkpoints at most, where one is small
 CHECKPOINT_KEEP = 2  # where one is larger than CHECKPOINT_CAP / 2: room for this many
@@ -75,6 +81,18 @@ class ModelShape:
     n_expert: int = 0
     n_expert_used: int = 0
     recurrent_kind: str = "recurrent"  # what the recurrent layers are: "Gated DeltaNet", …
+    # the context llama.cpp pools for an embedding ("embed") or rerank ("rerank") model, and
+    # its micro-batch (0: a whole input at once)
+    pooled: str = ""
+    pooled_ubatch: int = 0
+    encoder: bool = False  # attends both ways (BERT's kin): llama.cpp keeps no KV cache
+
+    def pooled_cells(self, n_ctx: int) -> int:
+        """The cells of the pooled context where the model has one (a slot's context for a
+        reranker, at most POOLED_EMBED_CTX for an embedder), else 0."""
+        if not self.pooled:
+            return 0
+        return min(n_ctx, POOLED_EMBED_CTX) if self.pooled == "embed" else n_ctx
 
     def per_layer(self) -> tuple[Layer, ...]:
         return self.layers or (Layer(self.n_head_kv),) * self.n_layer
@@ -95,7 +113,10 @@ class ModelShape:
     def kv_bytes(self, n_ctx: int, n_slots: int = 1, kv_type: str = "f16",
                  swa_full: bool = True, n_ubatch: int = 512, unified: bool = False) -> int:
         """The KV cache of n_slots slots of n_ctx cells: full-attention layers hold every
-        cell; sliding-window ones their window (`swa_cells`) unless swa_full."""
+        cell; sliding-window ones their window (`swa_cells`) unless swa_full. An encoder
+        keeps none."""
+        if self.encoder:
+            return 0
         windowed = [] if swa_full else [layer for layer in self.per_layer() if layer.window]
         full = sum(layer.n_head_kv for layer in self.per_layer()) - sum(
             layer.n_head_kv for layer in windowed)

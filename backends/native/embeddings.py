@@ -19,13 +19,14 @@ from typing import Any
 import llama_cpp
 
 from localinfer.backends.native.model import NativeModel
+from localinfer.model_store.shape import POOLED_UBATCH
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
 __all__ = ["Embedder", "PooledContext", "groups"]
 
 _SEQUENCES = 16  # inputs in one decode at most (their tokens within the context)
 _DECODE_TOKENS = 256  # inputs share a decode up to this many tokens (a longer one alone)
-_MICRO_BATCH = 512  # tokens computed at once where a sequence may span micro-batches
+_MICRO_BATCH = POOLED_UBATCH  # tokens computed at once where a sequence may span micro-batches
 
 
 class PooledContext:

@@ -260,3 +260,40 @@ def test_the_engines_checkpoints_stay_within_the_plan():
             saved.append(len(checkpoints))
             assert sum(len(c.data) for c in checkpoints) <= planned
     assert saved[-1] == 3 and sum(len(c.data) for c in checkpoints) == planned
+
+
+@pytest.mark.parametrize("which", ["qwen3-embed", "qwen3-rerank", "bert-rerank"])
+def test_the_plan_counts_the_pooled_context_an_embedder_or_reranker_makes(which, caplog):
+    """An embedding or rerank model makes a second context on its first request, which the
+    plan holds room for: its KV as llama.cpp allocates it (none for an encoder), and its
+    compute buffer, at most (a causal model's is a micro-batch of vocabulary-wide outputs:
+    ~300 MiB for Qwen3's vocabulary, whatever the layers)."""
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    from ..families import embedding_model, reranker_model
+
+    path = embedding_model() if which == "qwen3-embed" else reranker_model(which.split("-")[0])
+    info = read_gguf_info(path)
+    shape = info.shape()
+    assert shape.pooled == which.split("-")[1]
+    files = {info.quant: info.file_size}
+    with_pooled = plan(shape, files, [], 20 << 30, n_ctx=4096).parts
+    alone = plan(dataclasses.replace(shape, pooled=""), files, [], 20 << 30, n_ctx=4096).parts
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=4096))
+    try:
+        caplog.set_level(logging.DEBUG, logger="localinfer.llama_cpp")
+        caplog.clear()
+        if shape.pooled == "embed":
+            backend.embed_many(["What do cats eat?"])
+        else:
+            backend.rerank("What do cats eat?", ["Cats hunt small animals."])
+        text = caplog.text
+    finally:
+        backend.close()
+    kv = sum(float(m) for m in re.findall(r"KV buffer size =\s+([\d.]+) MiB", text)) * _MIB
+    compute = sum(float(m) for m in re.findall(r"compute buffer size =\s+([\d.]+) MiB",
+                                                text)) * _MIB
+    assert compute > 0  # (the pooled context was made while the log was read)
+    assert with_pooled["kv_cache"] - alone["kv_cache"] == pytest.approx(kv, abs=_ROUNDING)
+    planned = with_pooled["compute"] - alone["compute"]
+    assert compute - _ROUNDING <= planned <= 2 * compute + 64 * _MIB
