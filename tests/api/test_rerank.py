@@ -6,6 +6,8 @@ on the pair written as llama-server writes it."""
 
 from __future__ import annotations
 
+import ctypes
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -165,3 +167,79 @@ def test_what_is_refused_and_what_is_shown(rerankers):
         assert server.post("/api/show", json={"model": name}).json()["capabilities"] == ["rerank"]
     # the server and its runners lived through all of it
     assert _rerank(server, model=bert, query=QUERY, documents=["x"])["results"]
+
+
+def _cut(path: Path, text: str, n: int) -> str:
+    """The first n tokens of `text` as the model's own vocabulary reads and writes them."""
+    params = llama_cpp.llama_model_default_params()
+    params.vocab_only = True
+    model = llama_cpp.llama_model_load_from_file(str(path).encode(), params)
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(model)
+        data = text.encode()
+        buf = (llama_cpp.llama_token * (len(data) + 8))()
+        count = llama_cpp.llama_tokenize(vocab, data, len(data), buf, len(buf), False, False)
+        out = b""
+        for token in buf[:min(n, count)]:
+            piece = ctypes.create_string_buffer(64)
+            size = llama_cpp.llama_token_to_piece(vocab, token, piece, 64, 0, False)
+            out += piece.raw[:size]
+        return out.decode()
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+@pytest.mark.parametrize("arch", ["bert", "qwen3"])
+def test_cohere_sdks_v1_and_v2_rerank(rerankers, arch):
+    """Cohere's own client, unmodified, at both API versions; v2's max_tokens_per_doc cuts
+    each document to that many tokens before it is scored."""
+    import cohere
+
+    server, names = rerankers
+    model = names[arch]
+    expected = _rerank(server, model=model, query=QUERY, documents=DOCUMENTS)["results"]
+    v2 = cohere.ClientV2(base_url=server.url, api_key="local").rerank(
+        model=model, query=QUERY, documents=DOCUMENTS, top_n=3)
+    assert [r.index for r in v2.results] == [r["index"] for r in expected[:3]]
+    assert [r.relevance_score for r in v2.results] == pytest.approx(
+        [r["relevance_score"] for r in expected[:3]], abs=MOVES[arch])
+    v1 = cohere.Client(base_url=server.url, api_key="local").rerank(
+        model=model, query=QUERY, documents=DOCUMENTS, return_documents=True)
+    assert [(r.index, r.document.text) for r in v1.results] == [
+        (r["index"], DOCUMENTS[r["index"]]) for r in expected]
+
+    cut = cohere.ClientV2(base_url=server.url, api_key="local").rerank(
+        model=model, query=QUERY, documents=DOCUMENTS, max_tokens_per_doc=3)
+    short = [_cut(reranker_model(arch), d, 3) for d in DOCUMENTS]
+    assert all(len(s) < len(d) for s, d in zip(short, DOCUMENTS))
+    as_cut = {r["index"]: r["relevance_score"] for r in _rerank(
+        server, model=model, query=QUERY, documents=short)["results"]}
+    assert {r.index: r.relevance_score for r in cut.results} == pytest.approx(
+        as_cut, abs=MOVES[arch])
+
+
+def test_text_embeddings_inference_shape(rerankers):
+    """TEI's /rerank (Haystack's TEI ranker): `texts` in, a list best first out, the scores
+    through a sigmoid unless raw_scores; truncate cuts a text past the context."""
+    server, names = rerankers
+    model = names["bert"]
+    raw = {r["index"]: r["relevance_score"] for r in _rerank(
+        server, model=model, query=QUERY, documents=DOCUMENTS)["results"]}
+    reply = server.post("/rerank", json={"model": model, "query": QUERY, "texts": DOCUMENTS,
+                                         "return_text": True})
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    assert [r["index"] for r in answer] == sorted(raw, key=lambda i: -raw[i])
+    for r in answer:
+        assert r["score"] == pytest.approx(1 / (1 + math.exp(-raw[r["index"]])), abs=1e-6)
+        assert r["text"] == DOCUMENTS[r["index"]]
+    plain = server.post("/rerank", json={"model": model, "query": QUERY, "texts": DOCUMENTS,
+                                         "raw_scores": True}).json()
+    assert {r["index"]: r["score"] for r in plain} == pytest.approx(raw, abs=1e-6)
+    assert "text" not in plain[0]
+
+    long = {"model": model, "query": QUERY, "texts": ["short", "word " * 600]}
+    assert server.post("/rerank", json=long).status_code == 400  # past the context of 512
+    cut = server.post("/rerank", json={**long, "truncate": True})
+    assert cut.status_code == 200, cut.text
+    assert sorted(r["index"] for r in cut.json()) == [0, 1]
