@@ -32,7 +32,7 @@ from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
 MODEL = "smollm2-135m-random"  # the file's stem: localinfer's name for it
 CTX = 8192  # per slot
-SERVERS = ("llama-server", "localinfer", "localinfer --step-ms 200")
+SERVERS = ("llama-server", "localinfer")  # and `localinfer --step-ms N` for each --step-ms
 _WORDS = ("harbour lantern keeper tide rope gull stone window evening storm ledger candle "
           "island signal ferry").split()
 
@@ -84,8 +84,12 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--prompt-words", type=int, default=3000,
                         help="the long prompt's words (~1.3 tokens each)")
+    parser.add_argument("--step-ms", default="200",
+                        help="also localinfer with each of these --step-ms (comma-separated)")
     args = parser.parse_args()
-    runs: dict[str, list] = {s: [] for s in SERVERS}
+    targets = [int(x) for x in args.step_ms.split(",") if x]
+    names = (*SERVERS, *(f"localinfer --step-ms {ms}" for ms in targets))
+    runs: dict[str, list] = {s: [] for s in names}
     with tempfile.TemporaryDirectory() as home:
         model = Path(home) / f"{MODEL}.gguf"
         write_model(SHAPES["smollm2-135m"], model, read_tokenizer(embedded_smollm2()),
@@ -97,13 +101,13 @@ def main() -> None:
             "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "-np", "2", "-c", str(2 * CTX)]),
             "localinfer": lambda: harness.start_server(harness.SERVE, li, **ready),
-            "localinfer --step-ms 200": lambda: harness.start_server(
-                harness.SERVE, [*li, "--step-ms", "200"], **ready)})
+            **{f"localinfer --step-ms {ms}": lambda ms=ms: harness.start_server(
+                harness.SERVE, [*li, "--step-ms", str(ms)], **ready) for ms in targets}})
         try:
             for rep in range(args.reps):
-                order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
+                order = names if rep % 2 == 0 else names[::-1]
                 for name in order:
-                    row = once(servers[name][1], rep * 10 + SERVERS.index(name),
+                    row = once(servers[name][1], rep * 10 + names.index(name),
                                args.prompt_words)
                     runs[name].append(row)
                     print(name, rep, {k: round(v, 3) for k, v in row.items()}, flush=True)
@@ -116,7 +120,7 @@ def report(args, runs: dict) -> None:
     med = statistics.median
     summary, rows = {}, []
     fig, axes = harness.figure(2)
-    for name in SERVERS:
+    for name in runs:
         r = runs[name]
         s = summary[name] = {key: med(x[key] for x in r) for key in r[0]}
         s["ttft_vs_alone"] = med(x["ttft_s"] / x["alone_ttft_s"] for x in r)
@@ -127,7 +131,7 @@ def report(args, runs: dict) -> None:
                      f"{1000 * max(s['longest_gap_rounds_s']):.0f})",
                      f"{s['ttft_s']:.2f}", f"{s['alone_ttft_s']:.2f}",
                      f"{s['ttft_vs_alone']:.2f}"])
-    names = list(SERVERS)
+    names = list(runs)
     axes[0][0].bar(names, [1000 * summary[n]["longest_gap_s"] for n in names])
     axes[0][0].set(ylabel="longest gap (ms)", title="a running stream's longest pause")
     axes[0][1].bar(names, [summary[n]["ttft_s"] for n in names], label="beside a stream")

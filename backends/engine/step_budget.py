@@ -19,11 +19,20 @@ a full chunk costs less than the target) the budget never cuts. Smaller chunks r
 prompt more slowly: on a CPU a piece of 15 tokens at position ~4,000 cost 13 ms a token where
 whole chunks averaged 2-4 (bench/results/long_prompt_gap.md: TTFT 2.0x of reading it alone
 at 200 ms, 1.0x in whole chunks); that is the trade, and why both are off by default.
+
+Part of that cost is llama.cpp's: its CPU flash attention reads a sequence's query rows in
+tiles of 64 and fewer rows one by one, at twice the cost a token at 4,000 positions (smollm2,
+2 cores: 13-14 ms a token in pieces of 16 or 32, 7.3-7.8 in pieces of 128 or 511; without
+flash attention 6.7-8.5 at every size; a piece beside running streams loses one token to
+the micro-batch it shares with them). Pieces held to a tile and one (65 tokens) were
+tried: at --step-ms 250, TTFT 1.55x of alone (from ~2x) but pauses of 446 ms (the tile's
+cost far into the prompt), past the target the user set; so the target rules.
 """
 
 from __future__ import annotations
 
 __all__ = ["StepBudget"]
+
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 _LEARNING_CHUNK = 16  # prompt tokens per step until both costs have been measured
@@ -59,7 +68,7 @@ class StepBudget:
             return limit
         decode = self.decode_estimate(n_decode)
         if decode is None or self.per_token_s is None:
-            return min(limit, _LEARNING_CHUNK)
+            return min(limit, max(_LEARNING_CHUNK, self.floor))
         room = float("inf")
         if self.factor is not None:
             room = (self.factor - 1) * decode / self.per_token_s
