@@ -330,3 +330,26 @@ def test_a_projector_is_taken_from_the_models_own_folder():
     assert pick_projector(projectors, file("model-Q4_K_M.gguf")).path == "mmproj-BF16.gguf"
     assert pick_projector(projectors[3:], file("model-Q4_K_M.gguf")).path == "mmproj-Q8_0.gguf"
     assert pick_projector([], file("model-Q4_K_M.gguf")) is None
+
+
+def test_a_catalog_reranker_is_pulled_by_its_short_name(_private_home):
+    """`qwen3-reranker` names the catalog's repo; its file is found by the quant label as that
+    repo writes it (Qwen3-Reranker-0.6B.Q8_0.gguf), pulled, listed, and seen as a reranker."""
+    from localinfer.model_store.gguf_info import read_gguf_info
+
+    from ..families import reranker_model
+
+    fake = FakeHub()
+    fake.add("giladgd/Qwen3-Reranker-0.6B-GGUF", "Qwen3-Reranker-0.6B.Q8_0.gguf",
+             reranker_model("qwen3"))
+    hub = fake.start()
+    try:
+        result = cli(hub, "pull", "qwen3-reranker")
+        assert result.returncode == 0, result.stderr
+        (manifest,) = manifests(_private_home)
+        assert manifest["repo"] == "giladgd/Qwen3-Reranker-0.6B-GGUF"
+        path = _private_home / "models" / "hub" / manifest["repo"] / manifest["file"]
+        assert read_gguf_info(path).rerank
+        assert "qwen3-reranker" in cli(hub, "list").stdout
+    finally:
+        fake.stop()
