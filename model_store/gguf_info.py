@@ -73,6 +73,7 @@ class GGUFInfo:
     # pooling in its header (Qwen3-Reranker) or a classification head (cls.output, as
     # llama.cpp's converter writes bge-reranker's and BERT cross-encoders'); it embeds nothing
     rerank: bool = False
+    head: bool = False  # a classification head (cls or cls.output), in any part
     pooling: int = 0  # the header's pooling type (llama.cpp's enum: 1 mean, 2 CLS, 3 last, 4 rank)
     # per layer where they are not all full attention with n_head_kv heads (n_head_kv is
     # the largest of a per-layer array): attention kind, KV heads, recurrent (arch.py)
@@ -128,6 +129,7 @@ _ENCODERS = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-
              "modern-bert", "neo-bert", "eurobert"}
 _LAST, _RANK = 3, 4  # llama.cpp's LLAMA_POOLING_TYPE_LAST and _RANK
 _CLASSIFIER = "cls.output.weight"
+_HEADS = {"cls.weight", _CLASSIFIER}  # what llama.cpp's rank pooling reads a score from
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read
 _MAX_ARRAY_NESTING = 4  # arrays of arrays: llama.cpp's own files use none
 _MAX_DIMS = 4  # GGML_MAX_DIMS: llama.cpp refuses a tensor with more
@@ -197,6 +199,7 @@ class _Header:
     separate_output: bool  # an output.weight of its own (not the input embeddings, tied)
     expert_bytes: dict[int, int]  # layer → bytes of its expert tensors
     classifier: bool = False  # a classification head (cls.output.weight): a reranker's
+    head: bool = False  # any head rank pooling reads (cls.weight or cls.output.weight)
 
 
 def _read_header(buf: mmap.mmap, size: int) -> _Header:
@@ -211,10 +214,12 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
     data_end, n_params, separate_output, experts, classifier = 0, 0, False, {}, False
+    head = False
     for _ in range(n_tensors):
         name = cur.string()
         separate_output |= name == "output.weight"
         classifier |= name == _CLASSIFIER
+        head |= name in _HEADS
         n_dims = cur.scalar("<I")
         if n_dims > _MAX_DIMS:
             raise ValueError(f"tensor {name[:40]!r} has {n_dims:,} dimensions (at most "
@@ -239,7 +244,8 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     data_start = -(-cur.pos // alignment) * alignment
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
-    return _Header(meta, data_start + data_end, n_params, separate_output, experts, classifier)
+    return _Header(meta, data_start + data_end, n_params, separate_output, experts, classifier,
+                   head)
 
 
 def _count(key: str, value: Any, default: int) -> int:
@@ -314,12 +320,12 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
     except ValueError as exc:
         raise InvalidModelFile(str(path), f"the header is damaged ({exc})") from None
     if count == 1:
-        return info
+        return _with_head(info)
     if number != 0:
         raise InvalidModelFile(str(path), "it is not the first part of its split model — "
                                           "load the part named -00001-of-")
     size, n_params, separate = info.file_size, info.n_params, info.separate_output
-    experts, rerank = list(info.expert_bytes), info.rerank
+    experts, rerank, head = list(info.expert_bytes), info.rerank, info.head
     for number, part in enumerate(part_paths(Path(path), count)[1:], start=2):
         if not part.is_file():
             raise InvalidModelFile(str(path), f"part {number} of {count}, {part.name}, is not "
@@ -329,11 +335,24 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         size, n_params = size + other.file_size, n_params + other.n_params
         separate |= other.separate_output
         rerank |= other.rerank  # (its head may be in any part)
+        head |= other.head
         experts = [a + b for a, b in itertools.zip_longest(experts, other.expert_bytes,
                                                            fillvalue=0)]
-    return dataclasses.replace(info, file_size=size, n_params=n_params,
-                               separate_output=separate, expert_bytes=tuple(experts),
-                               rerank=rerank, embedding=info.embedding and not rerank)
+    return _with_head(dataclasses.replace(
+        info, file_size=size, n_params=n_params, separate_output=separate,
+        expert_bytes=tuple(experts), rerank=rerank, head=head,
+        embedding=info.embedding and not rerank))
+
+
+def _with_head(info: GGUFInfo) -> GGUFInfo:
+    """A file that asks for rank pooling has the head it is read from: llama.cpp would score
+    each pair with the first number of a hidden state instead (no error: a wrong answer)."""
+    if info.pooling == _RANK and not info.head:
+        raise InvalidModelFile(str(info.path), "it asks for rank pooling but has no "
+                                               "classification head (cls.output) — a reranker "
+                                               "converted before llama.cpp wrote the head; "
+                                               "convert it again, or pull another conversion")
+    return info
 
 
 # the texts llama.cpp knows fill-in-the-middle tokens by, where the file names none by key
@@ -510,6 +529,7 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         separate_output=header.separate_output,
         embedding=not rerank and (bool(pooling) or arch in _ENCODERS),
         rerank=rerank,
+        head=header.head,
         pooling=pooling if isinstance(pooling, int) else 0,
         layers=kinds.layers,
         state_bytes=kinds.state_bytes,

@@ -140,6 +140,13 @@ def test_embedding_models_and_rerankers_are_told_apart(tmp_path, arch, pooling, 
     assert (info.embedding, info.rerank) == (kind == "embedding", kind == "rerank")
 
 
+def test_rank_pooling_without_a_head_is_refused(tmp_path):
+    """A reranker converted before llama.cpp wrote its head (older Qwen3-Reranker GGUFs):
+    llama.cpp would score each pair with the first number of a hidden state, no error."""
+    with pytest.raises(InvalidModelFile, match="no classification head"):
+        _pooled(tmp_path / "m.gguf", "qwen3", 4, False)
+
+
 # ------------------------------------------------------------ crafted headers, byte by byte
 _U32, _STR, _ARR = 4, 8, 9  # GGUF value types
 
