@@ -9,8 +9,9 @@ tower (bench/random_mmproj.py --gemma3: SigLIP's widths, 896 px, 256 tokens an i
 `--layers` of its 27 blocks: the encode's time grows with the blocks, and a whole tower takes
 about 4.5x the default's here. In one process with the engine a runner runs (the same
 thread, steps and projector), so both ways can be switched in one run (Engine.overlap_images).
-First the stream alone before any picture; then each round: a stream alone; then the stream while `--images` requests in a row each ask
-about a new 640×480 picture — both ways, their order alternating by round. Reported: the
+First the stream alone before any picture; then each round: the stream alone; then the
+stream while `--images` requests in a row each ask about a new 640×480 picture — both ways,
+their order alternating by round. Reported: the
 stream's gaps (p50, p99, the longest), its tokens a second while the pictures are read, and
 each picture request's time to its first token (its encode, the decode of its 256
 embeddings and its text).
