@@ -68,7 +68,7 @@ class StepBudget:
             return limit
         decode = self.decode_estimate(n_decode)
         if decode is None or self.per_token_s is None:
-            return min(limit, max(_LEARNING_CHUNK, self.floor))
+            return min(limit, _LEARNING_CHUNK)
         room = float("inf")
         if self.factor is not None:
             room = (self.factor - 1) * decode / self.per_token_s
