@@ -255,3 +255,30 @@ def test_text_after_an_image_decodes_as_before_it(gemma3_path):
         assert after <= 3 * alone + 10, (alone, after)
     finally:
         backend.close()
+
+
+def test_closing_the_encoder_waits_for_the_image_under_way_and_starts_no_other():
+    """The projector's encoder threads (no model needed): close waits for the encode under
+    way; one asked for after close never runs, its future cancelled."""
+    import threading
+    import time
+
+    from localinfer.backends.native.vision import _EncoderThreads
+
+    encoder, started, ran = _EncoderThreads(), threading.Event(), []
+
+    def slow(n: int) -> int:
+        started.set()
+        time.sleep(0.3)
+        ran.append(n)
+        return n
+
+    first = encoder.submit(slow, 1)
+    assert started.wait(10)
+    encoder.shutdown()  # (returns once the first has ended)
+    assert first.done() and first.result() == 1 and ran == [1]
+    late = encoder.submit(slow, 2)
+    assert late.cancelled() and ran == [1]
+    failing = _EncoderThreads().submit(lambda: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        failing.result(timeout=10)
