@@ -63,9 +63,9 @@ def runner_backend(path: Path, options: LoadOptions, name: str,
 
 def warm_runner(factory: BackendFactory) -> None:
     """Before planning a load by `factory`: a runner's process starts meanwhile (see
-    runner.warm_spare), so the load that follows waits ~0.25 s less."""
+    spawn.warm_spare), so the load that follows waits ~0.25 s less."""
     if factory is runner_backend:
-        from localinfer.backends.runner.process import warm_spare
+        from localinfer.backends.runner.spawn import warm_spare
 
         warm_spare()
 

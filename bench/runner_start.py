@@ -24,7 +24,7 @@ import time
 import harness
 
 _MAIN = "import sys\nfrom localinfer.cli import main\nsys.argv[0] = 'localinfer'\nmain()\n"
-_NO_SPARE = ("import localinfer.backends.runner.process as runner\n"
+_NO_SPARE = ("import localinfer.backends.runner.spawn as runner\n"
              "runner.warm_spare = lambda: None  # the runner starts when the load does\n")
 _IN_PROCESS = ("import localinfer.service as service\n"  # no runner: the model in `run` itself
                "load = service.load_model\n"

@@ -1,7 +1,7 @@
 """What a parent and its runner say to each other: every message, defined once.
 
 One dataclass per call and per event, each the only place its fields and their order are
-written; the child (`child.py`) and the parent (`process.py`) both read them from here.
+written; the child (`child.py`) and the parent (`link.py`, `process.py`) both read them from here.
 
     parent ──────────────────────────────────────────►  runner
       Load                 the model to load (the first message; after the runner's hello)

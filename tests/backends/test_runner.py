@@ -190,18 +190,18 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         smollm2_path, monkeypatch):
     """`run`, `chat`, `serve` and `app` start a runner before they plan; the load takes it.
     One started under other variables (tests set those a runner reads) is not used."""
-    import localinfer.backends.runner.process as runner_module
+    import localinfer.backends.runner.spawn as spawn_module
 
-    runner_module.warm_spare()
-    spare = runner_module._spare[0]
+    spawn_module.warm_spare()
+    spare = spawn_module._spare[0]
     backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
     try:
-        assert backend.pid == spare.pid and runner_module._spare is None
+        assert backend.pid == spare.pid and spawn_module._spare is None
         assert backend.tokenize("hi")
     finally:
         backend.close()
-    runner_module.warm_spare()
-    stale = runner_module._spare[0]
+    spawn_module.warm_spare()
+    stale = spawn_module._spare[0]
     monkeypatch.setenv("LOCALINFER_RUNNER_FAULT", "/nonexistent")
     backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")
     try:
@@ -210,10 +210,12 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         backend.close()
 
 
-def _no_spare(runner_module) -> None:
-    spare, runner_module._spare = runner_module._spare, None
+def _no_spare() -> None:
+    import localinfer.backends.runner.spawn as spawn_module
+
+    spare, spawn_module._spare = spawn_module._spare, None
     if spare is not None:
-        runner_module._dismiss(spare[0])
+        spawn_module.dismiss(spare[0])
 
 
 def test_a_loop_that_cannot_watch_pipes_falls_back_to_a_reader_thread(smollm2_path):
@@ -250,13 +252,11 @@ def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeyp
     import sys
     from pathlib import Path
 
-    import localinfer.backends.runner.process as runner_module
-
     main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
     bundle = tmp_path / "localinfer"
     bundle.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{main}" "$@"\n')
     bundle.chmod(bundle.stat().st_mode | stat.S_IXUSR)
-    _no_spare(runner_module)
+    _no_spare()
     monkeypatch.setattr(sys, "frozen", True, raising=False)
     monkeypatch.setattr(sys, "executable", str(bundle))
     backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2")

@@ -1,0 +1,83 @@
+"""Starting runner processes: a fresh one, or the spare started ahead of a load.
+
+A runner is `python -m localinfer.backends.runner.child` (the bundled app's own executable
+with `__runner__`), in a session of its own so that a Ctrl-C or a terminal's hang-up reaches
+the parent, not it. `warm_spare` starts the next load's runner early: its interpreter and
+llama.cpp load while the parent reads the model's header and plans.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+from localinfer.settings import debug
+
+__all__ = ["dismiss", "how", "spawn", "take", "warm_spare"]
+
+
+def how(exitcode: int | None) -> str:
+    """A process's end in words: its exit status or the signal that ended it."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        try:
+            return f"killed by {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit status {exitcode}"
+
+
+
+def spawn() -> subprocess.Popen[bytes]:
+    """A new runner process, waiting for its Load."""
+    command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
+               else [sys.executable, "-m", "localinfer.backends.runner.child"])
+    # when llama.cpp aborts it (a worker lost), it ends at once with a line on stderr rather
+    # than attaching a debugger for a backtrace (seconds, and pages in the server's log)
+    env = os.environ if debug() else {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
+                            start_new_session=os.name == "posix", env=env)
+
+
+_spare: tuple[subprocess.Popen[bytes], dict[str, str]] | None = None
+_spare_lock = threading.Lock()
+
+
+def warm_spare() -> None:
+    """Start the next load's runner now: its interpreter and llama.cpp (~0.25 s) load while
+    the caller reads the model's header and plans. It waits for a model to be named, and
+    ends with its parent (its pipe reads end-of-file)."""
+    global _spare
+    with _spare_lock:
+        if _spare is None or _spare[0].poll() is not None:
+            _spare = spawn(), dict(os.environ)
+
+
+def take() -> subprocess.Popen[bytes]:
+    """The spare runner if it is waiting and started with the environment of now (tests set
+    variables a runner reads), else a new one."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None:
+        process, environ = spare
+        if process.poll() is None and environ == os.environ:
+            return process
+        dismiss(process)
+    return spawn()
+
+
+def dismiss(process: subprocess.Popen[bytes]) -> None:
+    """End a runner that was never given a model."""
+    for stream in (process.stdin, process.stdout):
+        with contextlib.suppress(OSError):
+            stream.close()  # end-of-file: it exits
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5)
+
