@@ -195,7 +195,15 @@ class _Runner:
         pass put, in one message. On the engine thread itself: a thread of its own to send
         would cost a wake-up per step, and its CPU, which llama.cpp's threads feel on a
         small machine (bench/results/runner_cost.md). A parent too slow to read holds the
-        engine back only once the pipe's buffer is full."""
+        engine back only once the pipe's buffer is full.
+
+        Where all cores are busy, the write wakes the parent, which preempts this thread: at
+        the fast-step model's rate on 2 cores with 2 llama.cpp threads, the write took 188 µs
+        on average against 15 µs to pickle — most of what a runner costs there. Tried and
+        left out: the parent's reading thread as SCHED_BATCH (no preemption on wake-up; one
+        stream 1.15x in-process, but the parent's work moved into the decode, stalled
+        llama.cpp's barriers, and the thread tuner fell to 1 thread at 8 clients: 151-194
+        against 221-241 tok/s), and events held for up to 1 ms (+11%, noisier steps)."""
         if self._fault:
             self._check_fault()
         with self._outbox_lock:
