@@ -16,7 +16,7 @@ from typing import Any
 
 from localinfer.errors import InvalidModelFile, ModelFileMissing
 from localinfer.model_store.arch import read_layers
-from localinfer.model_store.shape import POOLED_UBATCH, Layer, ModelShape
+from localinfer.model_store.shape import POOLED_SEQUENCES, POOLED_UBATCH, Layer, ModelShape
 
 __all__ = ["GGUFInfo", "ProjectorInfo", "has_fim_tokens", "part_paths", "quant_name",
            "read_gguf_header", "read_gguf_info", "read_gguf_part", "read_projector_header",
@@ -92,8 +92,10 @@ class GGUFInfo:
                            for layer, n in zip(layers or (Layer(self.n_head_kv),) * self.n_layer,
                                                self.expert_bytes))
         encoder = self.architecture in _ENCODERS
-        # a causal model pooled by its last token (or ranked) reads an input in micro-batches
-        spans = not encoder and (self.rerank or self.pooling == _LAST)
+        # a causal model reads an input in micro-batches, but for CLS pooling (its first token);
+        # pooled at the last token (or ranked), with one output row an input
+        spans = not encoder and (self.rerank or self.pooling != _CLS)
+        last = not encoder and (self.rerank or self.pooling == _LAST)
         return ModelShape(self.n_layer, self.n_head_kv, self.head_dim_k, self.head_dim_v,
                           self.n_vocab, self.n_ctx_train, self.n_embd,
                           input_embd_share=self.input_embd_share(), layers=layers,
@@ -101,7 +103,8 @@ class GGUFInfo:
                           n_expert_used=self.n_expert_used,
                           recurrent_kind=self.recurrent_kind,
                           pooled="rerank" if self.rerank else "embed" if self.embedding else "",
-                          pooled_ubatch=POOLED_UBATCH if spans else 0, encoder=encoder)
+                          pooled_ubatch=POOLED_UBATCH if spans else 0,
+                          pooled_outputs=POOLED_SEQUENCES if last else 0, encoder=encoder)
 
     def input_embd_share(self) -> float:
         """The share of the weights that llama.cpp keeps in RAM whatever the GPU layers: the
@@ -127,7 +130,7 @@ _SCALARS = {
 # architectures that only embed (llama.cpp's encoder-only ones)
 _ENCODERS = {"bert", "nomic-bert", "nomic-bert-moe", "jina-bert-v2", "jina-bert-v3",
              "modern-bert", "neo-bert", "eurobert"}
-_LAST, _RANK = 3, 4  # llama.cpp's LLAMA_POOLING_TYPE_LAST and _RANK
+_CLS, _LAST, _RANK = 2, 3, 4  # llama.cpp's LLAMA_POOLING_TYPE_CLS, _LAST and _RANK
 _CLASSIFIER = "cls.output.weight"
 _HEADS = {"cls.weight", _CLASSIFIER}  # what llama.cpp's rank pooling reads a score from
 _SMALL_ARRAY = 4096  # arrays longer than this (the vocabulary) are skipped, not read

@@ -129,13 +129,17 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
 def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int]:
     """The KV and compute buffer of an embedder's or reranker's pooled context (none for a
     chat model): its KV F16 with sliding-window layers full size, as llama.cpp's defaults
-    make it, and every token of a micro-batch an output."""
+    make it; its compute buffer, reserved for every token of a micro-batch an output; and
+    its output rows, vocabulary-wide logits and an embedding each: one an input where the
+    pooling reads the last token, else every token of a decode (a micro-batch's where a
+    causal model's mean is read a micro-batch a decode)."""
     cells = shape.pooled_cells(n_ctx)
     if not cells:
         return 0, 0
     ubatch = min(cells, shape.pooled_ubatch or cells)
+    output_rows = (shape.pooled_outputs or ubatch) * (shape.n_vocab + shape.n_embd) * 4
     return (shape.kv_bytes(cells, 1, "f16", True, ubatch),
-            compute_buffer(shape, cells, ubatch, ubatch))
+            compute_buffer(shape, cells, ubatch, ubatch) + output_rows)
 
 
 def _margin(total: int) -> int:

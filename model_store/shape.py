@@ -14,16 +14,18 @@ from dataclasses import dataclass
 
 from localinfer.settings import KvType
 
-__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "POOLED_EMBED_CTX", "POOLED_UBATCH", "Layer",
+__all__ = ["CHECKPOINT_CAP", "KV_BYTES", "POOLED_EMBED_CTX", "POOLED_SEQUENCES",
+           "POOLED_UBATCH", "Layer",
            "ModelShape", "checkpoint_cap", "swa_cells"]
 
 KV_BYTES = {KvType.F16: 2.0, KvType.Q8_0: 34 / 32, KvType.Q4_0: 18 / 32}  # per element, with
 # block scales (a StrEnum: the plain names index it as well)
 # an embedding or rerank model's pooled context (backends/native/embeddings.py), made on its
-# first request beside the model's own: an embedding context's cells at most, and the
-# micro-batch of one whose input may span several (a causal model's last-token or rank pooling)
+# first request beside the model's own: an embedding context's cells at most, the micro-batch
+# of one whose input may span several (a causal model's), and the inputs a decode reads at most
 POOLED_EMBED_CTX = 2048
 POOLED_UBATCH = 512
+POOLED_SEQUENCES = 16
 _SWA_PAD = 256  # llama.cpp pads a sliding-window cache to this many cells
 CHECKPOINT_CAP = 256 << 20  # a slot's context checkpoints at most, where one is small
 CHECKPOINT_KEEP = 2  # where one is larger than CHECKPOINT_CAP / 2: room for this many
@@ -81,10 +83,12 @@ class ModelShape:
     n_expert: int = 0
     n_expert_used: int = 0
     recurrent_kind: str = "recurrent"  # what the recurrent layers are: "Gated DeltaNet", …
-    # the context llama.cpp pools for an embedding ("embed") or rerank ("rerank") model, and
-    # its micro-batch (0: a whole input at once)
+    # the context llama.cpp pools for an embedding ("embed") or rerank ("rerank") model, its
+    # micro-batch (0: a whole input at once), and the output rows a decode keeps (0: every
+    # token's; pooled at the last token, one an input: POOLED_SEQUENCES)
     pooled: str = ""
     pooled_ubatch: int = 0
+    pooled_outputs: int = 0
     encoder: bool = False  # attends both ways (BERT's kin): llama.cpp keeps no KV cache
 
     def pooled_cells(self, n_ctx: int) -> int:

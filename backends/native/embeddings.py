@@ -19,12 +19,12 @@ from typing import Any
 import llama_cpp
 
 from localinfer.backends.native.model import NativeModel
-from localinfer.model_store.shape import POOLED_UBATCH
+from localinfer.model_store.shape import POOLED_SEQUENCES, POOLED_UBATCH
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
 __all__ = ["Embedder", "PooledContext", "groups"]
 
-_SEQUENCES = 16  # inputs in one decode at most (their tokens within the context)
+_SEQUENCES = POOLED_SEQUENCES  # inputs in one decode at most (their tokens within the context)
 _DECODE_TOKENS = 256  # inputs share a decode up to this many tokens (a longer one alone)
 _MICRO_BATCH = POOLED_UBATCH  # tokens computed at once where a sequence may span micro-batches
 
@@ -81,29 +81,41 @@ class PooledContext:
 
     def _read(self, ctx: llama_cpp.llama_context_p, group: Sequence[Sequence[int]],
               failed: str) -> None:
-        """One decode of `group`, each input its own sequence from position 0, every token
-        an output (pooling needs them all), in cells cleared first."""
+        """`group` read, each input its own sequence from position 0, in cells cleared first.
+
+        With embeddings on, llama.cpp makes every token an output, and each output a row of
+        vocabulary-wide logits nobody reads: its output buffer grew by 1.1 GiB of host memory
+        for one 1,890-token input over Qwen3's vocabulary, and its output layer's product
+        took more time than the rest of a small model. So where the pooling reads only a
+        sequence's last token (`_last_token`), the other tokens are read first with
+        embeddings off and no outputs, then the last tokens alone with embeddings on; only
+        where it reads them all (mean, CLS, an encoder) is every token an output."""
+        self._clear(ctx)
+        if not self._last_token():
+            _decode(ctx, [(seq, 0, tokens) for seq, tokens in enumerate(group)], True, failed)
+            return
+        heads = [(seq, 0, tokens[:-1]) for seq, tokens in enumerate(group) if len(tokens) > 1]
+        if heads:
+            llama_cpp.llama_set_embeddings(ctx, False)
+            try:
+                _decode(ctx, heads, False, failed)
+            finally:
+                llama_cpp.llama_set_embeddings(ctx, True)
+        _decode(ctx, [(seq, len(tokens) - 1, tokens[-1:]) for seq, tokens in enumerate(group)],
+                True, failed)
+
+    def _clear(self, ctx: llama_cpp.llama_context_p) -> None:
+        """Cells cleared, and the thread count of now, before an input is read."""
         llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
         threads = self._threads()
         if threads != llama_cpp.llama_n_threads(ctx):
             llama_cpp.llama_set_n_threads(ctx, threads, threads)
-        n = sum(len(tokens) for tokens in group)
-        batch = llama_cpp.llama_batch_init(n, 0, 1)
-        try:
-            at = 0
-            for seq, tokens in enumerate(group):
-                for pos, token in enumerate(tokens):
-                    batch.token[at] = token
-                    batch.pos[at] = pos
-                    batch.n_seq_id[at] = 1
-                    batch.seq_id[at][0] = seq
-                    batch.logits[at] = True
-                    at += 1
-            batch.n_tokens = n
-            if llama_cpp.llama_decode(ctx, batch) != 0:
-                raise EngineError(failed)
-        finally:
-            llama_cpp.llama_batch_free(batch)
+
+    def _last_token(self) -> bool:
+        """Pooled at each sequence's last token: a causal model's LAST pooling (Qwen3-
+        Embedding) or rank pooling (Qwen3-Reranker: P("yes") there)."""
+        return self._causal() and self._pooling() in (llama_cpp.LLAMA_POOLING_TYPE_LAST,
+                                                      llama_cpp.LLAMA_POOLING_TYPE_RANK)
 
     def _micro_batch(self) -> int:
         """Tokens llama.cpp computes at once. It reserves its compute buffer for that many
@@ -135,10 +147,21 @@ class Embedder(PooledContext):
     def _micro_batch(self) -> int:
         """A causal model's last token sees the earlier micro-batches through the cells
         (llama.cpp keeps each sequence's value from its last micro-batch): pooled by it, an
-        input may span several. Mean and CLS pooling, and an encoder, read an input whole."""
-        if self._pooling() == llama_cpp.LLAMA_POOLING_TYPE_LAST and self._causal():
+        input may span several. Its mean is read in chunks of a micro-batch (`_chunks`).
+        CLS pooling and an encoder read an input whole."""
+        if self._causal() and self._pooling() != llama_cpp.LLAMA_POOLING_TYPE_CLS:
             return min(self.n_ctx, _MICRO_BATCH)
         return self.n_ctx
+
+    def _chunks(self) -> int:
+        """A causal model's mean over an input longer than a micro-batch is read a
+        micro-batch a decode, each decode's mean weighted by its tokens (their hidden states
+        see the earlier ones through the cells): the compute buffer and the output rows then
+        hold a micro-batch of outputs, not the input's, each as wide as the vocabulary
+        (with the input whole, 2 x 1.2 GiB for 2,048 tokens of Qwen3's). 0: read whole."""
+        if self._causal() and self._pooling() == llama_cpp.LLAMA_POOLING_TYPE_MEAN:
+            return self._micro_batch()
+        return 0
 
     def embed_many(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """Each input's embedding, in order; short ones share a decode. An empty input or
@@ -155,21 +178,56 @@ class Embedder(PooledContext):
         return [_normalised(vector) for vector in vectors]
 
     def _decode(self, group: Sequence[Sequence[int]]) -> list[list[float]]:
-        n_embd = llama_cpp.llama_model_n_embd(self.native.model)
+        failed = "llama.cpp failed to compute the embedding"
         with self._lock:
             ctx = self._context()
-            self._read(ctx, group, "llama.cpp failed to compute the embedding")
-            vectors = []
-            for seq in range(len(group)):
-                pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
-                if not pooled:
-                    raise EngineError("this model gave no pooled embedding")
-                vector = pooled[:n_embd]
-                if not math.isfinite(sum(vector)):  # (a NaN or an infinity carries into the sum)
-                    raise EngineError("this model gave an embedding that is not a number — "
-                                      "its file is damaged, or its weights overflow")
-                vectors.append(vector)
-            return vectors
+            chunk = self._chunks()
+            if len(group) == 1 and chunk and len(group[0]) > chunk:
+                tokens = group[0]
+                self._clear(ctx)
+                total = [0.0] * self._n_embd()
+                for start in range(0, len(tokens), chunk):
+                    piece = tokens[start:start + chunk]
+                    _decode(ctx, [(0, start, piece)], True, failed)
+                    total = [t + len(piece) * v for t, v in zip(total, self._pooled(ctx, 0))]
+                return [[t / len(tokens) for t in total]]
+            self._read(ctx, group, failed)
+            return [self._pooled(ctx, seq) for seq in range(len(group))]
+
+    def _n_embd(self) -> int:
+        return llama_cpp.llama_model_n_embd(self.native.model)
+
+    def _pooled(self, ctx: llama_cpp.llama_context_p, seq: int) -> list[float]:
+        pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
+        if not pooled:
+            raise EngineError("this model gave no pooled embedding")
+        vector = pooled[:self._n_embd()]
+        if not math.isfinite(sum(vector)):  # (a NaN or an infinity carries into the sum)
+            raise EngineError("this model gave an embedding that is not a number — its file "
+                              "is damaged, or its weights overflow")
+        return vector
+
+
+def _decode(ctx: llama_cpp.llama_context_p, pieces: Sequence[tuple[int, int, Sequence[int]]],
+            outputs: bool, failed: str) -> None:
+    """One llama_decode of `pieces`: (sequence, position of the first token, tokens)."""
+    n = sum(len(tokens) for _, _, tokens in pieces)
+    batch = llama_cpp.llama_batch_init(n, 0, 1)
+    try:
+        at = 0
+        for seq, start, tokens in pieces:
+            for pos, token in enumerate(tokens, start):
+                batch.token[at] = token
+                batch.pos[at] = pos
+                batch.n_seq_id[at] = 1
+                batch.seq_id[at][0] = seq
+                batch.logits[at] = outputs
+                at += 1
+        batch.n_tokens = n
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise EngineError(failed)
+    finally:
+        llama_cpp.llama_batch_free(batch)
 
 
 def _normalised(vector: list[float]) -> list[float]:

@@ -120,7 +120,11 @@ def test_score_is_llama_cpps_own(rerankers, arch):
     for document in DOCUMENTS[:2]:
         expected, n_tokens = _direct_score(reranker_model(arch), QUERY, document)
         answer = _rerank(server, model=names[arch], query=QUERY, documents=[document])
-        assert answer["results"][0]["relevance_score"] == pytest.approx(expected, abs=1e-5)
+        # a causal reranker's last token is read in a decode of its own (the others with no
+        # output rows: backends/native/embeddings.py), and llama.cpp's attention sums one
+        # query row in another order than a tile of them: 1e-4 here
+        assert answer["results"][0]["relevance_score"] == pytest.approx(
+            expected, abs=1e-5 if arch == "bert" else 1e-3)
         assert answer["usage"]["prompt_tokens"] == n_tokens
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import llama_cpp
+import psutil
 import pytest
 
 from localinfer.backends.base import LoadOptions
@@ -49,6 +50,32 @@ def test_the_files_own_pooling_even_past_a_micro_batch(qwen3):
     assert 1024 < len(tokens) <= 2048  # more than one micro-batch
     assert qwen3.embed(long)[0] == pytest.approx(
         _direct(qwen3, tokens, llama_cpp.LLAMA_POOLING_TYPE_LAST), abs=2e-3)
+
+
+def test_a_long_input_keeps_its_output_rows_to_a_micro_batch(qwen3, smollm2_path):
+    """With embeddings on, llama.cpp makes every token of a decode an output, a row of
+    logits as wide as the vocabulary: one 1,890-token input grew the process by 1.4 GiB
+    (Qwen3's vocabulary). Pooled at its last token, an input's other tokens are read with
+    no outputs; a causal model's mean is read a micro-batch a decode (its compute buffer
+    and output rows a micro-batch's) — and is still the whole input's mean. What the
+    process grows by while the first embeds (its pooled context made then) and the second
+    makes its own: within 2.5 such buffers and the KV."""
+    long = "Cats hunt small animals and sleep in the sun. " * 120
+    process = psutil.Process()
+    mean_model = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=2048, n_slots=1))
+    try:
+        for backend, rows in ((qwen3, _SEQUENCES), (mean_model, 512)):
+            tokens = backend.tokenize(long)
+            assert len(tokens) > 1024
+            before = process.memory_info().rss
+            vector, _ = backend.embed(long)
+            width = (llama_cpp.llama_vocab_n_tokens(backend.native.vocab)
+                     + llama_cpp.llama_model_n_embd(backend.native.model)) * 4
+            assert process.memory_info().rss - before <= 2.5 * rows * width + (64 << 20)
+        assert vector == pytest.approx(
+            _direct(mean_model, tokens, llama_cpp.LLAMA_POOLING_TYPE_MEAN), abs=1e-4)
+    finally:
+        mean_model.close()
 
 
 def test_a_requests_inputs_sharing_decodes_embed_as_each_alone(smollm2):
