@@ -269,6 +269,11 @@ ARCH_SHAPES = {  # the published configs' proportions, a few layers and a narrow
     "qwen3-rerank-tiny": ArchShape("qwen3", 2, 64, n_ff=128, n_head=2, n_head_kv=1,
                                    head_dim=32, n_ctx_train=40960, classifier=("yes", "no"),
                                    pooling=4),
+    # Qwen3-Reranker-0.6B's shape: where the output layer over 151,669 tokens is a quarter of
+    # a token's work (bench/rerank_vs_llama_server.py --model)
+    "qwen3-rerank-0.6b": ArchShape("qwen3", 28, 1024, n_ff=3072, n_head=16, n_head_kv=8,
+                                   head_dim=128, n_ctx_train=40960, classifier=("yes", "no"),
+                                   pooling=4),
     # Qwen3-Embedding: Qwen3 whose file names last-token pooling (an embedding is the last
     # token's hidden state)
     "qwen3-embed-tiny": ArchShape("qwen3", 2, 64, n_ff=128, n_head=2, n_head_kv=1,

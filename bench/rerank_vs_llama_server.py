@@ -16,8 +16,12 @@ the vocabulary.
 
     python3 bench/rerank_vs_llama_server.py --llama-server PATH [--reps 3]
                                             [--clients 1 4 16] [--documents 64]
+                                            [--model GGUF --out NAME]
 
-Writes bench/results/rerank_vs_llama_server.{json,md,png}.
+--model takes another reranker (its file's stem names it to both servers): a causal one
+shows what the output rows cost (backends/native/embeddings.py), which an encoder has few of.
+
+Writes bench/results/rerank_vs_llama_server.{json,md,png} (--out names them).
 """
 
 from __future__ import annotations
@@ -53,9 +57,10 @@ def documents(seed: int, count: int) -> list[str]:
             for d in range(count)]
 
 
-def _request(client: httpx.Client, url: str, query: str, docs: list[str]) -> float:
+def _request(client: httpx.Client, url: str, model: str, query: str, docs: list[str]
+             ) -> float:
     start = time.perf_counter()
-    response = client.post(url + "/v1/rerank", json={"model": MODEL, "query": query,
+    response = client.post(url + "/v1/rerank", json={"model": model, "query": query,
                                                      "documents": docs, "top_n": 5})
     if response.status_code != 200:
         raise SystemExit(f"{url}: HTTP {response.status_code}: {response.text[:300]}")
@@ -65,10 +70,11 @@ def _request(client: httpx.Client, url: str, query: str, docs: list[str]) -> flo
     return time.perf_counter() - start
 
 
-def level(url: str, clients: int, requests: int, n_docs: int, seed: int) -> dict:
+def level(url: str, clients: int, requests: int, n_docs: int, seed: int,
+          model: str = MODEL) -> dict:
     def client(i: int) -> list[float]:
         with httpx.Client(timeout=900) as http:
-            return [_request(http, url, f"where is the ferry {i} {j}?",
+            return [_request(http, url, model, f"where is the ferry {i} {j}?",
                              documents(seed + i * requests + j, n_docs))
                     for j in range(requests)]
 
@@ -89,11 +95,16 @@ def main() -> None:
                         help="llama.cpp's source tree [the one llama-server was built in]")
     parser.add_argument("--documents", type=int, default=64, help="per request")
     parser.add_argument("--requests", type=int, default=1, help="per client")
+    parser.add_argument("--model", type=Path,
+                        help="a reranker GGUF in place of the MiniLM-shaped one, e.g. a "
+                             "Qwen3-Reranker-0.6B shape: python3 -c \"from tests.families "
+                             "import reranker_model as r; print(r('qwen3', '0.6b'))\"")
+    parser.add_argument("--out", default="rerank_vs_llama_server", help="file names")
     args = parser.parse_args()
     source = args.source or args.llama_server.resolve().parents[2]
     runs: dict[int, dict[str, list]] = {n: {s: [] for s in SERVERS} for n in args.clients}
     with tempfile.TemporaryDirectory() as home:
-        model = model_file(source, Path(home))
+        model = args.model or model_file(source, Path(home))
         servers = harness.start_servers({
             "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "--reranking", "-np", str(SLOTS),
@@ -105,9 +116,9 @@ def main() -> None:
                     order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
                     for name in order:
                         row = level(servers[name][1], clients, args.requests, args.documents,
-                                    seed=rep * 1000 + clients)
+                                    seed=rep * 1000 + clients, model=model.stem)
                         runs[clients][name].append(row)
-                        print(name, rep, clients, f"{row['docs_per_s']:.1f} docs/s",
+                        print(name, rep, clients, f"{row['docs_per_s']:.3g} docs/s",
                               f"p50 {row['p50_s']:.2f} s", flush=True)
         finally:
             harness.stop_servers(servers)
@@ -131,7 +142,7 @@ def report(args, runs: dict) -> None:
         ratios = [a["docs_per_s"] / b["docs_per_s"]
                   for a, b in zip(by_server["localinfer"], by_server["llama-server"])]
         summary[clients]["ratio"] = med(ratios)
-        rows.append([clients, f"{theirs['docs_per_s']:.1f}", f"{ours['docs_per_s']:.1f}",
+        rows.append([clients, f"{theirs['docs_per_s']:.3g}", f"{ours['docs_per_s']:.3g}",
                      f"**{med(ratios):.2f}** ({min(ratios):.2f}–{max(ratios):.2f})",
                      f"{1000 * theirs['p50_s']:.0f} / {1000 * theirs['p99_s']:.0f}",
                      f"{1000 * ours['p50_s']:.0f} / {1000 * ours['p99_s']:.0f}"])
@@ -142,7 +153,8 @@ def report(args, runs: dict) -> None:
                    title="reranking throughput")
     axes[0][0].legend()
     lines = ["# Reranking: localinfer against llama-server --reranking", "",
-             f"A cross-encoder of ms-marco-MiniLM-L6-v2's shape, random Q8_0 weights; each "
+             (f"`{args.model.name}`" if args.model else
+              "A cross-encoder of ms-marco-MiniLM-L6-v2's shape") + ", random Q8_0 weights; each "
              f"request one query and {args.documents} documents of ~256 tokens, top_n 5; "
              f"{args.requests} request(s) per client; both servers with {SLOTS} slots of "
              f"{CTX} tokens; medians of {args.reps} alternating rounds (the ratio's range in "
@@ -152,8 +164,9 @@ def report(args, runs: dict) -> None:
                   "localinfer ÷ llama-server", "llama-server p50 / p99 ms",
                   "localinfer p50 / p99 ms"], rows)]
     meta = harness.run_facts(reps=args.reps, documents=args.documents, requests=args.requests,
-                             slots=SLOTS, ctx=CTX, llama_server=str(args.llama_server))
-    harness.write("rerank_vs_llama_server", meta, summary, lines, fig, args.results)
+                             slots=SLOTS, ctx=CTX, llama_server=str(args.llama_server),
+                             model=args.model.name if args.model else MODEL)
+    harness.write(args.out, meta, summary, lines, fig, args.results)
 
 
 if __name__ == "__main__":

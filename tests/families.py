@@ -149,13 +149,13 @@ QWEN3_RERANK_PROMPT = (
     "<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
-def reranker_model(arch: str) -> Path:
-    """A random-weight reranker of bench/random_gguf.py's `<arch>-rerank-tiny`: "bert", a
+def reranker_model(arch: str, size: str = "tiny") -> Path:
+    """A random-weight reranker of bench/random_gguf.py's `<arch>-rerank-<size>`: "bert", a
     BERT cross-encoder over bge's WordPiece vocabulary ([CLS] query [SEP] document), its
     classifier the only sign of what it is, as llama.cpp's converter writes bge-reranker's
     kin; or "qwen3", a Qwen3-Reranker (rank pooling, the yes/no head, its rerank prompt,
-    Qwen3's chat template and vocabulary)."""
-    out = CACHE / "models" / f"{arch}-rerank-tiny.gguf"
+    Qwen3's chat template and vocabulary) — "0.6b" the published one's shape."""
+    out = CACHE / "models" / f"{arch}-rerank-{size}.gguf"
     if out.exists():
         return out
     random_gguf = _random_gguf()
@@ -169,8 +169,8 @@ def reranker_model(arch: str) -> Path:
                                                        gguf.GGUFValueType.STRING, None)
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_suffix(".partial")
-    random_gguf.write_arch(random_gguf.ARCH_SHAPES[f"{arch}-rerank-tiny"], partial, tokenizer,
-                           f"random {arch}-rerank-tiny")
+    random_gguf.write_arch(random_gguf.ARCH_SHAPES[f"{arch}-rerank-{size}"], partial, tokenizer,
+                           f"random {arch}-rerank-{size}")
     os.replace(partial, out)
     return out
 
