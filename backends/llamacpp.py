@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from pathlib import Path
+
+import psutil
 
 from localinfer.backends.base import Backend, Generation, Image, LoadOptions, ModelInfo, SamplingParams
 from localinfer.chat_formats.detect import detect
@@ -21,9 +25,10 @@ from localinfer.backends.metrics import EngineStats
 from localinfer.backends.native.rerank import Reranker
 from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical_cores
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
-from localinfer.errors import InvalidRequest, PromptTooLong
-from localinfer.model_store.gguf_info import quant_name
-from localinfer.model_store.shape import POOLED_EMBED_CTX
+from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
+from localinfer.model_store.gguf_info import quant_name, read_gguf_info
+from localinfer.model_store.planner import pooled_bytes
+from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
 
 __all__ = ["LlamaCppBackend", "default_threads"]
@@ -132,7 +137,8 @@ class LlamaCppBackend(Backend):
         tuner = self.engine.threads  # pooled decodes read whole inputs, as prompt steps do
         pooled_threads = n_threads if tuner is None else (lambda: tuner.for_step(1))
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, POOLED_EMBED_CTX),
-                                 n_threads=pooled_threads, run=self.engine.call)
+                                 n_threads=pooled_threads, run=self.engine.call,
+                                 before_made=partial(self._room_to_embed, path, options))
         # (a pair read at once: the context a request gets)
         self.reranker = Reranker(self.native, n_ctx=self.engine.n_ctx_slot,
                                  n_threads=pooled_threads, run=self.engine.call)
@@ -272,6 +278,25 @@ class LlamaCppBackend(Backend):
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return self.engine.submit(tokens, params)
+
+    def _room_to_embed(self, path: str, options: LoadOptions) -> None:
+        """A chat model's embedding context, which its plan did not count (an embedding
+        model's it does: model_store.planner.pooled_bytes), is made only where the RAM it
+        takes is free: all of it on a CPU, its output rows where the layers are on a GPU
+        (whose own buffers llama.cpp fails to make, and says so, where they do not fit)."""
+        info = read_gguf_info(path)  # (its header only)
+        if info.embedding or info.rerank:
+            return
+        shape = dataclasses.replace(info.shape(), pooled="embed", pooled_ubatch=POOLED_UBATCH)
+        kv, compute = pooled_bytes(shape, self.embedder.n_ctx)
+        rows = POOLED_UBATCH * (shape.n_vocab + shape.n_embd) * 4
+        need = rows if options.n_gpu_layers else kv + compute
+        free = psutil.virtual_memory().available
+        if need > free:
+            raise ModelLoadFailed(
+                f"embeddings with {self.info.name} need {need / (1 << 30):.2f} GiB of RAM for a "
+                f"context of their own and {free / (1 << 30):.2f} GiB is free — free some, or "
+                f"embed with an embedding model (localinfer pull nomic-embed-text)")
 
     def embed(self, text: str) -> tuple[list[float], int]:
         vectors, n_tokens = self.embed_many([text])

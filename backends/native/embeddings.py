@@ -43,9 +43,13 @@ class PooledContext:
     WHAT = "an embedding"
 
     def __init__(self, native: NativeModel, n_ctx: int, n_threads: int | Callable[[], int],
-                 run: Callable[[Callable[[], Any]], Any] | None = None):
+                 run: Callable[[Callable[[], Any]], Any] | None = None,
+                 before_made: Callable[[], None] | None = None):
+        """before_made: called before the context is made, and may refuse (raise): a chat
+        model's, which its plan did not count, is made only where its memory is free."""
         self.native = native
         self.n_ctx = n_ctx
+        self._before_made = before_made
         # a count, or where the engine tunes its own, the count its prompt steps run with now
         self._threads = n_threads if callable(n_threads) else (lambda: n_threads)
         self._run = run or (lambda work: work())
@@ -57,6 +61,8 @@ class PooledContext:
 
     def _context(self) -> llama_cpp.llama_context_p:
         if self._ctx is None:
+            if self._before_made is not None:
+                self._before_made()
             params = llama_cpp.llama_context_default_params()
             params.n_ctx = params.n_batch = self.n_ctx
             params.n_ubatch = self._micro_batch()
