@@ -166,10 +166,10 @@ def run(
                 raise LocalinferError("nothing to answer — pass --prompt or pipe some text in")
         options = LoadOptions.from_settings(settings, n_ctx=ctx)
         try:
-            backend = load_model(model, options, settings)
+            backend = load_model(model, options, settings, writes_text=True)
         except ModelNotInstalled as missing:  # a hub model: pull it, as `ollama run` does
             _pull(missing.name, settings)
-            backend = load_model(model, options, settings)
+            backend = load_model(model, options, settings, writes_text=True)
         with backend:
             if images:
                 check_vision(backend)
@@ -179,7 +179,8 @@ def run(
                 answer_once(backend, one_shot, system, params, think=think, images=images)
             else:
                 interactive(backend, system, params, think=think, images=images,
-                            reload=lambda: load_model(model, options, settings))
+                            reload=lambda: load_model(model, options, settings,
+                                                      writes_text=True))
 
 
 def _read_text_file(path: Path) -> str:

@@ -29,7 +29,7 @@ from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
-__all__ = ["Prepared", "checkpoints_of", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
+__all__ = ["Prepared", "check_writes_text", "checkpoints_of", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
            "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
            "warm_runner", "describe", "hardware_report", "kv_cache_bytes", "Hardware",
            "resolve"]
@@ -315,10 +315,30 @@ def load_model(
     settings: Settings | None = None,
     available_memory: Callable[[], int] = ram_available,
     backend_factory: BackendFactory = runner_backend,
+    writes_text: bool = False,
 ) -> Backend:
+    """writes_text: for a chat or a completion (`run`): a model that does not write text is
+    refused before it loads (check_writes_text)."""
     warm_runner(backend_factory)
     prepared = prepare(ref, options, settings, available_memory)
+    if writes_text:
+        check_writes_text(prepared.info, prepared.model.name)
     return backend_factory(prepared.model.path, prepared.options, prepared.model.name)
+
+
+def check_writes_text(info: GGUFInfo, name: str) -> None:
+    """An embedding model or a reranker writes no text (a BERT one has no output layer, and
+    llama.cpp aborts a reranker's runner asked to): `run` and the chat app refuse it before
+    it loads, in one line that says where its requests go, as the API does with a 400
+    (api/core.check_completes)."""
+    if info.rerank:
+        raise InvalidRequest(f"{name} is a reranker: it scores documents against a query and "
+                             f"does not chat — serve it (localinfer serve) and send its "
+                             f"requests to /v1/rerank")
+    if info.embedding:
+        raise InvalidRequest(f"{name} is an embedding model: it turns text into vectors and "
+                             f"does not chat — serve it (localinfer serve) and send its "
+                             f"requests to /v1/embeddings or /api/embed")
 
 
 def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,

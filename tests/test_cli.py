@@ -82,6 +82,21 @@ def test_bad_input_is_one_line_and_exit_1(args, message):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("which", ["reranker", "embedding"])
+def test_a_model_that_writes_no_text_is_refused_before_it_loads(which):
+    """A reranker's runner was aborted by llama.cpp when asked to chat, and an embedding
+    model wrote noise: `run` now says in one line where such a model's requests go."""
+    from .families import embedding_model, reranker_model
+
+    path = reranker_model("bert") if which == "reranker" else embedding_model()
+    result = _run(str(path), "-p", "hi", "--max-tokens", "2", "-v")
+    assert result.returncode == 1
+    route = "/v1/rerank" if which == "reranker" else "/v1/embeddings"
+    assert f"does not chat — serve it (localinfer serve) and send its requests to {route}" in (
+        result.stderr.strip().splitlines()[-1])
+    assert "llama_model_load" not in result.stderr  # (refused before llama.cpp read it)
+
+
 def test_file_that_is_not_gguf(tmp_path):
     fake = tmp_path / "fake.gguf"
     fake.write_text("not a model")

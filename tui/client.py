@@ -136,6 +136,9 @@ class LocalClient(ChatClient):
             # planned before anything is unloaded: a model or context that cannot run leaves
             # the current model in use
             prepared = await self.pool.plan(model)
+            from localinfer.service import check_writes_text  # (loaded by the plan)
+
+            check_writes_text(prepared.info, prepared.model.name)
             current = self._model
             if current is not None and current.name == prepared.model.name:
                 if current.options.n_ctx == prepared.options.n_ctx:

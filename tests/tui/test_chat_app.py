@@ -216,6 +216,25 @@ async def test_a_model_that_cannot_be_loaded_leaves_the_current_one_in_use(_priv
         assert app.history[-1].content
 
 
+async def test_a_reranker_chosen_to_chat_is_refused_and_the_chat_goes_on(_private_home):
+    """A reranker writes no text (llama.cpp aborted its runner when asked to): choosing one
+    says so in one line, before it loads, and the current model stays in use."""
+    from ..families import reranker_model
+
+    app = make_app(_private_home)
+    app.pending_settings = GREEDY
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_until(pilot, app.model_ready.is_set)
+        app.load_model(str(reranker_model("bert")))
+        await wait_until(pilot, lambda: not app.loading and app._notifications)
+        (note,) = list(app._notifications)
+        assert "is a reranker" in note.message and "/v1/rerank" in note.message
+        assert "still using smollm2:135m" in note.message and "\n" not in note.message
+        assert app.model_ready.is_set() and app.model_name == "smollm2:135m"
+        await ask(app, pilot, "Hi")
+        assert app.history[-1].content
+
+
 async def test_a_full_disk_loses_no_message_and_no_reply(_private_home):
     app = make_app(_private_home)
     app.pending_settings = {"system": "", "params": {"temperature": 0, "max_tokens": 48}}
