@@ -112,6 +112,23 @@ def test_every_architecture_embeds_inputs_sharing_a_decode_as_each_alone(arch):
         backend.close()
 
 
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe"])
+def test_every_architecture_means_a_long_input_in_micro_batches_as_read_whole(arch):
+    """A chat model's mean over an input longer than a micro-batch is read a micro-batch a
+    decode (a recurrent state, a sliding window and experts carried through the cells from
+    one decode to the next): the same vector as llama.cpp's mean of the input read whole."""
+    backend = LlamaCppBackend(arch_model(arch), LoadOptions(n_ctx=2048, n_slots=1))
+    try:
+        text = "Cats hunt small animals and sleep in the sun. " * 120
+        tokens = backend.tokenize(text)
+        assert 1024 < len(tokens) <= 2048  # three micro-batches or more
+        vector, _ = backend.embed(text)
+        whole = _direct(backend, tokens, llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+        assert sum(a * b for a, b in zip(vector, whole)) > 0.999
+    finally:
+        backend.close()
+
+
 def test_an_embedding_that_is_not_a_number_is_an_error_not_a_vector(smollm2_path, tmp_path):
     """smollm2 with NaN in its output norm: every hidden state it pools is NaN. The request
     fails with a clear error (a NaN in JSON is no number a client can read), and the model
