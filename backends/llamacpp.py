@@ -27,7 +27,7 @@ from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
-from localinfer.model_store.planner import pooled_bytes
+from localinfer.model_store.planner import output_rows, pooled_bytes
 from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
 
@@ -289,8 +289,7 @@ class LlamaCppBackend(Backend):
             return
         shape = dataclasses.replace(info.shape(), pooled="embed", pooled_ubatch=POOLED_UBATCH)
         kv, compute = pooled_bytes(shape, self.embedder.n_ctx)
-        rows = POOLED_UBATCH * (shape.n_vocab + shape.n_embd) * 4
-        need = rows if options.n_gpu_layers else kv + compute
+        need = output_rows(shape, POOLED_UBATCH) if options.n_gpu_layers else kv + compute
         free = psutil.virtual_memory().available
         if need > free:
             raise ModelLoadFailed(

@@ -126,6 +126,12 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
     return max(logits, activations) + masks
 
 
+def output_rows(shape: ModelShape, rows: int) -> int:
+    """llama.cpp's output buffer for `rows` outputs (host memory): a row of vocabulary-wide
+    logits and an embedding each."""
+    return rows * (shape.n_vocab + shape.n_embd) * 4
+
+
 def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int]:
     """The KV and compute buffer of an embedder's or reranker's pooled context (none for a
     chat model): its KV F16 with sliding-window layers full size, as llama.cpp's defaults
@@ -137,9 +143,9 @@ def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int]:
     if not cells:
         return 0, 0
     ubatch = min(cells, shape.pooled_ubatch or cells)
-    output_rows = (shape.pooled_outputs or ubatch) * (shape.n_vocab + shape.n_embd) * 4
     return (shape.kv_bytes(cells, 1, "f16", True, ubatch),
-            compute_buffer(shape, cells, ubatch, ubatch) + output_rows)
+            compute_buffer(shape, cells, ubatch, ubatch)
+            + output_rows(shape, shape.pooled_outputs or ubatch))
 
 
 def _margin(total: int) -> int:
