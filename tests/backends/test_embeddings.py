@@ -52,6 +52,17 @@ def test_the_files_own_pooling_even_past_a_micro_batch(qwen3):
         _direct(qwen3, tokens, llama_cpp.LLAMA_POOLING_TYPE_LAST), abs=2e-3)
 
 
+def test_one_token_inputs_beside_longer_ones_are_pooled_at_their_own_last_token(qwen3):
+    """Pooled at the last token, a decode reads the inputs' other tokens first: an input of
+    one token has none, and the others' sequences keep their numbers around it."""
+    texts = ["x", "What do cats eat?", "y", "Kittens drink milk."]
+    assert [len(qwen3.tokenize(text)) for text in texts][::2] == [1, 1]
+    vectors, _ = qwen3.embed_many(texts)
+    for vector, text in zip(vectors, texts):
+        assert vector == pytest.approx(
+            _direct(qwen3, qwen3.tokenize(text), llama_cpp.LLAMA_POOLING_TYPE_LAST), abs=1e-4)
+
+
 def test_a_long_input_keeps_its_output_rows_to_a_micro_batch(qwen3, smollm2_path):
     """With embeddings on, llama.cpp makes every token of a decode an output, a row of
     logits as wide as the vocabulary: one 1,890-token input grew the process by 1.4 GiB
