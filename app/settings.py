@@ -103,14 +103,15 @@ class Settings(BaseSettings):
     prefill_chunk: int | None = Field(None, ge=1, description=(
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
-    # off by default: it holds a running stream's pauses to ~the target while a long prompt
-    # is read (0.29 s against 1.9 s) but reads that prompt ~2x slower on a CPU, where small
-    # pieces at a deep position cost far more a token (bench/results/long_prompt_gap.md)
-    step_ms: int = Field(0, ge=0, le=60_000, description=(
+    # on by default: while a 4,000-token prompt is read beside a running stream (2 cores),
+    # that stream's longest pause is 0.7 s instead of 2.8 s in whole 512-token chunks
+    # (llama-server: 8 s), the prompt read 1.3x slower; a GPU reads a chunk within it and is
+    # never cut (bench/results/long_prompt_gap.md)
+    step_ms: int = Field(500, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "
-        "a prompt in smaller pieces, e.g. 200: the longest pause a running stream sees while "
-        "another prompt is read (smoother streams, slower long prompts)."), **_unset("off"))
-    # off by default too: a bound relative to a decode step, it slows a long prompt and,
+        "a prompt in smaller pieces: the longest pause a running stream sees while another "
+        "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."))
+    # off by default: a bound relative to a decode step, it slows a long prompt and,
     # under load, short prompts' TTFT (bench/results/engine_mixed.md)
     step_budget: float | None = Field(None, ge=0, description=(
         "While streams generate, hold each step to this many decode steps' time by reading "

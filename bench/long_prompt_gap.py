@@ -4,15 +4,17 @@ One client streams a long reply; once it is under way, a second sends a ~4,000-t
 prompt. Measured at the clients: the running stream's longest gap between two tokens while
 the long prompt is read (from its send to its first token), the long prompt's TTFT, and its
 TTFT read alone (a fresh prompt of the same length, nothing else running). Servers, side by
-side and in turns: llama-server (its defaults, -np 2), `localinfer serve` (its defaults:
-prompts in whole 512-token chunks) and `localinfer serve --step-ms 200` (a step held to
-~200 ms while streams run). The model is SmolLM2-135M's shape with random Q8_0 weights
-(bench/random_gguf.py's "smollm2-135m", smollm2's tokenizer): a real small model's costs,
-and a reply that does not end early.
+side and in turns: llama-server (its defaults, -np 2), `localinfer serve` (its defaults: a
+step held to ~500 ms while streams run) and `localinfer serve` with each --variant's flags
+(by default --step-ms 0, prompts in whole 512-token chunks, and --step-ms 250). The model is
+SmolLM2-135M's shape with random Q8_0 weights (bench/random_gguf.py's "smollm2-135m",
+smollm2's tokenizer, one token a prompt word): a real small model's costs, and a reply that
+does not end early.
 
 Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
-    python3 bench/long_prompt_gap.py --llama-server PATH [--reps 3] [--prompt-words 3000]
+    python3 bench/long_prompt_gap.py --llama-server PATH [--reps 3] [--prompt-words 4000]
+                                     [--variant "--step-ms 250"]...
 
 Writes bench/results/long_prompt_gap.{json,md,png}.
 """
@@ -82,13 +84,14 @@ def once(url: str, seed: int, words: int) -> dict:
 def main() -> None:
     parser = harness.arguments(__doc__, reps=3)
     parser.add_argument("--llama-server", type=Path, required=True)
-    parser.add_argument("--prompt-words", type=int, default=3000,
-                        help="the long prompt's words (~1.3 tokens each)")
-    parser.add_argument("--step-ms", default="200",
-                        help="also localinfer with each of these --step-ms (comma-separated)")
+    parser.add_argument("--prompt-words", type=int, default=4000,
+                        help="the long prompt's words (a token each)")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="also localinfer with these flags (repeatable), e.g. "
+                             "'--step-ms 250 --no-flash-attn'")
     args = parser.parse_args()
-    targets = [int(x) for x in args.step_ms.split(",") if x]
-    names = (*SERVERS, *(f"localinfer --step-ms {ms}" for ms in targets))
+    variants = args.variant or ["--step-ms 0", "--step-ms 250"]
+    names = (*SERVERS, *(f"localinfer {flags}" for flags in variants))
     runs: dict[str, list] = {s: [] for s in names}
     with tempfile.TemporaryDirectory() as home:
         model = Path(home) / f"{MODEL}.gguf"
@@ -101,8 +104,8 @@ def main() -> None:
             "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "-np", "2", "-c", str(2 * CTX)]),
             "localinfer": lambda: harness.start_server(harness.SERVE, li, **ready),
-            **{f"localinfer --step-ms {ms}": lambda ms=ms: harness.start_server(
-                harness.SERVE, [*li, "--step-ms", str(ms)], **ready) for ms in targets}})
+            **{f"localinfer {flags}": lambda flags=flags: harness.start_server(
+                harness.SERVE, [*li, *flags.split()], **ready) for flags in variants}})
         try:
             for rep in range(args.reps):
                 order = names if rep % 2 == 0 else names[::-1]
@@ -144,7 +147,7 @@ def report(args, runs: dict) -> None:
     lines = ["# A running stream while a long prompt arrives", "",
              f"SmolLM2-135M's shape, random Q8_0 weights; 2 slots of {CTX} tokens; a stream "
              f"of 1,200 tokens running, then a prompt of {args.prompt_words} words "
-             f"(~{round(args.prompt_words * 1.3, -2):.0f} tokens). Medians of {args.reps} "
+             f"(as many tokens). Medians of {args.reps} "
              "alternating rounds (the range in brackets); gaps in ms, TTFT in s, at the "
              "clients.", "",
              *harness.markdown_table(

@@ -32,7 +32,7 @@ from localinfer.backends.engine.speculator import Speculator
 from localinfer.backends.engine.think_budget import ThinkBudget
 from localinfer.backends.engine.task_queue import (CANCEL_ALL, CLOSE, WAKE, Job, TaskQueue,
                                                   check_request)
-from localinfer.backends.engine.step_budget import StepBudget
+from localinfer.backends.engine.step_budget import PIECE_FLOOR, StepBudget
 from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
 from localinfer.backends.base import is_image
@@ -91,7 +91,9 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_ms` milliseconds or `step_budget` decode-only steps' time (step_budget.py);
         # neither: chunks only
-        self.budget = StepBudget(step_budget, target_s=step_ms / 1000)
+        self.budget = StepBudget(step_budget, floor=PIECE_FLOOR if step_ms else 1,
+                                 target_s=step_ms / 1000)
+        self._prompt_depth = 0.0  # the last step's prompt tokens' depths, summed
         # a lone stream also decodes guesses with its next token (speculator.py); a
         # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
         # does only for hybrids, and as many tokens as it keeps snapshots for
@@ -400,7 +402,8 @@ class Engine:
                 slot.state = SlotState.GENERATING
         seconds = time.perf_counter() - started
         self._seconds["step"] += seconds
-        self.budget.observe(seconds, n_decode, n_prompt)
+        self.budget.observe(seconds, n_decode, n_prompt,
+                            self._prompt_depth / n_prompt if n_prompt else 0.0)
         if self.threads is not None:
             self.threads.observe(seconds, n_decode, n_prompt)  # (set at the next step)
         if self.on_step is not None:
@@ -411,6 +414,7 @@ class Engine:
         prompt chunks as the step budget and the free cells allow."""
         batch = self.batch
         batch.clear()
+        self._prompt_depth = 0.0  # Σ over the prompt tokens carried of their depth
         for slot in self.slots:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
@@ -418,7 +422,9 @@ class Engine:
         self.speculator.add_guesses(self.slots, batch, min(
             self.n_batch - batch.n_tokens, self.cells.free(self.slots)), self.n_ctx_slot)
         n_decode = batch.n_tokens
-        allowed = self.budget.allowance(n_decode, self.n_batch - n_decode)
+        reading = next((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT), None)
+        allowed = self.budget.allowance(n_decode, self.n_batch - n_decode,
+                                        depth=len(reading.cache) if reading else 0)
         # (the decode tokens' cells are already counted in the caches)
         allowed = min(allowed, self.cells.free(self.slots))
         for slot in self.slots:
@@ -439,8 +445,10 @@ class Engine:
                             if is_image(slot.to_read[i])), end)
             if not slot.rebuilding:  # (a checkpoint where it starts, if due; where it ends)
                 end = self.cells.checkpoints.before_chunk(slot, slot.to_read, end)
+            depth = len(slot.cache)
             batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
                              logits_last=not slot.rebuilding)
+            self._prompt_depth += (end - slot.n_prompt_done) * (depth + len(slot.cache)) / 2
             slot.n_prompt_done = end
         return n_decode, batch.n_tokens - n_decode
 

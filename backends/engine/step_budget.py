@@ -5,42 +5,83 @@ being read ride along in the same batch. On a CPU, prefill costs milliseconds pe
 512-token chunk turns a 20 ms step into two seconds and every running stream stalls that long
 (measured: 110× their usual inter-token latency on smollm2). The budget keeps a step within
 a time — `target_s` seconds (the longest pause a running stream sees while a prompt is
-read), or `factor` times a decode-only step, whichever is tighter — by learning
-from the steps it has run:
+read; 500 ms by default), or `factor` times a decode-only step, whichever is tighter — by
+learning from the steps it has run:
 
 - decode_s[n]:  duration of a step that decodes n streams and reads no prompt (moving average
                 per n: a step for 16 streams costs more than one for 2)
-- per_token_s:  what each prompt token adds to a step (moving average)
+- the cost of a prompt token as a line in its depth (the tokens before it, which its
+                attention reads: at 3,000 tokens deep one costs ~3x what it does at the
+                start), fitted to the recent pieces (_DepthCost)
 
-and allowing (target_s − decode_s[n]) / per_token_s prompt tokens while n streams generate
-(with a factor, at most (factor − 1) × decode_s[n] / per_token_s). With nothing generating,
-a prompt is read in full chunks: no one is waiting on the step. Where a step is fast (a GPU:
-a full chunk costs less than the target) the budget never cuts. Smaller chunks read a long
-prompt more slowly: on a CPU a piece of 15 tokens at position ~4,000 cost 13 ms a token where
-whole chunks averaged 2-4 (bench/results/long_prompt_gap.md: TTFT 2.0x of reading it alone
-at 200 ms, 1.0x in whole chunks); that is the trade, and why both are off by default.
+and allowing the tokens whose cost at the piece's depth fills (target_s − decode_s[n]) (with
+a factor, (factor − 1) × decode_s[n]). A flat average lagged the depth: pieces early in a
+long prompt came out too small (steps of 100-250 ms against a 500 ms target) and late ones
+too big (630-730 ms). With nothing generating, a prompt is read in full chunks: no one is
+waiting on the step. Where a step is fast (a GPU: a full chunk costs less than the target)
+the budget never cuts.
 
-Part of that cost is llama.cpp's: its CPU flash attention reads a sequence's query rows in
-tiles of 64 and fewer rows one by one, at twice the cost a token at 4,000 positions (smollm2,
-2 cores: 13-14 ms a token in pieces of 16 or 32, 7.3-7.8 in pieces of 128 or 511; without
-flash attention 6.7-8.5 at every size; a piece beside running streams loses one token to
-the micro-batch it shares with them). Pieces held to a tile and one (65 tokens) were
-tried: at --step-ms 250, TTFT 1.55x of alone (from ~2x) but pauses of 446 ms (the tile's
-cost far into the prompt), past the target the user set; so the target rules.
+Smaller pieces read a long prompt more slowly: llama.cpp's CPU flash attention reads a
+sequence's query rows in tiles of 64 and fewer rows one by one, at twice the cost a token
+(smollm2, 2 cores, 3,800 deep: 11 ms a token in pieces of 16-48, 5-6 in pieces of 64-256;
+without flash attention 6-7 at every size, but batched decode 0.73-0.93x as fast and a long
+prompt read alone 1.3-1.7x slower, so it stays on). Pieces of a tile also waste part of it
+where a head's rows end, which a piece's tokens and its depth both pay. Hence PIECE_FLOOR,
+and the trade the default makes (bench/results/long_prompt_gap.md, a 4,000-token prompt): a
+running stream's longest pause 0.7 s instead of 2.8 s, the prompt beside it read 1.3x slower.
 """
 
 from __future__ import annotations
 
-__all__ = ["StepBudget"]
+__all__ = ["PIECE_FLOOR", "StepBudget"]
+
+# a time target never cuts a prompt into pieces smaller than this: below a tile of llama.cpp's
+# CPU attention (64 query rows of a sequence) a token costs about twice as much, and a piece
+# beside running streams gives one token to the micro-batch it shares with them. Where a
+# tile costs more than the target (a large model on a CPU), the pause is a tile's.
+PIECE_FLOOR = 65
 
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 _LEARNING_CHUNK = 16  # prompt tokens per step until both costs have been measured
 _MIN_SAMPLE = 4  # fewer prompt tokens than this say more about noise than about their cost
+_MIN_SPREAD = 32  # tokens of depth the measured pieces must span before a slope is trusted
 
 
 def _average(old: float | None, new: float) -> float:
     return new if old is None else old + _ALPHA * (new - old)
+
+
+class _DepthCost:
+    """A prompt token's cost as a line in its depth (the tokens before it in its sequence,
+    which its attention reads): a least-squares fit over the pieces measured, each weighted
+    by its tokens and the older ones fading by _ALPHA a measurement. Until the pieces span
+    _MIN_SPREAD tokens of depth, the line is flat (their weighted mean)."""
+
+    def __init__(self) -> None:
+        self.w = self.wx = self.wxx = self.wy = self.wxy = 0.0
+
+    def add(self, depth: float, per_token: float, weight: float) -> None:
+        keep = 1 - _ALPHA
+        self.w = keep * self.w + weight
+        self.wx = keep * self.wx + weight * depth
+        self.wxx = keep * self.wxx + weight * depth * depth
+        self.wy = keep * self.wy + weight * per_token
+        self.wxy = keep * self.wxy + weight * depth * per_token
+
+    @property
+    def mean(self) -> float | None:
+        return self.wy / self.w if self.w else None
+
+    def at(self, depth: float) -> float:
+        mean_x, mean_y = self.wx / self.w, self.wy / self.w
+        spread = self.wxx / self.w - mean_x * mean_x
+        if spread < _MIN_SPREAD * _MIN_SPREAD:
+            return mean_y
+        slope = max(0.0, (self.wxy / self.w - mean_x * mean_y) / spread)
+        # (never below a quarter of the mean: a line drawn from a few noisy pieces could
+        # otherwise promise near-free tokens at depths it has not seen)
+        return max(mean_y + slope * (depth - mean_x), 0.25 * mean_y)
 
 
 class StepBudget:
@@ -51,7 +92,12 @@ class StepBudget:
         self.target_s = target_s or None
         self.floor = floor
         self.decode_s: dict[int, float] = {}  # streams decoded → seconds per step
-        self.per_token_s: float | None = None
+        self._cost = _DepthCost()
+
+    @property
+    def per_token_s(self) -> float | None:
+        """What a prompt token has added to a step, on average over the recent pieces."""
+        return self._cost.mean
 
     def decode_estimate(self, n_decode: int) -> float | None:
         """A decode-only step's time for n streams: measured, else scaled from the nearest."""
@@ -62,26 +108,33 @@ class StepBudget:
         nearest = min(self.decode_s, key=lambda n: abs(n - n_decode))
         return self.decode_s[nearest] * n_decode / nearest
 
-    def allowance(self, n_decode: int, limit: int) -> int:
-        """Prompt tokens a step that decodes `n_decode` streams may carry, at most `limit`."""
+    def allowance(self, n_decode: int, limit: int, depth: int = 0) -> int:
+        """Prompt tokens a step that decodes `n_decode` streams may carry, at most `limit`,
+        the piece starting `depth` tokens into its sequence."""
         if not n_decode or not self.on:
             return limit
         decode = self.decode_estimate(n_decode)
         if decode is None or self.per_token_s is None:
-            return min(limit, _LEARNING_CHUNK)
-        room = float("inf")
+            return min(limit, max(_LEARNING_CHUNK, self.floor))
+        room_s = float("inf")
         if self.factor is not None:
-            room = (self.factor - 1) * decode / self.per_token_s
+            room_s = (self.factor - 1) * decode
         if self.target_s is not None:
-            room = min(room, (self.target_s - decode) / self.per_token_s)
-        return max(min(self.floor, limit), min(limit, int(room)))
+            room_s = min(room_s, self.target_s - decode)
+        # a token costs what its depth costs: a piece's tokens lie at depth .. depth + n,
+        # so the piece is sized at its middle's cost (found in two rounds)
+        n = room_s / self._cost.at(depth)
+        for _ in range(2):
+            n = room_s / self._cost.at(depth + min(n, limit) / 2)
+        return max(min(self.floor, limit), min(limit, int(n)))
 
     @property
     def on(self) -> bool:
         return self.factor is not None or self.target_s is not None
 
-    def observe(self, seconds: float, n_decode: int, n_prompt: int) -> None:
-        """Learn from one finished step: its duration and what it carried."""
+    def observe(self, seconds: float, n_decode: int, n_prompt: int, depth: float = 0.0) -> None:
+        """Learn from one finished step: its duration and what it carried (its prompt
+        tokens at `depth` on average)."""
         if not self.on:
             return  # off: nothing will ask
         if n_prompt == 0:
@@ -93,4 +146,4 @@ class StepBudget:
         base = self.decode_estimate(n_decode) if n_decode else 0.0
         if base is None:
             return  # cannot tell the prompt's share from the decode's yet
-        self.per_token_s = _average(self.per_token_s, max(seconds - base, 1e-6) / n_prompt)
+        self._cost.add(depth, max(seconds - base, 1e-6) / n_prompt, n_prompt)

@@ -9,7 +9,9 @@ import pytest
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.engine.step_budget import StepBudget
+from localinfer.backends.engine.step_budget import PIECE_FLOOR
 from localinfer.errors import InvalidRequest
+from localinfer.settings import Settings
 
 from ..greedy import eog_ban
 
@@ -76,7 +78,38 @@ def test_a_time_target_bounds_a_step_and_the_tighter_bound_wins():
     slow.observe(0.300, n_decode=1, n_prompt=0)
     slow.observe(0.400, n_decode=1, n_prompt=10)
     assert slow.allowance(1, 512) == 4
-    assert LoadOptions().step_ms == 0  # off by default (it slows a long prompt on a CPU)
+    assert LoadOptions().step_ms == Settings().step_ms == 500  # on by default
+
+
+def test_a_token_deep_in_a_prompt_is_priced_at_its_depth():
+    """Pieces measured at 1 ms a token near the start and 3 ms at 2,000 deep: the budget
+    draws the line through them, so a piece at 3,000 deep is sized at ~4 ms a token (where a
+    flat average, 2 ms, would let it run twice past the target), and a piece at the start
+    at ~1 ms (not held to the average)."""
+    budget = StepBudget(None, target_s=0.5)
+    budget.observe(0.010, n_decode=1, n_prompt=0)
+    for depth in range(0, 2001, 250):
+        per_token = 0.001 + 0.000001 * depth
+        budget.observe(0.010 + 100 * per_token, n_decode=1, n_prompt=100, depth=depth + 50)
+    deep = budget.allowance(1, 512, depth=3000)
+    # 490 ms of room at ~4.1 ms a token (the middle of the piece, ~3,060 deep)
+    assert 110 <= deep <= 125, deep
+    assert budget.allowance(1, 512, depth=0) >= 400  # ~1.2 ms a token at the start
+    flat = StepBudget(None, target_s=0.5)  # every piece at one depth: the line stays flat
+    flat.observe(0.010, n_decode=1, n_prompt=0)
+    flat.observe(0.210, n_decode=1, n_prompt=100, depth=1000)
+    assert flat.allowance(1, 512, depth=0) == flat.allowance(1, 512, depth=3000) == 245
+
+
+def test_a_time_target_never_cuts_below_a_tile_of_cpu_attention():
+    """Below 64 query rows of a sequence, llama.cpp's CPU attention costs a token twice as
+    much: where a tile costs more than the target, the step takes a tile (and the token its
+    micro-batch gives to the running streams), not a sliver."""
+    budget = StepBudget(None, target_s=0.1, floor=PIECE_FLOOR)
+    budget.observe(0.020, n_decode=2, n_prompt=0)
+    budget.observe(0.420, n_decode=2, n_prompt=100, depth=3000)  # 4 ms a token
+    assert budget.allowance(2, 510, depth=3100) == PIECE_FLOOR == 65
+    assert budget.allowance(2, 30, depth=3100) == 30  # never past the batch's room
 
 
 def test_a_budget_of_one_or_less_is_refused():
