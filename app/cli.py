@@ -332,7 +332,9 @@ def _shape_lines(facts: dict) -> list[str]:
     lines = list(facts["kinds"])
     memory = [f"KV cache {facts['kv_bytes_per_token'] / 1024:.1f} KiB per token (f16)"]
     if facts["layers"]["sliding_window"]:
-        memory[0] += ", the sliding-window layers' too (the engine keeps every cell)"
+        memory[0] += (f" if every layer kept every token; the {facts['layers']['sliding_window']}"
+                      f" sliding-window layers keep their last {facts['layers']['window']} (and"
+                      f" a micro-batch) a slot unless --swa-full")
     if facts["recurrent_state_bytes_per_slot"]:
         memory.append(f"recurrent state {_size(facts['recurrent_state_bytes_per_slot'])} per "
                       f"slot")

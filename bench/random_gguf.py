@@ -303,6 +303,13 @@ PLAN_SHAPES = {
     "mamba2-2.7b": ArchShape("mamba2", 64, 2560, n_ctx_train=1 << 20, rms_eps=1e-5,
                              ssm_conv=4, ssm_inner=5120, ssm_state=128, ssm_dt_rank=80,
                              ssm_groups=1, n_vocab=50288),
+    # gpt-oss-120b: 36 layers, every other one a sliding window of 128; 128 experts of
+    # 2880, 4 a token, in MXFP4 (the rest Q8_0): 63 GB as published
+    "gpt-oss-120b": ArchShape("gpt-oss", 36, 2880, n_ff=2880, n_head=64, n_head_kv=8,
+                              head_dim=64, n_ctx_train=131072, rope_base=150000.0,
+                              rms_eps=1e-5, sliding_window=128, n_expert=128,
+                              n_expert_used=4, n_ff_exp=2880, n_vocab=201088,
+                              tied_output=False),
     # Gemma 3 27B: a sliding window of 1024 on five layers in six
     "gemma3-27b": ArchShape("gemma3", 62, 5376, n_ff=21504, n_head=32, n_head_kv=16,
                             head_dim=128, n_ctx_train=131072, sliding_window=1024,
@@ -391,8 +398,11 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     import gguf
 
     arch = shape.arch
-    if arch not in ("qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe", "qwen3", "bert"):
+    if arch not in ("qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe", "qwen3", "bert",
+                    "gpt-oss"):
         raise ValueError(f"no writer for the architecture {arch!r}")
+    if arch == "gpt-oss" and not header_only:  # (MXFP4 experts: no random writer)
+        raise ValueError("gpt-oss is written as a header and tensor table only")
     rng = np.random.default_rng(seed)
     n_vocab = len(tokenizer["tokenizer.ggml.tokens"][0])
     writer = gguf.GGUFWriter(out, arch)
@@ -400,7 +410,8 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
     if quant not in ("q8_0", "q4_k_m"):
         raise ValueError(f"no writer for the quantization {quant!r}")
     k_quants = header_only or quant == "q4_k_m"
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_K_M if k_quants
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if arch == "gpt-oss"
+                         else gguf.LlamaFileType.MOSTLY_Q4_K_M if k_quants
                          else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_block_count(shape.n_layer)
     writer.add_context_length(shape.n_ctx_train)
@@ -444,7 +455,8 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
         writer.add_shortconv_l_cache(shape.shortconv_l_cache)
     if shape.sliding_window:
         writer.add_sliding_window(shape.sliding_window)
-        writer.add_rope_freq_base_swa(10000.0)
+        if arch == "gemma3":  # (gpt-oss's windowed layers rotate as its others do)
+            writer.add_rope_freq_base_swa(10000.0)
     if shape.n_expert:
         writer.add_expert_count(shape.n_expert)
         writer.add_expert_used_count(shape.n_expert_used)
@@ -456,9 +468,11 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
 
     pools: dict[tuple, np.ndarray] = {}
 
-    def matrix(tensor: str, rows: int, cols: int, experts: int = 0) -> None:
-        """A Q8_0 matrix of llama.cpp's shape {cols, rows} (× experts)."""
-        qtype = _q4_k_m(tensor) if k_quants and cols % 256 == 0 else q8
+    def matrix(tensor: str, rows: int, cols: int, experts: int = 0,
+               qtype: gguf.GGMLQuantizationType | None = None) -> None:
+        """A Q8_0 matrix of llama.cpp's shape {cols, rows} (× experts); `qtype`: a header-only
+        file's type for it where the file's own scheme is not Q4_K_M (gpt-oss: MXFP4)."""
+        qtype = qtype or (_q4_k_m(tensor) if k_quants and cols % 256 == 0 else q8)
         if header_only:
             dims = ((experts,) if experts else ()) + (rows, cols)
             byte_shape = gguf.quant_shape_to_byte_shape(dims, qtype)
@@ -595,6 +609,20 @@ def write_arch(shape: ArchShape, out: Path, tokenizer: dict, name: str, seed: in
             matrix(f"blk.{i}.ffn_gate_exps.weight", shape.n_ff_exp, e, shape.n_expert)
             matrix(f"blk.{i}.ffn_up_exps.weight", shape.n_ff_exp, e, shape.n_expert)
             matrix(f"blk.{i}.ffn_down_exps.weight", e, shape.n_ff_exp, shape.n_expert)
+        elif arch == "gpt-oss":  # biases everywhere, a sink per head, MXFP4 experts
+            ones(f"blk.{i}.post_attention_norm.weight", e)
+            attention(i, shape.n_head * hd, norms=False)
+            for part, n in (("q", shape.n_head * hd), ("k", shape.kv_heads(i) * hd),
+                            ("v", shape.kv_heads(i) * hd), ("output", e)):
+                zeros(f"blk.{i}.attn_{part}.bias", n)
+            zeros(f"blk.{i}.attn_sinks.weight", shape.n_head)
+            random(f"blk.{i}.ffn_gate_inp.weight", shape.n_expert, e)
+            zeros(f"blk.{i}.ffn_gate_inp.bias", shape.n_expert)
+            mxfp4 = gguf.GGMLQuantizationType.MXFP4
+            for part, rows, cols in (("gate", shape.n_ff_exp, e), ("up", shape.n_ff_exp, e),
+                                     ("down", e, shape.n_ff_exp)):
+                matrix(f"blk.{i}.ffn_{part}_exps.weight", rows, cols, shape.n_expert, mxfp4)
+                f32(f"blk.{i}.ffn_{part}_exps.bias", np.zeros((shape.n_expert, rows)))
     # LFM2's final norm has the name of an input norm in its converter's table
     if arch != "bert":
         ones("token_embd_norm.weight" if arch == "lfm2" else "output_norm.weight", e)

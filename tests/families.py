@@ -193,7 +193,7 @@ def embedding_model() -> Path:
 
 def plan_model(shape: str) -> Path:
     """A published model's shape (bench/random_gguf.py PLAN_SHAPES: qwen3.5-9b,
-    qwen3-30b-a3b, lfm2-1.2b, mamba2-2.7b, gemma3-27b) as a file the planner reads as the
+    qwen3-30b-a3b, lfm2-1.2b, mamba2-2.7b, gemma3-27b, gpt-oss-120b) as a file the planner reads as the
     model: its header and tensor table, the weights' bytes a hole (a few MiB on disk), a
     placeholder vocabulary. For plans, never for llama.cpp."""
     out = CACHE / "plan-shapes" / f"{shape}.gguf"

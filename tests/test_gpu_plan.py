@@ -228,6 +228,36 @@ def test_show_places_a_moes_experts_for_a_gpu_short_of_memory():
     assert "MoE 128 experts, 8 active" in text and f"experts of layers {first}-47" in text
 
 
+def test_show_places_gpt_oss_120b_on_gpus_of_8_16_and_24_gib():
+    """gpt-oss-120b's shape (MXFP4 experts, 59 GiB; every other layer a window of 128) beside
+    64 GiB of RAM: every layer on the GPU, the first layers' experts with it, the more the
+    bigger the card, the rest in RAM; the KV cache only the full layers' per token (the
+    windowed layers' a window a slot), all within each card."""
+    from .families import plan_model
+
+    on_gpu = []
+    for gib in (8, 16, 24):
+        result = subprocess.run([sys.executable, "-m", "localinfer", "show",
+                                 str(plan_model("gpt-oss-120b")), "--gpu", f"{gib}GiB",
+                                 "--ram", "64GiB", "--ctx", "8192", "--json"],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        facts = json.loads(result.stdout)
+        assert facts["kinds"] == ["sliding window 128 on 18 of 36 layers",
+                                  "MoE 128 experts, 4 active"]
+        assert facts["quant"] == "MXFP4_MOE"
+        gpu, ram = facts["plan"]["placement"]
+        assert gpu["layers"] == 37 and ram["layers"] == 0
+        assert gpu["experts"] == list(range(len(gpu["experts"])))
+        assert ram["experts"] == facts["plan"]["cpu_experts"] == list(range(len(gpu["experts"]),
+                                                                             36))
+        assert gpu["total"] <= gib * 2**30 and ram["total"] <= 64 * 2**30
+        full_layers = 18 * 8 * 64 * 2 * 2 * 8192  # K and V, f16, of the 18 full layers
+        assert full_layers < gpu["kv_cache"] < full_layers * 1.2  # (not 2x: windows)
+        on_gpu.append(len(gpu["experts"]))
+    assert 0 < on_gpu[0] < on_gpu[1] < on_gpu[2] < 18, on_gpu
+
+
 def test_show_says_what_a_hybrid_keeps():
     from .families import plan_model
 
