@@ -32,6 +32,50 @@ def prefix_text(n_words: int) -> str:
     return " ".join(_WORDS[i % len(_WORDS)] for i in range(n_words))
 
 
+_CHAT_WORDS = ("the ledger shows a harbour storm where ferries wait by the island signal while "
+               "keepers light lanterns and count rope tides gulls and stones at evening").split()
+
+
+def chat_text(seed: int, words: int) -> str:
+    """Words of a chat turn, in an order of `seed`'s own."""
+    return " ".join(_CHAT_WORDS[(seed * 7 + i * 3) % len(_CHAT_WORDS)] for i in range(words))
+
+
+def chat_turn(client: httpx.Client, url: str, model: str, messages: list[dict],
+              thinking: bool, tokens: int) -> dict:
+    """One streamed chat turn (greedy, `tokens` at most, the template's thinking switch):
+    its TTFT at the client, the reply's text, the cached and prompt tokens the server
+    reported (OpenAI's usage, or llama-server's timings)."""
+    body = {"model": model, "messages": messages, "stream": True, "temperature": 0,
+            "max_tokens": tokens, "stream_options": {"include_usage": True},
+            "chat_template_kwargs": {"enable_thinking": thinking}}
+    start = time.perf_counter()
+    first, content, cached, prompt = None, [], None, None
+    with client.stream("POST", url + "/v1/chat/completions", json=body,
+                       headers={"Connection": "close"}) as response:  # one per turn
+        if response.status_code != 200:
+            raise SystemExit(f"{url}: HTTP {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            for choice in event.get("choices") or []:
+                delta = choice.get("delta") or {}
+                if delta.get("content") or delta.get("reasoning_content"):
+                    first = first or time.perf_counter()
+                content.append(delta.get("content") or "")
+            usage = event.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            if "cached_tokens" in details:
+                cached = details["cached_tokens"]
+            elif "cache_n" in (event.get("timings") or {}):
+                cached = event["timings"]["cache_n"]
+            prompt = usage.get("prompt_tokens")
+    end = time.perf_counter()
+    return {"ttft_s": (first or end) - start, "reply": "".join(content), "cached": cached,
+            "prompt_tokens": prompt}
+
+
 def one(client: httpx.Client, url: str, model: str, system: str, question: str,
         sampling: dict) -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [

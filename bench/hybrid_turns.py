@@ -24,14 +24,13 @@ Writes bench/results/hybrid_turns.{json,md,png}.
 
 from __future__ import annotations
 
-import json
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import harness
 import httpx
+from clients import chat_text, chat_turn
 from random_gguf import ARCH_SHAPES, read_tokenizer, write_arch
 
 CTX = 8192
@@ -39,12 +38,6 @@ MODEL = "qwen3.5-0.8b-random"  # the file's stem: localinfer's name for it
 TURNS = 6
 SERVERS = ("llama-server", "localinfer")
 VARIANTS = {"thinking off": False, "thinking on": True}
-_WORDS = ("the ledger shows a harbour storm where ferries wait by the island signal while "
-          "keepers light lanterns and count rope tides gulls and stones at evening").split()
-
-
-def _text(seed: int, words: int) -> str:
-    return " ".join(_WORDS[(seed * 7 + i * 3) % len(_WORDS)] for i in range(words))
 
 
 def model_file(source: Path, folder: Path) -> Path:
@@ -67,53 +60,21 @@ def model_file(source: Path, folder: Path) -> Path:
     return path
 
 
-def _turn(client: httpx.Client, url: str, messages: list[dict], thinking: bool,
-          tokens: int) -> dict:
-    body = {"model": MODEL, "messages": messages, "stream": True, "temperature": 0,
-            "max_tokens": tokens, "stream_options": {"include_usage": True},
-            "chat_template_kwargs": {"enable_thinking": thinking}}
-    start = time.perf_counter()
-    first, content, cached, prompt = None, [], None, None
-    with client.stream("POST", url + "/v1/chat/completions", json=body,
-                       headers={"Connection": "close"}) as response:  # one per turn
-        if response.status_code != 200:
-            raise SystemExit(f"{url}: HTTP {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            for choice in event.get("choices") or []:
-                delta = choice.get("delta") or {}
-                if delta.get("content") or delta.get("reasoning_content"):
-                    first = first or time.perf_counter()
-                content.append(delta.get("content") or "")
-            usage = event.get("usage") or {}
-            details = usage.get("prompt_tokens_details") or {}
-            if "cached_tokens" in details:
-                cached = details["cached_tokens"]
-            elif "cache_n" in (event.get("timings") or {}):
-                cached = event["timings"]["cache_n"]
-            prompt = usage.get("prompt_tokens")
-    end = time.perf_counter()
-    return {"ttft_s": (first or end) - start, "reply": "".join(content), "cached": cached,
-            "prompt_tokens": prompt}
-
-
 def conversation(url: str, seed: int, thinking: bool, tokens: int) -> dict:
     """One 6-turn chat and the re-read of its last prompt."""
-    messages = [{"role": "system", "content": f"Session {seed}. " + _text(seed, 300)}]
+    messages = [{"role": "system", "content": f"Session {seed}. " + chat_text(seed, 300)}]
     turns = []
     with httpx.Client(timeout=600) as client:
         for turn in range(TURNS):
             messages.append({"role": "user", "content": f"Question {turn}: " +
-                             _text(seed + turn, 90)})
-            result = _turn(client, url, messages, thinking, tokens)
+                             chat_text(seed + turn, 90)})
+            result = chat_turn(client, url, MODEL, messages, thinking, tokens)
             turns.append(result)
             messages.append({"role": "assistant", "content": result["reply"]})
         last = messages[:-1]
         fresh = [{"role": "system", "content": f"Fresh {seed}. " + last[0]["content"]},
                  *last[1:]]
-        cold = _turn(client, url, fresh, thinking, tokens)
+        cold = chat_turn(client, url, MODEL, fresh, thinking, tokens)
     return {"turns": turns, "cold": cold}
 
 
