@@ -76,6 +76,27 @@ def chat_turn(client: httpx.Client, url: str, model: str, messages: list[dict],
             "prompt_tokens": prompt}
 
 
+def growing_chat(url: str, model: str, seed: int, thinking: bool, tokens: int,
+                 turns: int = 6) -> dict:
+    """A chat of `turns` turns (a 300-word system prompt, ~90-word questions, each reply sent
+    back as the client got it), then its last prompt once more with a new first word, which
+    nothing cached matches (the full re-read): each turn's chat_turn and the re-read's."""
+    messages = [{"role": "system", "content": f"Session {seed}. " + chat_text(seed, 300)}]
+    done = []
+    with httpx.Client(timeout=900) as client:
+        for turn in range(turns):
+            messages.append({"role": "user", "content": f"Question {turn}: " +
+                             chat_text(seed + turn, 90)})
+            result = chat_turn(client, url, model, messages, thinking, tokens)
+            done.append(result)
+            messages.append({"role": "assistant", "content": result["reply"]})
+        last = messages[:-1]
+        fresh = [{"role": "system", "content": f"Fresh {seed}. " + last[0]["content"]},
+                 *last[1:]]
+        cold = chat_turn(client, url, model, fresh, thinking, tokens)
+    return {"turns": done, "cold": cold}
+
+
 def one(client: httpx.Client, url: str, model: str, system: str, question: str,
         sampling: dict) -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [

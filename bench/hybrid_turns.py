@@ -29,8 +29,7 @@ import tempfile
 from pathlib import Path
 
 import harness
-import httpx
-from clients import chat_text, chat_turn
+from clients import growing_chat
 from random_gguf import ARCH_SHAPES, read_tokenizer, write_arch
 
 CTX = 8192
@@ -60,24 +59,6 @@ def model_file(source: Path, folder: Path) -> Path:
     return path
 
 
-def conversation(url: str, seed: int, thinking: bool, tokens: int) -> dict:
-    """One 6-turn chat and the re-read of its last prompt."""
-    messages = [{"role": "system", "content": f"Session {seed}. " + chat_text(seed, 300)}]
-    turns = []
-    with httpx.Client(timeout=600) as client:
-        for turn in range(TURNS):
-            messages.append({"role": "user", "content": f"Question {turn}: " +
-                             chat_text(seed + turn, 90)})
-            result = chat_turn(client, url, MODEL, messages, thinking, tokens)
-            turns.append(result)
-            messages.append({"role": "assistant", "content": result["reply"]})
-        last = messages[:-1]
-        fresh = [{"role": "system", "content": f"Fresh {seed}. " + last[0]["content"]},
-                 *last[1:]]
-        cold = chat_turn(client, url, MODEL, fresh, thinking, tokens)
-    return {"turns": turns, "cold": cold}
-
-
 def main() -> None:
     parser = harness.arguments(__doc__, tokens=24, reps=3)
     parser.add_argument("--llama-server", type=Path, required=True)
@@ -99,7 +80,8 @@ def main() -> None:
                     order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
                     for name in order:
                         seed = rep * 10 + list(VARIANTS).index(variant)
-                        result = conversation(servers[name][1], seed, thinking, args.tokens)
+                        result = growing_chat(servers[name][1], MODEL, seed, thinking,
+                                              args.tokens, TURNS)
                         runs[variant][name].append(result)
                         print(variant, name, rep, [round(t["ttft_s"], 3)
                                                    for t in result["turns"]],

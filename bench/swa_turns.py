@@ -26,9 +26,8 @@ import threading
 from pathlib import Path
 
 import harness
-import httpx
 import psutil
-from clients import chat_text, chat_turn
+from clients import growing_chat
 
 from localinfer.model_store.sources import resolve
 
@@ -41,20 +40,8 @@ _KV = re.compile(r"KV buffer size =\s*([\d.]+) MiB")
 
 
 def chat(url: str, name: str, seed: int, tokens: int, out: dict) -> None:
-    """One 6-turn chat and the re-read of its last prompt, into `out`."""
-    messages = [{"role": "system", "content": f"Session {seed}. " + chat_text(seed, 300)}]
-    turns = []
-    with httpx.Client(timeout=900) as client:
-        for turn in range(TURNS):
-            messages.append({"role": "user", "content": f"Question {turn}: " +
-                             chat_text(seed + turn, 90)})
-            result = chat_turn(client, url, name, messages, False, tokens)
-            turns.append(result)
-            messages.append({"role": "assistant", "content": result["reply"]})
-        last = messages[:-1]
-        fresh = [{"role": "system", "content": f"Fresh {seed}. " + last[0]["content"]},
-                 *last[1:]]
-        out["turns"], out["cold"] = turns, chat_turn(client, url, name, fresh, False, tokens)
+    """One growing chat and the re-read of its last prompt, into `out`."""
+    out.update(growing_chat(url, name, seed, False, tokens, TURNS))
 
 
 def chats(url: str, name: str, seed: int, tokens: int) -> list[dict]:
