@@ -93,7 +93,6 @@ class Engine:
         # neither: chunks only
         self.budget = StepBudget(step_budget, floor=PIECE_FLOOR if step_ms else 1,
                                  target_s=step_ms / 1000)
-        self._prompt_depth = 0.0  # the last step's prompt tokens' depths, summed
         # a lone stream also decodes guesses with its next token (speculator.py); a
         # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
         # does only for hybrids, and as many tokens as it keeps snapshots for
@@ -364,7 +363,7 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
-        n_decode, n_prompt = self._fill_batch()
+        n_decode, n_prompt, depth = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
         if self.threads is not None:  # (decode steps: the tuned count; prompt steps: threads.py)
@@ -402,19 +401,19 @@ class Engine:
                 slot.state = SlotState.GENERATING
         seconds = time.perf_counter() - started
         self._seconds["step"] += seconds
-        self.budget.observe(seconds, n_decode, n_prompt,
-                            self._prompt_depth / n_prompt if n_prompt else 0.0)
+        self.budget.observe(seconds, n_decode, n_prompt, depth)
         if self.threads is not None:
             self.threads.observe(seconds, n_decode, n_prompt)  # (set at the next step)
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 
-    def _fill_batch(self) -> tuple[int, int]:
+    def _fill_batch(self) -> tuple[int, int, float]:
         """Fill the batch: every generating slot's next token, a lone stream's guesses, then
-        prompt chunks as the step budget and the free cells allow."""
+        prompt chunks as the step budget and the free cells allow. The tokens decoded and
+        read, and the prompt tokens' mean depth (for the step budget)."""
         batch = self.batch
         batch.clear()
-        self._prompt_depth = 0.0  # Σ over the prompt tokens carried of their depth
+        depths = 0.0  # Σ over the prompt tokens carried of their depth
         for slot in self.slots:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
@@ -448,9 +447,10 @@ class Engine:
             depth = len(slot.cache)
             batch.add_prompt(slot, slot.to_read, slot.n_prompt_done, end,
                              logits_last=not slot.rebuilding)
-            self._prompt_depth += (end - slot.n_prompt_done) * (depth + len(slot.cache)) / 2
+            depths += (end - slot.n_prompt_done) * (depth + len(slot.cache)) / 2
             slot.n_prompt_done = end
-        return n_decode, batch.n_tokens - n_decode
+        n_prompt = batch.n_tokens - n_decode
+        return n_decode, n_prompt, depths / n_prompt if n_prompt else 0.0
 
     def _read_image(self, slot: Slot) -> bool:
         """The image whose placeholders come next in the slot's prompt. It is encoded on the
