@@ -199,7 +199,7 @@ def start_server(launch: list[str], args: list[str], path: str = "/health",
     process = subprocess.Popen([*launch, *args, "--host", "127.0.0.1", "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=log,
                                env={**os.environ, **(env or {})})
-    process.log = log  # type: ignore[attr-defined]  # read by _tail
+    process.log = log  # type: ignore[attr-defined]  # read by server_log
     url = f"http://127.0.0.1:{port}"
     wait_until_ready(process, url + path, ready, timeout)
     return process, url
@@ -233,20 +233,22 @@ def wait_until_ready(process: subprocess.Popen, url: str,
     raise RuntimeError(f"{url} was not ready within {timeout:.0f} s: {_tail(process)}")
 
 
+def server_log(process: subprocess.Popen) -> str:
+    """What a server started by start_server has logged so far (its temporary file)."""
+    process.log.seek(0)  # type: ignore[attr-defined]
+    return process.log.read().decode("utf-8", "replace")  # type: ignore[attr-defined]
+
+
 def _tail(process: subprocess.Popen) -> str:
     """The last of a stopped server's log (start_server's file, else its stderr pipe)."""
     if process.poll() is None:
         process.kill()
         process.wait()
-    log = getattr(process, "log", None)
-    if log is not None:
-        log.seek(0)
-        text = log.read()
-    elif process.stderr is not None:
-        text = process.stderr.read()
-    else:
-        return ""
-    return text.decode("utf-8", "replace")[-2000:]
+    if getattr(process, "log", None) is not None:
+        return server_log(process)[-2000:]
+    if process.stderr is not None:
+        return process.stderr.read().decode("utf-8", "replace")[-2000:]
+    return ""
 
 
 def start_servers(starts: dict[str, Callable[[], tuple[subprocess.Popen, str]]]

@@ -123,11 +123,9 @@ def plan(model: Path, home: str) -> dict:
 
 def log_facts(process: subprocess.Popen) -> dict:
     """llama-server's buffers by device and its --fit lines, from its load log."""
-    log = getattr(process, "log", None)
-    if log is None:
+    if getattr(process, "log", None) is None:
         return {}
-    log.seek(0)
-    text = log.read().decode("utf-8", "replace")
+    text = harness.server_log(process)
     buffers: dict[str, float] = {}
     for device, kind, mib in _BUFFER.findall(text):
         buffers[f"{device} {kind}"] = buffers.get(f"{device} {kind}", 0) + float(mib)

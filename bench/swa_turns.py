@@ -71,15 +71,10 @@ def load_logs(llama_server: Path, model: Path, home: str) -> dict[str, str]:
             harness.SERVE, ["--model", str(model), "--parallel", str(SLOTS), "--ctx", str(CTX),
                             "--verbose"], path="/api/ps",
             ready=lambda r: bool(r.json().get("models")), env={"LOCALINFER_HOME": home})})
-    logs = {"localinfer": _log(servers["localinfer"][0])}
+    logs = {"localinfer": harness.server_log(servers["localinfer"][0])}
     harness.stop_servers(servers)
     logs["llama-server"] = file.read_text(errors="replace")
     return logs
-
-
-def _log(process) -> str:
-    process.log.seek(0)
-    return process.log.read().decode(errors="replace")
 
 
 def _rss(process) -> int:
