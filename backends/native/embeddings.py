@@ -6,7 +6,9 @@ in a row, requests in turn. Short inputs share a decode, each its own sequence (
 one decode of many short texts instead of one each. Its decodes run where the backend says
 (`run`): the engine's thread, between two of its steps (Engine.call), so that one thread of
 the process calls llama_decode — one OpenMP team, whose barriers spin (a second team's mere
-existence makes every barrier of both sleep).
+existence makes every barrier of both sleep). A causal model's mean is taken from its last
+hidden states as llama.cpp computes them, its output layer over every token skipped
+(`FinalRows`, once checked against llama.cpp's own pooling).
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
+import numpy
 
+from localinfer.backends.native import ggml
 from localinfer.backends.native.model import NativeModel
 from localinfer.model_store.shape import POOLED_SEQUENCES, POOLED_UBATCH
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
-__all__ = ["Embedder", "PooledContext", "groups"]
+__all__ = ["Embedder", "FinalRows", "PooledContext", "groups"]
 
 _SEQUENCES = POOLED_SEQUENCES  # inputs in one decode at most (their tokens within the context)
 _DECODE_TOKENS = 256  # inputs share a decode up to this many tokens (a longer one alone)
@@ -72,6 +76,9 @@ class PooledContext:
             params.embeddings = True
             params.pooling_type = self._pooling()
             params.no_perf = True
+            callback = self._eval_callback()
+            if callback is not None:
+                params.cb_eval = callback
             self._ctx = llama_cpp.llama_init_from_model(self.native.model, params)
             if not self._ctx:
                 self._ctx = None
@@ -81,6 +88,11 @@ class PooledContext:
 
     def _pooling(self) -> int:
         return self.POOLING
+
+    def _eval_callback(self) -> Any:
+        """What llama.cpp calls at each node of a decode's graph (ggml's eval callback), if
+        anything: set when the context is made."""
+        return None
 
     def _causal(self) -> bool:
         return bool(llama_cpp.llama_get_causal_attn(self.native.ctx))
@@ -95,7 +107,8 @@ class PooledContext:
         took more time than the rest of a small model. So where the pooling reads only a
         sequence's last token (`_last_token`), the other tokens are read first with
         embeddings off and no outputs, then the last tokens alone with embeddings on; only
-        where it reads them all (mean, CLS, an encoder) is every token an output."""
+        where it reads them all (mean, CLS, an encoder) is every token an output (a causal
+        model's mean then stops before the output layer: `FinalRows`)."""
         self._clear(ctx)
         if not self._last_token():
             _decode(ctx, [(seq, 0, tokens) for seq, tokens in enumerate(group)], True, failed)
@@ -143,6 +156,39 @@ class Embedder(PooledContext):
 
     SEQUENCES = _SEQUENCES
 
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.final: FinalRows | None = None  # made with the context where the mean is ours
+        self._final_off = False  # our mean was not llama.cpp's: its own pooling from then on
+
+    def _eval_callback(self) -> Any:
+        """A causal model's mean is taken here from its last hidden states (`FinalRows`),
+        not after the output layer: where the memory is a KV cache alone (a recurrent
+        state splits a decode by sequence, not in the batch's order)."""
+        if (self._final_off or not self._causal() or self.native.recurrent
+                or self.native.hybrid or self._pooling() != llama_cpp.LLAMA_POOLING_TYPE_MEAN):
+            return None
+        self.final = FinalRows()
+        return self.final.callback
+
+    def _means(self, ctx: llama_cpp.llama_context_p,
+               group: Sequence[Sequence[int]]) -> list[list[float]] | None:
+        """Each input's pooled vector after a decode of `group`: ours from its rows once they
+        were checked, llama.cpp's until then (and ours checked against it). None where ours
+        was to be used and the rows were not there: llama.cpp did not pool them."""
+        final = self.final
+        if final is None:
+            return [self._pooled(ctx, seq) for seq in range(len(group))]
+        ours = _row_means(final.take(), group, self._n_embd())
+        if final.skip:
+            return None if ours is None else [_finite(vector) for vector in ours]
+        theirs = [self._pooled(ctx, seq) for seq in range(len(group))]
+        if ours is not None and _same(ours, theirs):
+            final.skip = True
+        else:
+            self._final_off = True  # the context is made again without the callback
+        return theirs
+
     def _pooling(self) -> int:
         declared = llama_cpp.llama_pooling_type(self.native.ctx)
         if declared in (llama_cpp.LLAMA_POOLING_TYPE_MEAN, llama_cpp.LLAMA_POOLING_TYPE_CLS,
@@ -184,21 +230,37 @@ class Embedder(PooledContext):
         return [_normalised(vector) for vector in vectors]
 
     def _decode(self, group: Sequence[Sequence[int]]) -> list[list[float]]:
-        failed = "llama.cpp failed to compute the embedding"
         with self._lock:
-            ctx = self._context()
-            chunk = self._chunks()
-            if len(group) == 1 and chunk and len(group[0]) > chunk:
-                tokens = group[0]
-                self._clear(ctx)
-                total = [0.0] * self._n_embd()
-                for start in range(0, len(tokens), chunk):
-                    piece = tokens[start:start + chunk]
-                    _decode(ctx, [(0, start, piece)], True, failed)
-                    total = [t + len(piece) * v for t, v in zip(total, self._pooled(ctx, 0))]
-                return [[t / len(tokens) for t in total]]
-            self._read(ctx, group, failed)
-            return [self._pooled(ctx, seq) for seq in range(len(group))]
+            vectors = self._decode_once(group)
+            if vectors is None:  # our rows went missing: llama.cpp's own pooling from now on
+                self._final_off = True
+                vectors = self._decode_once(group)
+            if self._final_off and self.final is not None:
+                llama_cpp.llama_free(self._ctx)
+                self._ctx, self.final = None, None
+            assert vectors is not None  # (llama.cpp pools where `final` is off)
+            return vectors
+
+    def _decode_once(self, group: Sequence[Sequence[int]]) -> list[list[float]] | None:
+        failed = "llama.cpp failed to compute the embedding"
+        ctx = self._context()
+        if self.final is not None and self._final_off:
+            self.final.skip = False  # (llama.cpp's pooling until the context is made again)
+        chunk = self._chunks()
+        if len(group) == 1 and chunk and len(group[0]) > chunk:
+            tokens = group[0]
+            self._clear(ctx)
+            total = [0.0] * self._n_embd()
+            for start in range(0, len(tokens), chunk):
+                piece = tokens[start:start + chunk]
+                _decode(ctx, [(0, start, piece)], True, failed)
+                means = self._means(ctx, [piece])
+                if means is None:
+                    return None
+                total = [t + len(piece) * v for t, v in zip(total, means[0])]
+            return [[t / len(tokens) for t in total]]
+        self._read(ctx, group, failed)
+        return self._means(ctx, group)
 
     def _n_embd(self) -> int:
         return llama_cpp.llama_model_n_embd(self.native.model)
@@ -207,11 +269,80 @@ class Embedder(PooledContext):
         pooled = llama_cpp.llama_get_embeddings_seq(ctx, seq)
         if not pooled:
             raise EngineError("this model gave no pooled embedding")
-        vector = pooled[:self._n_embd()]
-        if not math.isfinite(sum(vector)):  # (a NaN or an infinity carries into the sum)
-            raise EngineError("this model gave an embedding that is not a number — its file "
-                              "is damaged, or its weights overflow")
-        return vector
+        return _finite(pooled[:self._n_embd()])
+
+
+def _finite(vector: list[float]) -> list[float]:
+    if not math.isfinite(sum(vector)):  # (a NaN or an infinity carries into the sum)
+        raise EngineError("this model gave an embedding that is not a number — its file "
+                          "is damaged, or its weights overflow")
+    return vector
+
+
+class FinalRows:
+    """A causal model's last hidden states, the rows its mean is taken over (the node of
+    the graph llama.cpp names `result_norm` and pools), copied out as llama.cpp computes
+    them (ggml's eval callback).
+
+    With embeddings on, llama.cpp makes every token an output and runs the output layer over
+    all of them before it pools: a row of vocabulary-wide logits a token that nobody reads
+    (SmolLM2's 49,152 x 576 is a fifth of its products a token). Once our mean of these rows
+    was seen to be llama.cpp's own pooled vector (`skip`, set by the embedder after its
+    first decode), the callback cancels the rest of the graph after them — ggml's contract:
+    a callback that returns false for a node it was given "cancels the graph compute" — and
+    the mean is ours. `computed_after`: the nodes of the last decode taken that llama.cpp
+    went on to compute after the rows (the output layer and the pooling; none when skipped)."""
+
+    NAME = b"result_norm"
+
+    def __init__(self) -> None:
+        self.skip = False
+        self.rows: list[numpy.ndarray | None] = []
+        self.after = 0  # (this decode's, so far)
+        self.computed_after = 0
+        self.callback = llama_cpp.ggml_backend_sched_eval_callback(self._on_node)
+
+    def take(self) -> list[numpy.ndarray | None]:
+        rows, self.rows = self.rows, []
+        self.computed_after, self.after = self.after, 0
+        return rows
+
+    def _on_node(self, tensor: int, ask: bool, _user_data: Any) -> bool:
+        try:
+            if ggml.tensor_name(tensor) != self.NAME:
+                self.after += bool(ask and self.rows)
+                return False
+            if ask:
+                return True
+            self.rows.append(ggml.tensor_floats(tensor))
+            return not self.skip
+        except BaseException:  # nothing raised into llama.cpp: rows that fail their check
+            self.rows.append(None)
+            return True
+
+
+def _row_means(rows: Sequence[numpy.ndarray | None], group: Sequence[Sequence[int]],
+               width: int) -> list[list[float]] | None:
+    """Each input's mean of the rows one decode of `group` copied out, its tokens in the
+    batch's order (one micro-batch: llama.cpp computes it in that order); None where the
+    rows are not one micro-batch's of `width` floats a token."""
+    count = sum(len(tokens) for tokens in group)
+    if len(rows) != 1 or rows[0] is None or rows[0].size != count * width:
+        return None
+    block = rows[0].reshape(count, width)
+    means, at = [], 0
+    for tokens in group:
+        means.append(block[at:at + len(tokens)].mean(axis=0, dtype=numpy.float64).tolist())
+        at += len(tokens)
+    return means
+
+
+def _same(ours: Sequence[Sequence[float]], theirs: Sequence[Sequence[float]]) -> bool:
+    """Two sets of pooled vectors equal within float rounding (llama.cpp sums in float32)."""
+    a, b = numpy.asarray(ours), numpy.asarray(theirs)
+    if a.shape != b.shape or not numpy.isfinite(a).all() or not numpy.isfinite(b).all():
+        return False
+    return bool(numpy.abs(a - b).max() <= 1e-3 * max(1.0, float(numpy.abs(b).max())))
 
 
 def _decode(ctx: llama_cpp.llama_context_p, pieces: Sequence[tuple[int, int, Sequence[int]]],

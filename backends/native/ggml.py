@@ -23,7 +23,7 @@ from localinfer.model_store.hardware import BackendLibrary, Device
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
            "ensure_loaded",
-           "library_dir", "route_llama_log", "route_mtmd_log"]
+           "library_dir", "route_llama_log", "route_mtmd_log", "tensor_floats", "tensor_name"]
 
 log = logging.getLogger("localinfer.llama_cpp")
 
@@ -125,7 +125,37 @@ def _ggml() -> ctypes.CDLL:
     lib.ggml_backend_dev_memory.restype = None
     lib.ggml_backend_load_all_from_path.argtypes = [ctypes.c_char_p]
     lib.ggml_backend_load_all_from_path.restype = None
+    lib.ggml_get_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_get_name.restype = ctypes.c_char_p
+    for fn in ("ggml_nbytes", "ggml_nelements"):
+        getattr(lib, fn).argtypes = [ctypes.c_void_p]
+    lib.ggml_nbytes.restype = ctypes.c_size_t
+    lib.ggml_nelements.restype = ctypes.c_int64
+    lib.ggml_is_contiguous.argtypes = [ctypes.c_void_p]
+    lib.ggml_is_contiguous.restype = ctypes.c_bool
+    lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                            ctypes.c_size_t]
+    lib.ggml_backend_tensor_get.restype = None
     return lib
+
+
+def tensor_name(tensor: int) -> bytes:
+    """The name llama.cpp gave a tensor of its graph (`result_norm`, `l_out-3`, ...)."""
+    return _ggml().ggml_get_name(tensor) or b""
+
+
+def tensor_floats(tensor: int) -> "numpy.ndarray | None":
+    """A computed tensor's values copied out of whichever device holds them, flat; None where
+    it is not a contiguous tensor of 32-bit floats."""
+    import numpy
+
+    lib = _ggml()
+    count, size = lib.ggml_nelements(tensor), lib.ggml_nbytes(tensor)
+    if count <= 0 or size != 4 * count or not lib.ggml_is_contiguous(tensor):
+        return None  # (int32 indices are 4 bytes too: the caller checks the shape it expects)
+    out = numpy.empty(count, dtype=numpy.float32)
+    lib.ggml_backend_tensor_get(tensor, out.ctypes.data, 0, size)
+    return out
 
 
 def library_dir() -> Path:

@@ -201,3 +201,54 @@ def test_an_embedding_models_context_is_in_its_plan_and_not_checked_again(monkey
         assert backend.embed("What do cats eat?")[1]
     finally:
         backend.close()
+
+
+def test_a_causal_models_mean_skips_its_output_layer_once_it_was_llama_cpps(smollm2_path):
+    """With embeddings on, llama.cpp runs the output layer over every token (vocabulary-wide
+    logits nobody reads) before it pools. The mean is taken from the rows it pools
+    (`FinalRows`): on the first decode beside llama.cpp's own pooling, and once the two
+    agree, the graph stops at those rows: the output layer and the pooling are not computed,
+    and the vectors are still llama.cpp's."""
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=1))
+    try:
+        texts = ["Cats hunt small animals.", "Dogs guard the house at night, " * 30]
+        first, _ = backend.embed_many(texts[:1])
+        final = backend.embedder.final
+        assert final is not None and final.skip
+        assert final.computed_after > 1  # checked: the output layer and the pooling ran
+        for text in texts:  # each alone (inputs sharing a decode sum in another order)
+            vector, _ = backend.embed(text)
+            assert final.computed_after == 0 and backend.embedder.final is final
+            want = _direct(backend, backend.tokenize(text), llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+            assert vector == pytest.approx(want, abs=1e-4)
+        assert backend.embed(texts[0])[0] == pytest.approx(first[0], abs=1e-6)
+    finally:
+        backend.close()
+
+
+def test_rows_that_are_not_what_llama_cpp_pools_are_never_served(smollm2_path, monkeypatch):
+    """Where the rows copied out are not what llama.cpp pools (another node: a model whose
+    last hidden states go by another name), its own pooling is served and the context is made
+    again without the callback; where they go missing once skipping (nothing pooled then),
+    the inputs are read again with llama.cpp's pooling. Never a vector of uncomputed memory."""
+    from localinfer.backends.native import embeddings
+
+    text = "Cats hunt small animals and sleep in the sun. " * 20  # a long one: chunk path too
+    for case in ("another node", "rows gone"):
+        backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=1))
+        try:
+            want = _direct(backend, backend.tokenize(text), llama_cpp.LLAMA_POOLING_TYPE_MEAN)
+            with monkeypatch.context() as patch:
+                if case == "another node":  # the last layer's output, before the final norm
+                    n_layer = llama_cpp.llama_model_n_layer(backend.native.model)
+                    patch.setattr(embeddings.FinalRows, "NAME", f"l_out-{n_layer - 1}".encode())
+                else:
+                    backend.embed_many(["a first input, checked"])
+                    assert backend.embedder.final.skip
+                    patch.setattr(embeddings.ggml, "tensor_floats", lambda tensor: None)
+                for _ in range(2):
+                    vector, _ = backend.embed(text)
+                    assert vector == pytest.approx(want, abs=1e-4), case
+                    assert backend.embedder.final is None
+        finally:
+            backend.close()
