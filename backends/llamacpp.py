@@ -288,8 +288,9 @@ class LlamaCppBackend(Backend):
         if info.embedding or info.rerank:
             return
         shape = dataclasses.replace(info.shape(), pooled="embed", pooled_ubatch=POOLED_UBATCH)
-        kv, compute = pooled_bytes(shape, self.embedder.n_ctx)
-        need = output_rows(shape, POOLED_UBATCH) if options.n_gpu_layers else kv + compute
+        kv, state, compute = pooled_bytes(shape, self.embedder.n_ctx)
+        need = (output_rows(shape, POOLED_UBATCH) if options.n_gpu_layers
+                else kv + state + compute)
         free = psutil.virtual_memory().available
         if need > free:
             raise ModelLoadFailed(

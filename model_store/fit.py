@@ -76,11 +76,11 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
     checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes."""
     shape = info.shape()
-    pooled_kv, pooled_compute = pooled_bytes(shape, n_ctx)
+    pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch) + pooled_kv
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots)) + pooled_compute
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
-                          shape.state_bytes(n_slots, snapshots),
+                          shape.state_bytes(n_slots, snapshots) + pooled_state,
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
                                                   swa_full))
 

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from localinfer.model_store.hardware import GPU
-from localinfer.model_store.shape import ModelShape
+from localinfer.model_store.shape import POOLED_SEQUENCES, ModelShape
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
            "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
@@ -132,18 +132,21 @@ def output_rows(shape: ModelShape, rows: int) -> int:
     return rows * (shape.n_vocab + shape.n_embd) * 4
 
 
-def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int]:
-    """The KV and compute buffer of an embedder's or reranker's pooled context (none for a
-    chat model): its KV F16 with sliding-window layers full size, as llama.cpp's defaults
-    make it; its compute buffer, reserved for every token of a micro-batch an output; and
-    its output rows, vocabulary-wide logits and an embedding each: one an input where the
-    pooling reads the last token, else every token of a decode (a micro-batch's where a
-    causal model's mean is read a micro-batch a decode)."""
+def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int, int]:
+    """The KV, recurrent state and compute buffer of an embedder's or reranker's pooled
+    context (none for a chat model): its KV F16 with sliding-window layers full size, as
+    llama.cpp's defaults make it; a recurrent state for each of the POOLED_SEQUENCES inputs a
+    decode may hold (a hybrid's or a recurrent model's); its compute buffer, reserved for
+    every token of a micro-batch an output; and its output rows, vocabulary-wide logits and
+    an embedding each: one an input where the pooling reads the last token, else every token
+    of a decode (a micro-batch's where a causal model's mean is read a micro-batch a
+    decode)."""
     cells = shape.pooled_cells(n_ctx)
     if not cells:
-        return 0, 0
+        return 0, 0, 0
     ubatch = min(cells, shape.pooled_ubatch or cells)
     return (shape.kv_bytes(cells, 1, "f16", True, ubatch),
+            shape.state_bytes(POOLED_SEQUENCES),
             compute_buffer(shape, cells, ubatch, ubatch)
             + output_rows(shape, shape.pooled_outputs or ubatch))
 
@@ -215,8 +218,8 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
-    pooled_kv, pooled_compute = pooled_bytes(shape, n_ctx)  # (with the layers, as the KV)
-    kv, compute = kv + pooled_kv, compute + pooled_compute
+    pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)  # (with the layers)
+    kv, state, compute = kv + pooled_kv, state + pooled_state, compute + pooled_compute
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked
     usable = sorted(gpus, key=free_memory, reverse=True)  # the card with the most room first

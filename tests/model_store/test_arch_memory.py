@@ -18,7 +18,7 @@ from localinfer.model_store.fit import estimate_memory
 from localinfer.model_store.gguf_info import read_gguf_info
 from localinfer.model_store.hardware import GPU
 from localinfer.model_store.planner import WontFit, plan
-from localinfer.model_store.shape import swa_cells
+from localinfer.model_store.shape import POOLED_SEQUENCES, swa_cells
 from localinfer.service import prepare
 from localinfer.settings import Settings
 
@@ -297,3 +297,34 @@ def test_the_plan_counts_the_pooled_context_an_embedder_or_reranker_makes(which,
     assert with_pooled["kv_cache"] - alone["kv_cache"] == pytest.approx(kv, abs=_ROUNDING)
     planned = with_pooled["compute"] - alone["compute"]
     assert compute - _ROUNDING <= planned <= 2 * compute + 64 * _MIB
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_a_pooled_context_keeps_a_recurrent_state_per_input_it_reads_at_once(arch, caplog):
+    """A hybrid's or a recurrent model's pooled context (its embeddings') holds a recurrent
+    state for each input a decode may read (POOLED_SEQUENCES): counted in the plan of an
+    embedding model, and in what a chat model checks is free before it embeds."""
+    from localinfer.backends.llamacpp import LlamaCppBackend
+    from localinfer.model_store.planner import pooled_bytes
+    from localinfer.model_store.shape import POOLED_UBATCH
+
+    path = arch_model(arch)
+    shape = dataclasses.replace(read_gguf_info(path).shape(), pooled="embed",
+                                pooled_ubatch=POOLED_UBATCH)
+    _kv, state, _compute = pooled_bytes(shape, 512)
+    assert state == shape.state_bytes(1) * POOLED_SEQUENCES > 0
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=512, n_slots=1))
+    try:
+        caplog.set_level(logging.DEBUG, logger="localinfer.llama_cpp")
+        caplog.clear()
+        backend.embed_many(["What do cats eat?"])
+        text = caplog.text
+    finally:
+        backend.close()
+    allocated = sum(float(m) for m in re.findall(r"RS buffer size =\s+([\d.]+) MiB", text))
+    assert _near(state, allocated * _MIB), (state / _MIB, allocated)
+    files = {"Q8_0": 64 << 20}
+    with_pooled = plan(shape, files, [], 20 << 30, n_ctx=512).parts["recurrent_state"]
+    alone = plan(dataclasses.replace(shape, pooled=""), files, [], 20 << 30,
+                 n_ctx=512).parts["recurrent_state"]
+    assert with_pooled - alone == state
