@@ -316,6 +316,11 @@ def show(
                                for k, v in plan_dict["memory"].items() if v)
             print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
         for place in plan_dict.get("placement") or []:
+            if place["index"] is None and not (place["layers"] or place["experts"]
+                                               or place["kv_cache"]):
+                print(f"    {place['device']}: the input embeddings, "
+                      f"{place['weights'] / 2**30:.2f} GiB")
+                continue
             state = (f"recurrent state {place['recurrent_state'] / 2**30:.2f}, "
                      if place["recurrent_state"] else "")
             experts = (f"; experts of layers {_ranges(place['experts'])}, "

@@ -146,13 +146,12 @@ def prepare(
     if chosen is not None:
         # in RAM: the input embeddings of an untied model, the layers the GPU cannot take
         # and the context checkpoints (of memory_bytes, never of gpu_bytes)
-        in_ram = info.file_size - info.shape().gpu_weights(info.file_size)
         # (this machine's memory only: a worker's is the worker's, and it serves one model)
         use = {p.index: p.total for p in chosen.placement if p.index is not None
                and not p.remote}
         if use:  # a draft model goes on the main GPU; with workers alone, into RAM
             use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + beside
-        ram = in_ram + chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
+        ram = chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,

@@ -67,6 +67,7 @@ class GGUFInfo:
     n_embd: int = 0
     n_params: int = 0
     separate_output: bool = False
+    input_embd_bytes: int = 0  # token_embd.weight's bytes, as its type stores them
     # an embedding model: a pooling type in its header (BERT's kin, Qwen3-Embedding, …)
     embedding: bool = False
     # a reranker (a cross-encoder, which scores a query and a document read together): rank
@@ -112,6 +113,8 @@ class GGUFInfo:
         same tensor (tied), which then goes to the GPU with the output layer."""
         if not self.separate_output or not self.n_params:
             return 0.0
+        if self.input_embd_bytes and self.file_size:  # (its own type: Q8_0 beside MXFP4)
+            return self.input_embd_bytes / self.file_size
         return self.n_vocab * self.n_embd / self.n_params
 
     def kv_bytes_per_token(self, kv_type: str = "f16") -> float:
@@ -203,6 +206,7 @@ class _Header:
     expert_bytes: dict[int, int]  # layer → bytes of its expert tensors
     classifier: bool = False  # a classification head (cls.output.weight): a reranker's
     head: bool = False  # any head rank pooling reads (cls.weight or cls.output.weight)
+    input_embd_bytes: int = 0  # token_embd.weight's
 
 
 def _read_header(buf: mmap.mmap, size: int) -> _Header:
@@ -217,7 +221,7 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
         key = cur.string()
         meta[key] = cur.value(cur.scalar("<I"))
     data_end, n_params, separate_output, experts, classifier = 0, 0, False, {}, False
-    head = False
+    head, input_embd = False, 0
     for _ in range(n_tensors):
         name = cur.string()
         separate_output |= name == "output.weight"
@@ -236,6 +240,8 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
         block, type_size = gguf.GGML_QUANT_SIZES[qtype]
         n_bytes = math.prod(dims) // block * type_size
         data_end = max(data_end, offset + n_bytes)
+        if name == "token_embd.weight":
+            input_embd = n_bytes
         expert = _EXPERTS.match(name)
         if expert:
             layer = int(expert[1])
@@ -248,7 +254,7 @@ def _read_header(buf: mmap.mmap, size: int) -> _Header:
     if n_tensors == 0:
         raise ValueError("it holds no tensors")
     return _Header(meta, data_start + data_end, n_params, separate_output, experts, classifier,
-                   head)
+                   head, input_embd)
 
 
 def _count(key: str, value: Any, default: int) -> int:
@@ -328,6 +334,7 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         raise InvalidModelFile(str(path), "it is not the first part of its split model — "
                                           "load the part named -00001-of-")
     size, n_params, separate = info.file_size, info.n_params, info.separate_output
+    input_embd = info.input_embd_bytes
     experts, rerank, head = list(info.expert_bytes), info.rerank, info.head
     for number, part in enumerate(part_paths(Path(path), count)[1:], start=2):
         if not part.is_file():
@@ -337,13 +344,14 @@ def read_gguf_info(path: str | os.PathLike[str]) -> GGUFInfo:
         other, _ = _read_part(part)
         size, n_params = size + other.file_size, n_params + other.n_params
         separate |= other.separate_output
+        input_embd += other.input_embd_bytes  # (in one part of them)
         rerank |= other.rerank  # (its head may be in any part)
         head |= other.head
         experts = [a + b for a, b in itertools.zip_longest(experts, other.expert_bytes,
                                                            fillvalue=0)]
     return _with_head(dataclasses.replace(
         info, file_size=size, n_params=n_params, separate_output=separate,
-        expert_bytes=tuple(experts), rerank=rerank, head=head,
+        input_embd_bytes=input_embd, expert_bytes=tuple(experts), rerank=rerank, head=head,
         embedding=info.embedding and not rerank))
 
 
@@ -530,6 +538,7 @@ def _facts(path: Path, size: int, header: _Header) -> GGUFInfo:
         n_embd=n_embd,
         n_params=header.n_params,
         separate_output=header.separate_output,
+        input_embd_bytes=header.input_embd_bytes,
         embedding=not rerank and (bool(pooling) or arch in _ENCODERS),
         rerank=rerank,
         head=header.head,

@@ -83,9 +83,9 @@ class Plan:
     # weights, kv_cache, recurrent_state (where the model has recurrent layers),
     # checkpoints (its slots' context checkpoints, where it keeps any: always in RAM),
     # compute (llama.cpp's buffers), runtime (the GPU backend's own overhead), margin
-    # (fragmentation), in bytes: on a GPU plan, what the GPU takes with every layer on it
-    # (the input embeddings of an untied model stay in RAM) and the checkpoints; on the
-    # CPU, RAM
+    # (fragmentation), in bytes: every device's, RAM's included (on a GPU plan, the input
+    # embeddings of an untied model and the layers the GPUs do not take, and the
+    # checkpoints)
     parts: dict[str, int] = field(default_factory=dict)
     gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs (never the checkpoints)
     # per device: each GPU used, then RAM where layers stay there
@@ -195,7 +195,25 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
             raise WontFit(f"{exc} (after {held / _GIB:.2f} GiB of context checkpoints: "
                           f"fewer with --ctx-checkpoints or --ctx-checkpoint-mib)") from None
         raise
-    return _with_checkpoints(chosen, held)
+    return _with_checkpoints(_with_input_embeddings(chosen, shape, files), held)
+
+
+def _with_input_embeddings(chosen: Plan, shape: ModelShape, files: Mapping[str, int]) -> Plan:
+    """A GPU plan with an untied model's input embeddings where llama.cpp keeps them
+    whatever the layers: in RAM (mapped from the file, looked up a row at a time), on the
+    RAM row of its placement (one of no layers where every layer is on a GPU)."""
+    embd = files[chosen.quant] - shape.gpu_weights(files[chosen.quant])
+    if not chosen.n_gpu_layers or embd <= 0:
+        return chosen
+    rows = list(chosen.placement)
+    at = next((i for i, p in enumerate(rows) if p.index is None), None)
+    if at is None:
+        rows.append(Placement("RAM", None, 0, embd, 0, 0, 0, 0))
+    else:
+        rows[at] = replace(rows[at], weights=rows[at].weights + embd)
+    parts = {**chosen.parts, "weights": chosen.parts["weights"] + embd}
+    return replace(chosen, placement=tuple(rows), parts=parts,
+                   memory_bytes=chosen.memory_bytes + embd)
 
 
 def _with_checkpoints(chosen: Plan, held: int) -> Plan:
@@ -267,7 +285,8 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
                 spread = _spread(shape, weights, kv + state, compute, usable, layers,
                                  alone=True)
                 layers -= spread is None
-            in_ram = (shape.n_layer - layers) * per_layer
+            # (and the input embeddings of an untied model, whatever the layers)
+            in_ram = (shape.n_layer - layers) * per_layer + files[quant] - weights
             if spread is None or in_ram + _margin(int(in_ram)) > ram_available:
                 continue
             on = "the GPU" if len(spread) == 1 else _names(spread)
@@ -486,7 +505,8 @@ def _experts_out(shape: ModelShape, quant: str, file_size: int, gpu: GPU, ram_av
     in_gpu = sum(experts[:back])
     in_ram = sum(experts) - in_gpu + dense - on_gpu[0]
     ram_context = kv - on_gpu[1] + state - on_gpu[2]
-    if in_ram + ram_context + _margin(in_ram + ram_context) > ram_available:
+    held = in_ram + ram_context + file_size - weights  # (the input embeddings: there too)
+    if held + _margin(held) > ram_available:
         return None
     device_weights = on_gpu[0] + in_gpu
     placement = (

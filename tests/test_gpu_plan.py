@@ -252,6 +252,9 @@ def test_show_places_gpt_oss_120b_on_gpus_of_8_16_and_24_gib():
         assert ram["experts"] == facts["plan"]["cpu_experts"] == list(range(len(gpu["experts"]),
                                                                              36))
         assert gpu["total"] <= gib * 2**30 and ram["total"] <= 64 * 2**30
+        # in RAM with its experts: the input embeddings, Q8_0 (0.57 GiB, where a share of the
+        # parameters would say half of it: the experts beside them are 4-bit)
+        assert ram["weights"] == ram["expert_bytes"] + 201088 * 2880 // 32 * 34
         full_layers = 18 * 8 * 64 * 2 * 2 * 8192  # K and V, f16, of the 18 full layers
         assert full_layers < gpu["kv_cache"] < full_layers * 1.2  # (not 2x: windows)
         on_gpu.append(len(gpu["experts"]))
@@ -276,7 +279,10 @@ def test_show_says_what_a_hybrid_keeps():
     one = facts["recurrent_state_bytes_per_slot"] + 28 + 24 * 24
     assert memory["checkpoints"] == 2 * 5 * one
     plan = facts["plan"]
-    assert plan["memory_bytes"] - plan["gpu_bytes"] == memory["checkpoints"]
+    # in RAM: the checkpoints, and the input embeddings (Qwen3.5's are untied), on a row
+    ram = [p for p in plan["placement"] if p["index"] is None]
+    assert len(ram) == 1 and ram[0]["layers"] == 0 and ram[0]["weights"] > 0
+    assert plan["memory_bytes"] - plan["gpu_bytes"] == memory["checkpoints"] + ram[0]["weights"]
     text = subprocess.run([sys.executable, "-m", "localinfer", "show",
                            str(plan_model("qwen3.5-9b")), "--gpu", "24GiB", "--ctx", "32768",
                            "--parallel", "2"], capture_output=True, text=True, timeout=120)

@@ -99,10 +99,12 @@ def test_the_input_embeddings_of_an_untied_model_stay_off_the_gpu(tmp_path):
     untied = _tiny_gguf(tmp_path / "untied.gguf", separate_output=True)
     tied = _tiny_gguf(tmp_path / "tied.gguf", separate_output=False)
     assert untied.n_params == 2 * 64_000 + 64 * 64 and tied.n_params == 64_000 + 64 * 64
-    assert untied.input_embd_share() == pytest.approx(64_000 / untied.n_params)
+    # their bytes as their type stores them (F32 here), of the file's
+    assert untied.input_embd_bytes == 64_000 * 4
+    assert untied.input_embd_share() == 64_000 * 4 / untied.file_size
     assert tied.input_embd_share() == 0
     shape = untied.shape()
-    assert shape.gpu_weights(1_000_000) == int(1_000_000 * (1 - 64_000 / untied.n_params))
+    assert shape.gpu_weights(1_000_000) == int(1_000_000 * (1 - 256_000 / untied.file_size))
 
 
 def _pooled(path, arch: str, pooling: int | None, head: bool):

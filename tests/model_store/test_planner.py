@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from localinfer.model_store.hardware import GPU, apple_gpu_share
-from localinfer.model_store.planner import ModelShape, WontFit, plan
+from localinfer.model_store.planner import ModelShape, Placement, WontFit, plan
 from localinfer.model_store.shape import Layer
 
 GB = 10**9
@@ -48,7 +48,12 @@ def test_quant_choice_per_machine(gpu, ram_gib, quant, device, layers):
     assert chosen.n_ctx == 8192 and chosen.reason
     budget = (gpu.free_bytes or gpu.total_bytes) if gpu and layers == 33 else ram_gib * GIB
     if layers in (0, 33):
-        assert chosen.memory_bytes <= budget
+        assert (chosen.gpu_bytes if layers else chosen.memory_bytes) <= budget
+    if layers == 33:  # Llama 3.1 is untied: its input embeddings stay in RAM, a row of their own
+        embd = FILES_8B[quant] - LLAMA31_8B.gpu_weights(FILES_8B[quant])
+        assert chosen.placement[-1] == Placement("RAM", None, 0, embd, 0, 0, 0, 0)
+        assert chosen.memory_bytes == chosen.gpu_bytes + embd
+        assert chosen.parts["weights"] == FILES_8B[quant]
 
 
 def test_a_longer_context_pushes_to_a_smaller_quant():
@@ -144,9 +149,14 @@ def test_several_gpus(model, files, gpus, ram_gib, quant, layers, split):
     assert chosen.split_mode == ("layer" if len(layers) > 1 else "none")
     assert chosen.main_gpu == next(iter(layers))
     free = {g.index: g.free_bytes for g in gpus}
-    for device in chosen.placement:  # each device's share within its free memory
+    on_gpu = [d for d in chosen.placement if d.index is not None]
+    for device in on_gpu:  # each device's share within its free memory
         assert device.total <= free[device.index], device
-    assert chosen.gpu_bytes == sum(d.total for d in chosen.placement)
+    assert chosen.gpu_bytes == sum(d.total for d in on_gpu)
+    # the input embeddings of an untied model (every one here): in RAM, on a row of no layers
+    embd = files[quant] - model.gpu_weights(files[quant])
+    assert chosen.placement[len(on_gpu):] == ((Placement("RAM", None, 0, embd, 0, 0, 0, 0),)
+                                              if embd else ())
 
 
 def test_what_the_gpus_cannot_take_stays_in_ram():
@@ -224,14 +234,14 @@ def test_a_gpu_head_keeps_a_model_that_fits_its_gpu_and_spreads_one_that_does_no
     card = GPU("nvidia", 0, "NVIDIA GeForce RTX 4090", 24564 * 2**20, 23552 * 2**20, "cuda")
     remote = worker(1, 24, 23, "CUDA0")
     fits = plan(LLAMA31_8B, FILES_8B, [card, remote], 64 * GIB, n_ctx=8192)
-    assert fits.device == "cuda" and [p.index for p in fits.placement] == [0], fits.reason
+    assert fits.device == "cuda" and [p.index for p in fits.placement] == [0, None], fits.reason
     # a 70B-sized model: the 4090 and the worker's card together
     big = ModelShape(n_layer=80, n_head_kv=8, head_dim_k=128, head_dim_v=128, n_vocab=128256,
                      n_ctx_train=131072, n_embd=8192, input_embd_share=0.015)
     files = {"Q8_0": int(75.0 * GB), "Q4_K_M": int(42.5 * GB), "IQ2_XS": int(21.1 * GB)}
     spread = plan(big, files, [card, remote], 64 * GIB, n_ctx=4096)
     assert spread.quant == "Q4_K_M" and spread.split_mode == "layer", spread.reason
-    assert {p.index for p in spread.placement} == {0, 1}
+    assert {p.index for p in spread.placement} == {0, 1, None}  # (None: the input embeddings)
     assert len(spread.tensor_split) == 2 and all(spread.tensor_split)
 
 
