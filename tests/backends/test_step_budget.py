@@ -168,3 +168,46 @@ def test_a_step_stays_near_its_time_target_while_a_stream_runs(smollm2_path):
     assert len(with_prompt) >= 3 or whole_chunks_fit, with_prompt
     typical = statistics.median(s for s, _, _ in with_prompt)
     assert typical <= 0.5, (typical, with_prompt)  # 0.2 s, with room for a loaded machine
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2", "gemma3", "qwen3moe"])
+def test_every_architecture_answers_right_from_a_prompt_read_in_the_smallest_pieces(arch):
+    """Hybrid (checkpoints chosen before each piece), recurrent, sliding-window and MoE
+    models: a long prompt read beside a running stream in the smallest pieces a time target
+    cuts (a target far below any step: PIECE_FLOOR tokens a piece), its recurrent state,
+    window and experts carried from piece to piece. Both replies follow a reference decode
+    of their own prompt."""
+    from ..families import arch_model
+    from ..greedy import Reference
+
+    path = arch_model(arch)
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_ms=1))
+    steps: list[tuple[float, int, int]] = []
+    try:
+        bias = eog_ban(backend.native)
+        first = backend.tokenize("Count from one to one hundred: one,")
+        # (long enough to run beside every piece; a random model's longer replies come to
+        # bytes that are no text, which the reference cannot walk)
+        running = backend.generate(first, SamplingParams(temperature=0, max_tokens=48,
+                                                         logit_bias=bias))
+        events = iter(running)
+        text = [next(events).text for _ in range(8)]  # under way
+        backend.engine.on_step = lambda s, d, p: steps.append((s, d, p))
+        long_prompt = backend.tokenize("The history of the lighthouse. " * 50)
+        reply = backend.generate(long_prompt, SamplingParams(temperature=0, max_tokens=6,
+                                                             logit_bias=bias)).text()
+        backend.engine.on_step = None
+        text += [event.text for event in events if isinstance(event, TokenEvent)]
+    finally:
+        backend.close()
+    pieces = [p for _, d, p in steps if p and d]  # read beside the running stream
+    assert sum(p for _, _, p in steps) == len(long_prompt) and len(pieces) >= 4, steps
+    # (the tail may be cut short twice: by the prompt's end, and before it where a hybrid
+    # saves its checkpoint of the prompt's end)
+    assert all(p >= PIECE_FLOOR for p in pieces[:-2]), steps
+    reference = Reference(path)
+    try:
+        reference.follows(long_prompt, reply, "length", ban=bias)
+        reference.follows(first, "".join(text), "length", ban=bias)
+    finally:
+        reference.close()
