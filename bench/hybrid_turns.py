@@ -30,33 +30,13 @@ from pathlib import Path
 
 import harness
 from clients import growing_chat
-from random_gguf import ARCH_SHAPES, read_tokenizer, write_arch
+from random_gguf import qwen35_chat_model
 
 CTX = 8192
 MODEL = "qwen3.5-0.8b-random"  # the file's stem: localinfer's name for it
 TURNS = 6
 SERVERS = ("llama-server", "localinfer")
 VARIANTS = {"thinking off": False, "thinking on": True}
-
-
-def model_file(source: Path, folder: Path) -> Path:
-    """The Qwen3.5-0.8B shape with the tokenizer of llama.cpp's qwen2 vocabulary file and
-    Qwen3.5's chat template."""
-    import gguf
-
-    tokenizer = read_tokenizer(source / "models" / "ggml-vocab-qwen2.gguf")
-    template = (source / "models" / "templates" / "Qwen3.5-4B.jinja").read_text()
-    tokenizer["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, None)
-    tokens, *kind = tokenizer["tokenizer.ggml.tokens"]
-    types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
-    tokens, types = list(tokens), list(types)
-    for token_id, text in {151667: "<think>", 151668: "</think>"}.items():
-        tokens[token_id], types[token_id] = text, 4  # the file pads Qwen's added tokens
-    tokenizer["tokenizer.ggml.tokens"] = (tokens, *kind)
-    tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
-    path = folder / f"{MODEL}.gguf"
-    write_arch(ARCH_SHAPES["qwen3.5-0.8b"], path, tokenizer, "random qwen3.5-0.8b Q8_0")
-    return path
 
 
 def main() -> None:
@@ -67,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     source = args.source or args.llama_server.resolve().parents[2]
     with tempfile.TemporaryDirectory() as home:
-        model = model_file(source, Path(home))
+        model = qwen35_chat_model(source, Path(home) / f"{MODEL}.gguf")
         servers = harness.start_servers({
             "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)], ["-m", str(model), "-np", "1", "-c", str(CTX),

@@ -704,6 +704,26 @@ def fast_step_model(folder: Path) -> Path:
     return path
 
 
+def qwen35_chat_model(source: Path, out: Path) -> Path:
+    """The Qwen3.5-0.8B shape (random Q8_0) with the tokenizer of llama.cpp's qwen2
+    vocabulary file and Qwen3.5's chat template, written to `out`; `source`: llama.cpp's
+    source tree (the sdist's vendor/llama.cpp)."""
+    import gguf
+
+    tokenizer = read_tokenizer(source / "models" / "ggml-vocab-qwen2.gguf")
+    template = (source / "models" / "templates" / "Qwen3.5-4B.jinja").read_text()
+    tokenizer["tokenizer.chat_template"] = (template, gguf.GGUFValueType.STRING, None)
+    tokens, *kind = tokenizer["tokenizer.ggml.tokens"]
+    types, *type_kind = tokenizer["tokenizer.ggml.token_type"]
+    tokens, types = list(tokens), list(types)
+    for token_id, text in {151667: "<think>", 151668: "</think>"}.items():
+        tokens[token_id], types[token_id] = text, 4  # the file pads Qwen's added tokens
+    tokenizer["tokenizer.ggml.tokens"] = (tokens, *kind)
+    tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
+    write_arch(ARCH_SHAPES["qwen3.5-0.8b"], out, tokenizer, "random qwen3.5-0.8b Q8_0")
+    return out
+
+
 def write_tokenizer_only(out: Path, tokenizer: dict) -> None:
     """A tensorless GGUF that only carries a tokenizer (input for --tokenizer elsewhere)."""
     import gguf
