@@ -4,15 +4,17 @@ and without, the same reply.
 Random weights write text no prompt holds, so no guess is ever right and prompt lookup only
 pays its checks. The model here copies: it is the Qwen3.5-0.8B shape of bench/hybrid_turns.py
 (random Q8_0 weights, Gated DeltaNet layers with one attention layer in four) with every
-projection that writes into the residual stream zeroed (attn_output, ssm_out, ffn_down):
-each layer still computes at full cost, its recurrent state and KV still kept, but the next
-token is a function of the last. Its greedy reply to a "code edit" — a prompt that holds a
+projection that writes into the residual stream zeroed (attn_output, ssm_out, ffn_down) and
+an output layer of its own whose rows are the input embeddings in another order: each layer
+still computes at full cost, its recurrent state and KV still kept, but the next token is a
+function of the last, a chain through the vocabulary that runs long before it repeats. Its greedy reply to a "code edit" — a prompt that holds a
 text S and then begins S again — goes on with the rest of S, as an edit repeats the code it
 was given. Prompt lookup guesses it from the prompt; llama.cpp's rollback snapshots (n_rs_seq,
 one per guess) take the hybrid's state back where a guess is wrong.
 
-Runs alternate (plain, prompt lookup) in one process, greedy; tok/s is the reply's tokens
-over the time from its first token to its last (prefill apart: both read the same prompt).
+Runs alternate (plain, prompt lookup), greedy, one model loaded at a time in one process;
+tok/s is the reply's tokens over the time from its first token to its last (prefill apart:
+both read the same prompt, cached by a first short reply).
 The replies are checked identical. What this model cannot show: whether a wrong guess's
 rollback restores the state right (its output ignores the state); tests/backends/
 test_speculative.py checks that on random weights that do not copy.
@@ -41,17 +43,25 @@ _WRITERS = ("attn_output.weight", "ssm_out.weight", "ffn_down.weight", "ffn_down
             "ffn_down_shexp.weight")
 
 
-def copying(path: Path) -> int:
-    """Zero the tensors of `path` that write into the residual stream, in place: the tensors
-    zeroed."""
+def copying(path: Path, seed: int = 0) -> int:
+    """Make the untied model at `path` copy, in place: zero the tensors that write into the
+    residual stream (the next token then depends on the last alone), the final norm's
+    weights ones, and each output row another token's input embedding (row j: token σ(j)'s,
+    σ a random permutation), so that the last token t gives σ⁻¹(t): a chain through the
+    vocabulary that runs long before it repeats. The tensors zeroed."""
     import gguf
+    import numpy as np
 
     reader = gguf.GGUFReader(path, "r+")
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
     zeroed = 0
-    for tensor in reader.tensors:
-        if tensor.name.endswith(_WRITERS):
+    for name, tensor in tensors.items():
+        if name.endswith(_WRITERS):
             tensor.data[...] = 0  # (zero bytes: a zero scale for every Q8_0 block)
             zeroed += 1
+    tensors["output_norm.weight"].data[...] = 1.0
+    embd, out = tensors["token_embd.weight"].data, tensors["output.weight"].data
+    out[...] = embd[np.random.default_rng(seed).permutation(len(embd))]
     reader.data.flush()
     return zeroed
 
@@ -85,30 +95,39 @@ def main() -> None:
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"plain": [], "prompt lookup": []}
     with tempfile.TemporaryDirectory() as home:
-        path = qwen35_chat_model(args.source, Path(home) / "qwen3.5-0.8b-copying.gguf")
+        path = qwen35_chat_model(args.source, Path(home) / "qwen3.5-0.8b-copying.gguf",
+                                 tied_output=False)  # (its output rows: copying's)
         zeroed = copying(path)
-        plain = LlamaCppBackend(path, LoadOptions(n_ctx=2048, n_slots=1, n_gpu_layers=0),
-                                name="qwen3.5-0.8b")
-        fast = LlamaCppBackend(path, LoadOptions(n_ctx=2048, n_slots=1, n_gpu_layers=0,
-                                                 draft_tokens=args.draft), name="qwen3.5-0.8b")
+
+        def load(draft: int) -> LlamaCppBackend:
+            return LlamaCppBackend(path, LoadOptions(n_ctx=2048, n_slots=1, n_gpu_layers=0,
+                                                     draft_tokens=draft), name="qwen3.5-0.8b")
+
+        first = load(0)
         try:
-            seed = plain.tokenize("def add(a, b):\n    return a + b\n", add_special=False)
-            text = seed + _chain(plain, seed, args.text_tokens)
-            begin = len(text) // 4
-            prompt = text + text[:begin]  # S, then S begun again: the reply goes on with S
-            replies, stats = {}, None
-            for rep in range(args.reps):
-                pair = (("plain", plain), ("prompt lookup", fast))
-                for name, backend in pair if rep % 2 == 0 else pair[::-1]:
-                    reply, tps, got = _reply(backend, prompt, args.max_tokens)
-                    runs[name].append(tps)
-                    replies.setdefault(name, reply)
-                    if name == "prompt lookup":
-                        stats = got
-                    print(rep, name, f"{tps:.1f} tok/s", flush=True)
+            seed = first.tokenize("def add(a, b):\n    return a + b\n", add_special=False)
+            text = seed + _chain(first, seed, args.text_tokens)
         finally:
-            plain.close()
-            fast.close()
+            first.close()
+        begin = len(text) // 4
+        prompt = text + text[:begin]  # S, then S begun again: the reply goes on with S
+        replies, stats = {}, None
+        for rep in range(args.reps):
+            pair = (("plain", 0), ("prompt lookup", args.draft))
+            for name, draft in pair if rep % 2 == 0 else pair[::-1]:
+                # one model loaded at a time: two engines in one process would each decode
+                # with an OpenMP team of its own, and every barrier of both then sleeps
+                backend = load(draft)
+                try:
+                    _reply(backend, prompt, 4)  # the prompt read (cached for the next)
+                    reply, tps, got = _reply(backend, prompt, args.max_tokens)
+                finally:
+                    backend.close()
+                runs[name].append(tps)
+                replies.setdefault(name, reply)
+                if name == "prompt lookup":
+                    stats = got
+                print(rep, name, f"{tps:.1f} tok/s", flush=True)
     same = replies["plain"] == replies["prompt lookup"]
     med = {name: statistics.median(values) for name, values in runs.items()}
     ratios = [b / a for a, b in zip(runs["plain"], runs["prompt lookup"])]

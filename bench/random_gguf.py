@@ -28,6 +28,7 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -704,10 +705,11 @@ def fast_step_model(folder: Path) -> Path:
     return path
 
 
-def qwen35_chat_model(source: Path, out: Path) -> Path:
+def qwen35_chat_model(source: Path, out: Path, **changes: Any) -> Path:
     """The Qwen3.5-0.8B shape (random Q8_0) with the tokenizer of llama.cpp's qwen2
     vocabulary file and Qwen3.5's chat template, written to `out`; `source`: llama.cpp's
-    source tree (the sdist's vendor/llama.cpp)."""
+    source tree (the sdist's vendor/llama.cpp); `changes` to the shape (ArchShape's
+    fields)."""
     import gguf
 
     tokenizer = read_tokenizer(source / "models" / "ggml-vocab-qwen2.gguf")
@@ -720,7 +722,8 @@ def qwen35_chat_model(source: Path, out: Path) -> Path:
         tokens[token_id], types[token_id] = text, 4  # the file pads Qwen's added tokens
     tokenizer["tokenizer.ggml.tokens"] = (tokens, *kind)
     tokenizer["tokenizer.ggml.token_type"] = (types, *type_kind)
-    write_arch(ARCH_SHAPES["qwen3.5-0.8b"], out, tokenizer, "random qwen3.5-0.8b Q8_0")
+    write_arch(dataclasses.replace(ARCH_SHAPES["qwen3.5-0.8b"], **changes), out, tokenizer,
+               "random qwen3.5-0.8b Q8_0")
     return out
 
 
