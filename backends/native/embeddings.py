@@ -183,10 +183,10 @@ class Embedder(PooledContext):
         if final.skip:
             return None if ours is None else [_finite(vector) for vector in ours]
         theirs = [self._pooled(ctx, seq) for seq in range(len(group))]
-        if ours is not None and _same(ours, theirs):
+        if ours is not None and not self._final_off and _same(ours, theirs):
             final.skip = True
-        else:
-            self._final_off = True  # the context is made again without the callback
+        else:  # (off once off: the context is made again without the callback)
+            self._final_off = True
         return theirs
 
     def _pooling(self) -> int:
@@ -238,7 +238,8 @@ class Embedder(PooledContext):
             if self._final_off and self.final is not None:
                 llama_cpp.llama_free(self._ctx)
                 self._ctx, self.final = None, None
-            assert vectors is not None  # (llama.cpp pools where `final` is off)
+            if vectors is None:  # (cannot be: with `final` off, llama.cpp pools)
+                raise EngineError("llama.cpp failed to compute the embedding")
             return vectors
 
     def _decode_once(self, group: Sequence[Sequence[int]]) -> list[list[float]] | None:

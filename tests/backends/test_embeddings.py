@@ -230,11 +230,12 @@ def test_rows_that_are_not_what_llama_cpp_pools_are_never_served(smollm2_path, m
     """Where the rows copied out are not what llama.cpp pools (another node: a model whose
     last hidden states go by another name), its own pooling is served and the context is made
     again without the callback; where they go missing once skipping (nothing pooled then),
-    the inputs are read again with llama.cpp's pooling. Never a vector of uncomputed memory."""
+    the inputs are read again with llama.cpp's pooling, and the rows are not trusted again
+    (the read again checks them, and does not skip). Never a vector of uncomputed memory."""
     from localinfer.backends.native import embeddings
 
-    text = "Cats hunt small animals and sleep in the sun. " * 20  # a long one: chunk path too
-    for case in ("another node", "rows gone"):
+    text = "Cats hunt small animals and sleep in the sun. " * 50  # past a micro-batch: chunks
+    for case in ("another node", "rows gone", "rows gone once"):
         backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=1))
         try:
             want = _direct(backend, backend.tokenize(text), llama_cpp.LLAMA_POOLING_TYPE_MEAN)
@@ -245,7 +246,13 @@ def test_rows_that_are_not_what_llama_cpp_pools_are_never_served(smollm2_path, m
                 else:
                     backend.embed_many(["a first input, checked"])
                     assert backend.embedder.final.skip
-                    patch.setattr(embeddings.ggml, "tensor_floats", lambda tensor: None)
+                    real, calls = embeddings.ggml.tensor_floats, []
+
+                    def floats(tensor):  # none at all, or none the first time only
+                        calls.append(tensor)
+                        return None if case == "rows gone" or len(calls) == 1 else real(tensor)
+
+                    patch.setattr(embeddings.ggml, "tensor_floats", floats)
                 for _ in range(2):
                     vector, _ = backend.embed(text)
                     assert vector == pytest.approx(want, abs=1e-4), case
