@@ -88,7 +88,8 @@ class Plan:
     # checkpoints)
     parts: dict[str, int] = field(default_factory=dict)
     gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs (never the checkpoints)
-    # per device: each GPU used, then RAM where layers stay there
+    # per device: each GPU used, then RAM where layers stay there or an untied model's input
+    # embeddings do (a row of no layers where every layer is on a GPU)
     placement: tuple[Placement, ...] = ()
     # how llama.cpp is told: "none" with main_gpu for one GPU; "layer" with tensor_split
     # (a share per GPU index, 0 for one left out) for several

@@ -18,8 +18,12 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from localinfer.model_store.hardware import BackendLibrary, Device
+
+if TYPE_CHECKING:
+    import numpy
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
            "ensure_loaded",
@@ -144,7 +148,7 @@ def tensor_name(tensor: int) -> bytes:
     return _ggml().ggml_get_name(tensor) or b""
 
 
-def tensor_floats(tensor: int) -> "numpy.ndarray | None":
+def tensor_floats(tensor: int) -> numpy.ndarray | None:
     """A computed tensor's values copied out of whichever device holds them, flat; None where
     it is not a contiguous tensor of 32-bit floats."""
     import numpy
