@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
-           "ensure_loaded",
+           "cpu_extra_buffer_types", "ensure_loaded", "strike_buffer_types",
            "library_dir", "route_llama_log", "route_mtmd_log", "tensor_floats", "tensor_name"]
 
 log = logging.getLogger("localinfer.llama_cpp")
@@ -140,6 +140,10 @@ def _ggml() -> ctypes.CDLL:
     lib.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                             ctypes.c_size_t]
     lib.ggml_backend_tensor_get.restype = None
+    lib.ggml_backend_reg_get_proc_address.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    lib.ggml_backend_reg_get_proc_address.restype = ctypes.c_void_p
+    lib.ggml_backend_buft_name.argtypes = [ctypes.c_void_p]
+    lib.ggml_backend_buft_name.restype = ctypes.c_char_p
     return lib
 
 
@@ -198,8 +202,80 @@ def ensure_loaded() -> bool:
             if dynamic:
                 # the best CPU variant for this CPU, and each GPU backend whose driver loads
                 lib.ggml_backend_load_all_from_path(str(library_dir()).encode())
+            _strike_unsafe_buffer_types(lib)
             _state["at_run_time"] = dynamic
         return bool(_state["at_run_time"])
+
+
+# The CPU's extra buffer types llama.cpp must not put weights in. "AMX": the Advanced Matrix
+# Extensions kernels a build for the machine's own CPU offers on Xeons since Sapphire Rapids
+# crash in their matrix product (ggml_backend_amx_mul_mat) on the first decode of every
+# model tried, the embedded default among them, in llama-server as in this process
+# (llama.cpp #20824, open). Without it the CPU's other kernels (its repacked layouts where
+# they apply) serve those weights.
+UNSAFE_BUFFER_TYPES = frozenset({"AMX"})
+
+
+def _strike_unsafe_buffer_types(lib: ctypes.CDLL) -> None:
+    """Take UNSAFE_BUFFER_TYPES out of the CPU's extra buffer types: the list llama.cpp reads
+    at every model load, changed in place once, before any model is loaded."""
+    name = lambda buft: _text(lib.ggml_backend_buft_name(buft))  # noqa: E731
+    for bufts in _cpu_extra_bufts(lib):
+        struck = strike_buffer_types(bufts, name, UNSAFE_BUFFER_TYPES)
+        left = [name(buft) for buft in _entries(bufts)]
+        if struck:
+            log.info("llama.cpp's %s kernels are off (they crash on this CPU); the CPU's "
+                     "extra buffer types: %s", ", ".join(struck), ", ".join(left) or "none")
+    left = set(cpu_extra_buffer_types(lib))  # (read back: never assume the change held)
+    if UNSAFE_BUFFER_TYPES & left:
+        raise RuntimeError(f"llama.cpp's {', '.join(UNSAFE_BUFFER_TYPES & left)} kernels "
+                           f"could not be turned off; they crash on this CPU")
+
+
+def _cpu_extra_bufts(lib: ctypes.CDLL) -> list[ctypes._Pointer]:
+    """Each CPU device's extra buffer types (`ggml_backend_dev_get_extra_bufts`): a static,
+    null-terminated array of the CPU backend's, the one llama.cpp reads at a load."""
+    found = []
+    for index in range(lib.ggml_backend_dev_count()):
+        dev = lib.ggml_backend_dev_get(index)
+        if lib.ggml_backend_dev_type(dev) != 0:  # GGML_BACKEND_DEVICE_TYPE_CPU
+            continue
+        reg = lib.ggml_backend_dev_backend_reg(dev)
+        address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
+        if address:
+            get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
+            found.append(get(dev))
+    return found
+
+
+def cpu_extra_buffer_types(lib: ctypes.CDLL | None = None) -> list[str]:
+    """The names of the buffer types llama.cpp may put the CPU's weights in besides plain
+    memory ("CPU_REPACK": layouts for this CPU's vector units), in its order of preference."""
+    if lib is None:
+        ensure_loaded()
+        lib = _ggml()
+    return [_text(lib.ggml_backend_buft_name(buft))
+            for bufts in _cpu_extra_bufts(lib) for buft in _entries(bufts)]
+
+
+def _entries(bufts: ctypes.Array | ctypes._Pointer) -> list[int]:
+    """The entries of a null-terminated array of pointers."""
+    entries = []
+    while bufts[len(entries)]:
+        entries.append(bufts[len(entries)])
+    return entries
+
+
+def strike_buffer_types(bufts: ctypes.Array | ctypes._Pointer, name: Callable[[int], str],
+                        names: frozenset[str]) -> list[str]:
+    """Remove the entries named `names` from a null-terminated array of buffer types, in
+    place, the others kept in their order (llama.cpp takes the first that supports a
+    tensor), the array still ending in a null; the names removed."""
+    entries = _entries(bufts)
+    kept = [buft for buft in entries if name(buft) not in names]
+    for at in range(len(entries)):
+        bufts[at] = kept[at] if at < len(kept) else None
+    return [name(buft) for buft in entries if name(buft) in names]
 
 
 def devices() -> tuple[Device, ...]:

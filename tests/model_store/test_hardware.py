@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import stat
 import subprocess
@@ -153,6 +154,52 @@ def test_llama_cpp_runs_on_this_machines_cpu():
     cpu = [d for d in found.devices if d.kind == "cpu"]
     assert len(cpu) == 1 and cpu[0].backend == "CPU" and cpu[0].description
     assert cpu[0].total_bytes > 0 and "CPU" in found.compute_backends
+
+
+@pytest.mark.parametrize("names, struck, left", [
+    (["AMX", "CPU_REPACK"], ["AMX"], ["CPU_REPACK"]),  # a build for a Sapphire Rapids Xeon
+    (["CPU_REPACK", "AMX", "KLEIDIAI"], ["AMX"], ["CPU_REPACK", "KLEIDIAI"]),
+    (["CPU_REPACK"], [], ["CPU_REPACK"]),
+    ([], [], []),
+])
+def test_unsafe_buffer_types_are_struck_from_the_list_in_place(names, struck, left):
+    """The array llama.cpp reads loses the unsafe entries; the rest keep their order and the
+    array its null end."""
+    import ctypes
+
+    from localinfer.backends.native.ggml import UNSAFE_BUFFER_TYPES, strike_buffer_types
+
+    handles = {1000 + i: name for i, name in enumerate(names)}
+    bufts = (ctypes.c_void_p * (len(names) + 1))(*handles, None)
+    assert strike_buffer_types(bufts, handles.__getitem__, UNSAFE_BUFFER_TYPES) == struck
+    assert [handles[b] for b in bufts[:len(left)]] == left
+    assert list(bufts[len(left):]) == [None] * (len(names) + 1 - len(left))
+
+
+def test_the_default_model_decodes_on_this_cpu_without_amx_kernels(smollm2_path):
+    """In a process of its own: once llama.cpp is loaded, the CPU offers no AMX buffer type
+    (where the build has it, its matrix product crashes on the first decode: llama.cpp
+    #20824), its repacked layouts still; and the embedded model decodes."""
+    script = """
+import json, sys
+from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
+from localinfer.backends.llamacpp import LlamaCppBackend
+from localinfer.backends.native.ggml import cpu_extra_buffer_types
+names = cpu_extra_buffer_types()
+with LlamaCppBackend(sys.argv[1], LoadOptions(n_ctx=256)) as backend:
+    reply = backend.generate(backend.tokenize("The capital of France is"),
+                             SamplingParams(max_tokens=4, ignore_eos=True))
+    done = [event for event in reply if isinstance(event, DoneEvent)]
+    print(json.dumps({"names": names, "tokens": len(done[0].stats.token_times)}))
+"""
+    result = subprocess.run([sys.executable, "-c", script, str(smollm2_path)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    facts = json.loads(result.stdout.splitlines()[-1])
+    assert "AMX" not in facts["names"]
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "CPU_REPACK" in facts["names"]  # (the other extra layouts are kept)
+    assert facts["tokens"] == 4
 
 
 def test_hw_lists_llama_cpps_devices(tmp_path):
