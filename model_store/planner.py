@@ -203,7 +203,7 @@ def _with_input_embeddings(chosen: Plan, shape: ModelShape, files: Mapping[str, 
     """A GPU plan with an untied model's input embeddings where llama.cpp keeps them
     whatever the layers: in RAM (mapped from the file, looked up a row at a time), on the
     RAM row of its placement (one of no layers where every layer is on a GPU)."""
-    embd = files[chosen.quant] - shape.gpu_weights(files[chosen.quant])
+    embd = shape.ram_weights(files[chosen.quant])
     if not chosen.n_gpu_layers or embd <= 0:
         return chosen
     rows = list(chosen.placement)
@@ -287,7 +287,7 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
                                  alone=True)
                 layers -= spread is None
             # (and the input embeddings of an untied model, whatever the layers)
-            in_ram = (shape.n_layer - layers) * per_layer + files[quant] - weights
+            in_ram = (shape.n_layer - layers) * per_layer + shape.ram_weights(files[quant])
             if spread is None or in_ram + _margin(int(in_ram)) > ram_available:
                 continue
             on = "the GPU" if len(spread) == 1 else _names(spread)
@@ -330,7 +330,7 @@ def _pooled(shape: ModelShape, files: Mapping[str, int], remote: Sequence[GPU],
     for quant in sorted(files, key=_rank):
         weights = shape.gpu_weights(files[quant])
         per_layer = (weights + kv) / max(shape.n_layer, 1)
-        head_fixed = files[quant] - weights + compute  # input embeddings and a compute buffer
+        head_fixed = shape.ram_weights(files[quant]) + compute  # input embeddings and a compute buffer
         head_room = max(0.0, (ram_available - head_fixed) / 1.05 - 256 * _MIB)
         rooms = {g: _room(g, compute) for g in remote}
         rooms = {g: r for g, r in rooms.items() if r >= per_layer}
@@ -506,7 +506,7 @@ def _experts_out(shape: ModelShape, quant: str, file_size: int, gpu: GPU, ram_av
     in_gpu = sum(experts[:back])
     in_ram = sum(experts) - in_gpu + dense - on_gpu[0]
     ram_context = kv - on_gpu[1] + state - on_gpu[2]
-    held = in_ram + ram_context + file_size - weights  # (the input embeddings: there too)
+    held = in_ram + ram_context + shape.ram_weights(file_size)  # (the input embeddings: there too)
     if held + _margin(held) > ram_available:
         return None
     device_weights = on_gpu[0] + in_gpu

@@ -105,6 +105,11 @@ class ModelShape:
         """Of a file's weights, what a full offload puts on the GPU."""
         return int(file_size * (1 - self.input_embd_share))
 
+    def ram_weights(self, file_size: int) -> int:
+        """Of a file's weights, what llama.cpp keeps in RAM whatever the layers: an untied
+        model's input embeddings (looked up a row at a time)."""
+        return file_size - self.gpu_weights(file_size)
+
     def _per_cell(self, heads: int, kv_type: str) -> float:
         """K and V of one cell over layers with `heads` KV heads in all (the one formula)."""
         return heads * (self.head_dim_k + self.head_dim_v) * KV_BYTES[kv_type]
