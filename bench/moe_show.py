@@ -25,20 +25,10 @@ from pathlib import Path
 import harness
 from random_gguf import PLAN_SHAPES, write_plan_shape
 
+from localinfer.app.cli import _ranges
+
 SHAPES = ("qwen3-30b-a3b", "gpt-oss-120b")
 GIB = 2**30
-
-
-def _ranges(layers: list[int]) -> str:
-    """[0, 1, 2, 5] → "0-2, 5"."""
-    parts, start = [], None
-    for i, n in enumerate(layers):
-        if start is None:
-            start = n
-        if i + 1 == len(layers) or layers[i + 1] != n + 1:
-            parts.append(f"{start}" if start == n else f"{start}-{n}")
-            start = None
-    return ", ".join(parts) or "none"
 
 
 def show(path: Path, gpu_gib: int, ram_gib: int, ctx: int) -> dict:
@@ -77,7 +67,7 @@ def main() -> None:
                 kept = [i for i in range(n_layers) if i not in plan["cpu_experts"]]
                 rows.append([
                     name, f"{gib} GiB", f"{plan['n_gpu_layers']}",
-                    f"{_ranges(kept)} ({len(kept)} of {n_layers})",
+                    f"{_ranges(kept) or 'none'} ({len(kept)} of {n_layers})",
                     f"{gpu['total'] / GIB:.1f}", f"{(ram['total'] if ram else 0) / GIB:.1f}",
                     f"{gpu['kv_cache'] / GIB:.2f}"])
     fig, axes = harness.figure(len(SHAPES))

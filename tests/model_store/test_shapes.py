@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ..families import arch_model, plan_model
+from ..families import _random_gguf, arch_model, plan_model
 from localinfer.model_store.gguf_info import read_gguf_info
 from localinfer.model_store.shape import swa_cells
 
@@ -92,6 +92,18 @@ def test_experts_per_layer_from_the_tensor_table():
     assert sum(shape.expert_bytes(info.file_size)) / info.file_size == pytest.approx(0.95,
                                                                                      abs=0.01)
     assert not read_gguf_info(arch_model("qwen35")).shape().moe
+
+
+def test_gpt_oss_weights_are_refused_and_no_file_is_left(tmp_path):
+    """random_gguf has no random MXFP4 writer: gpt-oss's weights are one clear refusal, not
+    a file llama.cpp would misread; its header and tensor table are written."""
+    random_gguf = _random_gguf()
+    shape, out = random_gguf.PLAN_SHAPES["gpt-oss-120b"], tmp_path / "gpt-oss.gguf"
+    with pytest.raises(ValueError, match="header and tensor table only"):
+        random_gguf.write_arch(shape, out, {}, "gpt-oss")
+    assert not out.exists()
+    random_gguf.write_plan_shape(shape, out, "gpt-oss", sparse=True)
+    assert read_gguf_info(out).shape().moe
 
 
 def test_a_dense_models_shape_is_as_it_was(smollm2_path):
