@@ -25,7 +25,7 @@ from pathlib import Path
 import harness
 from random_gguf import PLAN_SHAPES, write_plan_shape
 
-from localinfer.app.cli import _ranges
+from localinfer.cli import _ranges
 
 SHAPES = ("qwen3-30b-a3b", "gpt-oss-120b")
 GIB = 2**30
