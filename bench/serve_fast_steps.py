@@ -12,8 +12,16 @@ Build llama-server once (CPU; ~15 min on 2 cores):
     pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d /tmp/sdist
     tar xzf /tmp/sdist/llama_cpp_python-0.3.36.tar.gz -C /tmp
     cd /tmp/llama_cpp_python-0.3.36/vendor/llama.cpp
+    sed -i 's/bufts.push_back(ggml_backend_amx_buffer_type());//' \\
+        ggml/src/ggml-cpu/ggml-cpu.cpp  # (AMX off, as localinfer has it: see below)
     cmake -B build -DLLAMA_BUILD_SERVER=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \\
           -DLLAMA_BUILD_EXAMPLES=OFF && cmake --build build --target llama-server -j
+
+On a Xeon with AMX (Sapphire Rapids or later) a build for the machine's own CPU has
+llama.cpp's AMX kernels, whose matrix product crashes on the first decode (llama.cpp
+#20824): llama-server dies as it loads. localinfer takes them out of the CPU's buffer types
+(backends/native/ggml.py), and the sed above does the same to llama-server, so the two run
+the same kernels. Elsewhere it changes nothing.
 
     python3 bench/serve_fast_steps.py --llama-server PATH [--levels 8,32] [--reps 3]
                                       [--tokens 256] [--requests 3] [--results FOLDER]
