@@ -22,7 +22,7 @@ from localinfer.backends.base import LoadOptions, SamplingParams
 from localinfer.errors import LocalinferError, ModelNotInstalled, user_message
 from localinfer.settings import ImageUrls, KvType, Settings, SplitMode, debug, explain, flag_help
 
-__all__ = ["commands", "main"]
+__all__ = ["commands", "main", "number_ranges"]
 
 SAMPLING = SamplingParams()  # the defaults of the sampling flags
 
@@ -323,7 +323,7 @@ def show(
                 continue
             state = (f"recurrent state {place['recurrent_state'] / 2**30:.2f}, "
                      if place["recurrent_state"] else "")
-            experts = (f"; experts of layers {_ranges(place['experts'])}, "
+            experts = (f"; experts of layers {number_ranges(place['experts'])}, "
                        f"{place['expert_bytes'] / 2**30:.2f} GiB" if place["experts"] else "")
             print(f"    {place['device']}: {place['layers']} layers, "
                   f"{place['total'] / 2**30:.2f} GiB "
@@ -355,7 +355,7 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 1024:.1f} KiB"
 
 
-def _ranges(numbers: list[int]) -> str:
+def number_ranges(numbers: list[int]) -> str:
     """[0, 1, 2, 5] → "0-2, 5"."""
     runs: list[list[int]] = []
     for n in numbers:

@@ -25,7 +25,7 @@ from pathlib import Path
 import harness
 from random_gguf import PLAN_SHAPES, write_plan_shape
 
-from localinfer.cli import _ranges
+from localinfer.cli import number_ranges
 
 SHAPES = ("qwen3-30b-a3b", "gpt-oss-120b")
 GIB = 2**30
@@ -67,7 +67,7 @@ def main() -> None:
                 kept = [i for i in range(n_layers) if i not in plan["cpu_experts"]]
                 rows.append([
                     name, f"{gib} GiB", f"{plan['n_gpu_layers']}",
-                    f"{_ranges(kept) or 'none'} ({len(kept)} of {n_layers})",
+                    f"{number_ranges(kept) or 'none'} ({len(kept)} of {n_layers})",
                     f"{gpu['total'] / GIB:.1f}", f"{(ram['total'] if ram else 0) / GIB:.1f}",
                     f"{gpu['kv_cache'] / GIB:.2f}"])
     fig, axes = harness.figure(len(SHAPES))
