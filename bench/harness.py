@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import importlib.util
 import os
 import platform
 import shlex
@@ -44,6 +45,8 @@ def arguments(doc: str | None, *, writes: bool = True, **defaults: Any
     cores), models (a list of names), clients (a list of counts). --results (where `write`
     puts the files) is there unless `writes` is false (a tool that writes no results)."""
     parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
+    if writes and importlib.util.find_spec("matplotlib") is None:  # (before, not after, a run)
+        sys.exit("the figures need matplotlib: python3 -m pip install -e \".[bench]\"")
     if writes:
         parser.add_argument("--results", type=Path, default=RESULTS,
                             help="folder for the JSON, PNG and Markdown [bench/results]")
