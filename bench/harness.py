@@ -16,8 +16,8 @@ and random_gguf.py.
 from __future__ import annotations
 
 import argparse
-import json
 import importlib.util
+import json
 import os
 import platform
 import shlex
