@@ -119,6 +119,10 @@ else
   LLAMA_SERVER=$B/build/bin/llama-server
   if [ ! -x $LLAMA_SERVER ]; then
     mkdir -p $B && tar xzf .gpu/llama.cpp.tgz -C $B
+    # llama.cpp's AMX kernels off in llama-server as localinfer has them (a lent GPU's Xeon
+    # has AMX; their matrix product crashes: bench/serve_fast_steps.py's docstring)
+    sed -i 's/bufts.push_back(ggml_backend_amx_buffer_type());//' \
+      $B/llama.cpp/ggml/src/ggml-cpu/ggml-cpu.cpp
     GEN=""; command -v ninja >/dev/null && GEN="-G Ninja"
     ( cmake -S $B/llama.cpp -B $B/build $GEN -DGGML_CUDA=on -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DBUILD_SHARED_LIBS=ON -DLLAMA_BUILD_SERVER=ON -DLLAMA_USE_PREBUILT_UI=OFF \
