@@ -666,6 +666,10 @@ def hw(
     for dev in found.devices:
         memory = f" · {gib(dev.total_bytes)}, {gib(dev.free_bytes)} free" if dev.kind != "cpu" else ""
         print(f"  device {dev.name} ({dev.backend}) · {dev.description} · {dev.kind.upper()}{memory}")
+    if found.cpu_buffer_types or found.cpu_buffer_types_off:
+        off = ", ".join(found.cpu_buffer_types_off)
+        print(f"  CPU weight layouts: {', '.join(found.cpu_buffer_types) or 'plain only'}"
+              + (f" · {off} off (its kernels crash in this llama.cpp)" if off else ""))
     if found.backend_libraries:  # a build whose backends are libraries loaded at start
         # one CPU library loads, the best this CPU runs; a GPU one where its driver loads
         for state, label in ((True, "loaded"), (False, "not loaded"), (None, "present")):

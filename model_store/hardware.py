@@ -86,6 +86,10 @@ class NativeFacts:
     compute_backends: tuple[str, ...] = ()
     devices: tuple[Device, ...] = ()
     backend_libraries: tuple[BackendLibrary, ...] = ()
+    # the layouts llama.cpp may put CPU weights in besides plain memory ("CPU_REPACK"), and
+    # those the build offered that localinfer turned off (its AMX kernels crash)
+    cpu_buffer_types: tuple[str, ...] = ()
+    cpu_buffer_types_off: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,8 @@ class Hardware:
     # the devices of the RPC workers the head was given (backend "rpc"), numbered after the
     # GPUs llama.cpp has here, as it numbers them once they join
     remote: tuple[GPU, ...] = ()
+    cpu_buffer_types: tuple[str, ...] = ()  # NativeFacts says
+    cpu_buffer_types_off: tuple[str, ...] = ()
 
     @property
     def usable_gpus(self) -> tuple[GPU, ...]:
@@ -334,4 +340,5 @@ def survey(native: NativeFacts, run: Runner = run_tool, system: str | None = Non
     memory = psutil.virtual_memory()
     return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
                     native.gpu_offload, native.compute_backends, tuple(probes), native.devices,
-                    native.backend_libraries)
+                    native.backend_libraries, cpu_buffer_types=native.cpu_buffer_types,
+                    cpu_buffer_types_off=native.cpu_buffer_types_off)

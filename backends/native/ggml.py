@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import numpy
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
-           "cpu_extra_buffer_types", "ensure_loaded", "strike_buffer_types",
+           "cpu_buffer_types_off", "cpu_extra_buffer_types", "ensure_loaded", "strike_buffer_types",
            "library_dir", "route_llama_log", "route_mtmd_log", "tensor_floats", "tensor_name"]
 
 log = logging.getLogger("localinfer.llama_cpp")
@@ -214,6 +214,13 @@ def ensure_loaded() -> bool:
 # (llama.cpp #20824, open). Without it the CPU's other kernels (its repacked layouts where
 # they apply) serve those weights.
 UNSAFE_BUFFER_TYPES = frozenset({"AMX"})
+_struck: list[str] = []  # those this build offered, taken out
+
+
+def cpu_buffer_types_off() -> tuple[str, ...]:
+    """The CPU buffer types this build offered and localinfer took out (UNSAFE_BUFFER_TYPES)."""
+    ensure_loaded()
+    return tuple(_struck)
 
 
 def _strike_unsafe_buffer_types(lib: ctypes.CDLL) -> None:
@@ -223,6 +230,7 @@ def _strike_unsafe_buffer_types(lib: ctypes.CDLL) -> None:
     for bufts in _cpu_extra_bufts(lib):
         struck = strike_buffer_types(bufts, name, UNSAFE_BUFFER_TYPES)
         left = [name(buft) for buft in _entries(bufts)]
+        _struck.extend(n for n in struck if n not in _struck)
         if struck:
             log.info("llama.cpp's %s kernels are off (they crash on this CPU); the CPU's "
                      "extra buffer types: %s", ", ".join(struck), ", ".join(left) or "none")

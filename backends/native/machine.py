@@ -19,7 +19,7 @@ def detect(run: Runner = run_tool, system: str | None = None,
 def native_facts() -> NativeFacts:
     """Offload support, backends and devices of the llama.cpp build: each "none" where the
     native library did not load or could not say (then nothing can offload)."""
-    return NativeFacts(_gpu_offload(), _compute_backends(), *_devices())
+    return NativeFacts(_gpu_offload(), _compute_backends(), *_devices(), *_cpu_buffer_types())
 
 
 def _gpu_offload() -> bool:
@@ -46,4 +46,12 @@ def _devices() -> tuple[tuple, tuple]:
     try:
         return ggml_backends.devices(), ggml_backends.backend_libraries()
     except Exception:  # the native library did not load: it has no devices
+        return (), ()
+
+
+def _cpu_buffer_types() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    try:
+        return (tuple(ggml_backends.cpu_extra_buffer_types()),
+                ggml_backends.cpu_buffer_types_off())
+    except Exception:  # the native library did not load
         return (), ()

@@ -202,6 +202,23 @@ with LlamaCppBackend(sys.argv[1], LoadOptions(n_ctx=256)) as backend:
     assert facts["tokens"] == 4
 
 
+def test_hw_says_which_layouts_the_cpus_weights_may_take_and_which_are_off(tmp_path):
+    """`hw` names the CPU's extra buffer types llama.cpp may use, and AMX as off exactly
+    where this build has its kernels (llama.cpp's own system info says AMX_INT8 = 1)."""
+    import llama_cpp
+
+    found = _hw_json(tmp_path)
+    has_amx = "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode()
+    assert found["cpu_buffer_types_off"] == (["AMX"] if has_amx else [])
+    assert "AMX" not in found["cpu_buffer_types"]
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        assert "CPU_REPACK" in found["cpu_buffer_types"]
+    shown = subprocess.run([sys.executable, "-m", "localinfer", "hw"], capture_output=True,
+                           text=True, timeout=60).stdout
+    layouts = ", ".join(found["cpu_buffer_types"]) or "plain only"
+    assert f"CPU weight layouts: {layouts}" + (" · AMX off" if has_amx else "\n") in shown
+
+
 def test_hw_lists_llama_cpps_devices(tmp_path):
     found = _hw_json(tmp_path)
     assert [d["backend"] for d in found["devices"]] == ["CPU"]
