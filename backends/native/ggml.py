@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BackendLibrary", "Device", "backend_libraries", "cpu_buffer_type", "devices",
            "cpu_buffer_types_off", "cpu_extra_buffer_types", "ensure_loaded", "strike_buffer_types",
+           "strike_unsafe_buffer_types",
            "library_dir", "route_llama_log", "route_mtmd_log", "tensor_floats", "tensor_name"]
 
 log = logging.getLogger("localinfer.llama_cpp")
@@ -224,20 +225,30 @@ def cpu_buffer_types_off() -> tuple[str, ...]:
 
 
 def _strike_unsafe_buffer_types(lib: ctypes.CDLL) -> None:
-    """Take UNSAFE_BUFFER_TYPES out of the CPU's extra buffer types: the list llama.cpp reads
-    at every model load, changed in place once, before any model is loaded."""
+    """UNSAFE_BUFFER_TYPES out of the CPU's extra buffer types, once, before any model loads."""
     name = lambda buft: _text(lib.ggml_backend_buft_name(buft))  # noqa: E731
-    for bufts in _cpu_extra_bufts(lib):
-        struck = strike_buffer_types(bufts, name, UNSAFE_BUFFER_TYPES)
-        left = [name(buft) for buft in _entries(bufts)]
-        _struck.extend(n for n in struck if n not in _struck)
-        if struck:
-            log.info("llama.cpp's %s kernels are off (they crash on this CPU); the CPU's "
-                     "extra buffer types: %s", ", ".join(struck), ", ".join(left) or "none")
-    left = set(cpu_extra_buffer_types(lib))  # (read back: never assume the change held)
-    if UNSAFE_BUFFER_TYPES & left:
-        raise RuntimeError(f"llama.cpp's {', '.join(UNSAFE_BUFFER_TYPES & left)} kernels "
-                           f"could not be turned off; they crash on this CPU")
+    struck = strike_unsafe_buffer_types(lambda: _cpu_extra_bufts(lib), name)
+    _struck.extend(n for n in struck if n not in _struck)
+
+
+def strike_unsafe_buffer_types(arrays: Callable[[], list], name: Callable[[int], str]
+                               ) -> list[str]:
+    """Take UNSAFE_BUFFER_TYPES out of the arrays `arrays()` gives (llama.cpp's getter of the
+    list it reads at every model load: a static array, changed in place), then ask the getter
+    again: where they are still there (a copy was changed), an error, never a crash to come.
+    The names taken out."""
+    struck: list[str] = []
+    for bufts in arrays():
+        struck += [n for n in strike_buffer_types(bufts, name, UNSAFE_BUFFER_TYPES)
+                   if n not in struck]
+    left = [name(buft) for bufts in arrays() for buft in _entries(bufts)]
+    if UNSAFE_BUFFER_TYPES & set(left):
+        raise RuntimeError(f"llama.cpp's {', '.join(sorted(UNSAFE_BUFFER_TYPES & set(left)))} "
+                           f"kernels could not be turned off; they crash on this CPU")
+    if struck:
+        log.info("llama.cpp's %s kernels are off (they crash on this CPU); the CPU's extra "
+                 "buffer types: %s", ", ".join(struck), ", ".join(left) or "none")
+    return struck
 
 
 def _cpu_extra_bufts(lib: ctypes.CDLL) -> list[ctypes._Pointer]:
@@ -252,16 +263,17 @@ def _cpu_extra_bufts(lib: ctypes.CDLL) -> list[ctypes._Pointer]:
         address = lib.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts")
         if address:
             get = ctypes.CFUNCTYPE(ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)(address)
-            found.append(get(dev))
+            bufts = get(dev)
+            if bufts:  # (a null pointer: none)
+                found.append(bufts)
     return found
 
 
-def cpu_extra_buffer_types(lib: ctypes.CDLL | None = None) -> list[str]:
+def cpu_extra_buffer_types() -> list[str]:
     """The names of the buffer types llama.cpp may put the CPU's weights in besides plain
     memory ("CPU_REPACK": layouts for this CPU's vector units), in its order of preference."""
-    if lib is None:
-        ensure_loaded()
-        lib = _ggml()
+    ensure_loaded()
+    lib = _ggml()
     return [_text(lib.ggml_backend_buft_name(buft))
             for bufts in _cpu_extra_bufts(lib) for buft in _entries(bufts)]
 

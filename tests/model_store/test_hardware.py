@@ -176,6 +176,24 @@ def test_unsafe_buffer_types_are_struck_from_the_list_in_place(names, struck, le
     assert list(bufts[len(left):]) == [None] * (len(names) + 1 - len(left))
 
 
+def test_a_strike_that_did_not_hold_is_an_error_not_a_crash_to_come():
+    """The getter is asked again after the strike: where it hands back a fresh copy each time
+    (the change went to a copy llama.cpp does not read), AMX is still there: an error. Where
+    it hands back its one array, AMX is gone and said so."""
+    import ctypes
+
+    from localinfer.backends.native.ggml import strike_unsafe_buffer_types
+
+    handles = {1000: "AMX", 1001: "CPU_REPACK"}
+    fresh = lambda: [(ctypes.c_void_p * 3)(1000, 1001, None)]  # noqa: E731
+    with pytest.raises(RuntimeError, match="AMX kernels could not be turned off"):
+        strike_unsafe_buffer_types(fresh, handles.__getitem__)
+    static = (ctypes.c_void_p * 3)(1000, 1001, None)
+    assert strike_unsafe_buffer_types(lambda: [static], handles.__getitem__) == ["AMX"]
+    assert list(static) == [1001, None, None]
+    assert strike_unsafe_buffer_types(lambda: [static], handles.__getitem__) == []
+
+
 def test_the_default_model_decodes_on_this_cpu_without_amx_kernels(smollm2_path):
     """In a process of its own: once llama.cpp is loaded, the CPU offers no AMX buffer type
     (where the build has it, its matrix product crashes on the first decode: llama.cpp
