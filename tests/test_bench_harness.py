@@ -29,3 +29,14 @@ def test_a_server_that_fails_to_start_stops_those_started_before():
         assert first.wait(timeout=30) is not None  # stopped, not left running
     finally:
         first.kill()
+
+
+def test_a_benchmark_without_matplotlib_stops_before_it_measures(monkeypatch):
+    """Its figures need matplotlib: missing, the parser is never made (nothing measured,
+    nothing lost), and the one line says what to install."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(SystemExit, match=r"pip install -e \"\.\[bench\]\""):
+        harness.arguments("A benchmark.", reps=3)
+    assert harness.arguments("A tool.", writes=False).parse_args([]) is not None
