@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import statistics
 import subprocess
@@ -39,6 +40,30 @@ _CHAT_WORDS = ("the ledger shows a harbour storm where ferries wait by the islan
 def chat_text(seed: int, words: int) -> str:
     """Words of a chat turn, in an order of `seed`'s own."""
     return " ".join(_CHAT_WORDS[(seed * 7 + i * 3) % len(_CHAT_WORDS)] for i in range(words))
+
+
+def shuffled_prompt(seed: int, words: int) -> str:
+    """Words in a random order of their own, a token each with smollm2's tokenizer: no run of
+    one prompt repeats in another (a server that reuses moved chunks of its cache, as
+    localinfer does, finds nothing)."""
+    rng = random.Random(seed)
+    return f"Note {seed}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
+
+
+def stream_times(url: str, model: str, prompt: str, max_tokens: int,
+                 times: list[float]) -> float:
+    """Stream a greedy completion, appending each token's arrival to `times`; the send time."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+            "temperature": 0}
+    start = time.perf_counter()
+    with httpx.Client(timeout=600) as client, client.stream(
+            "POST", url + "/v1/completions", json=body) as response:
+        if response.status_code != 200:
+            raise SystemExit(f"{url}: HTTP {response.status_code}: {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
+                times.append(time.perf_counter())
+    return start
 
 
 def chat_turn(client: httpx.Client, url: str, model: str, messages: list[dict],

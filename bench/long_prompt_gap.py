@@ -21,7 +21,6 @@ Writes bench/results/long_prompt_gap.{json,md,png}.
 
 from __future__ import annotations
 
-import random
 import statistics
 import tempfile
 import threading
@@ -29,46 +28,23 @@ import time
 from pathlib import Path
 
 import harness
-import httpx
+from clients import shuffled_prompt, stream_times
 from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
 MODEL = "smollm2-135m-random"  # the file's stem: localinfer's name for it
 CTX = 8192  # per slot
 SERVERS = ("llama-server", "localinfer")  # and `localinfer --step-ms N` for each --step-ms
-_WORDS = ("harbour lantern keeper tide rope gull stone window evening storm ledger candle "
-          "island signal ferry").split()
-
-
-def _prompt(seed: int, words: int) -> str:
-    """Words in a random order of their own: no run of one prompt repeats in another (a
-    server that reuses moved chunks of its cache, as localinfer does, finds nothing)."""
-    rng = random.Random(seed)
-    return f"Note {seed}: " + " ".join(rng.choice(_WORDS) for _ in range(words))
-
-
-def _stream(url: str, prompt: str, max_tokens: int, times: list[float]) -> float:
-    """Stream a completion, appending each token's arrival to `times`; the send time."""
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0}
-    start = time.perf_counter()
-    with httpx.Client(timeout=600) as client, client.stream(
-            "POST", url + "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise SystemExit(f"{url}: HTTP {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
-                times.append(time.perf_counter())
-    return start
 
 
 def once(url: str, seed: int, words: int) -> dict:
     running: list[float] = []
-    streamer = threading.Thread(target=_stream, args=(url, f"Story {seed}:", 1200, running))
+    streamer = threading.Thread(target=stream_times,
+                                 args=(url, MODEL, f"Story {seed}:", 1200, running))
     streamer.start()
     while len(running) < 20:
         time.sleep(0.01)
     long_times: list[float] = []
-    sent = _stream(url, _prompt(seed, words), 1, long_times)
+    sent = stream_times(url, MODEL, shuffled_prompt(seed, words), 1, long_times)
     first = long_times[0] if long_times else time.perf_counter()
     streamer.join()
     if running[-1] < first:
@@ -76,7 +52,7 @@ def once(url: str, seed: int, words: int) -> dict:
     during = [b - a for a, b in zip(running, running[1:]) if b > sent and a < first]
     before = [b - a for a, b in zip(running[:20], running[1:20])]
     alone: list[float] = []
-    sent_alone = _stream(url, _prompt(seed + 500, words), 1, alone)
+    sent_alone = stream_times(url, MODEL, shuffled_prompt(seed + 500, words), 1, alone)
     return {"longest_gap_s": max(during), "gap_median_before_s": statistics.median(before),
             "ttft_s": first - sent, "alone_ttft_s": alone[0] - sent_alone}
 
