@@ -103,14 +103,16 @@ class Settings(BaseSettings):
     prefill_chunk: int | None = Field(None, ge=1, description=(
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
-    # on by default: while a 4,000-token prompt is read beside a running stream (2 cores),
-    # that stream's longest pause is 0.7 s instead of 2.8 s in whole 512-token chunks
-    # (llama-server: 8 s), the prompt read 1.3x slower; a GPU reads a chunk within it and is
-    # never cut (bench/results/long_prompt_gap.md)
-    step_ms: int = Field(500, ge=0, le=60_000, description=(
+    # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
+    # Xeon), that stream's longest pause is 0.30 s without flash attention (CPU's default),
+    # the prompt read as fast as alone; with it 0.7-3 s at 500 ms, 1.6x slower (llama-server:
+    # 8.7 s); a GPU reads a chunk within it and is never cut
+    # (bench/results/long_prompt_gap.md)
+    step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "
         "a prompt in smaller pieces: the longest pause a running stream sees while another "
-        "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."))
+        "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."),
+        **_unset("250; 500 with flash attention, whose smallest pieces take longer"))
     # off by default: a bound relative to a decode step, it slows a long prompt and,
     # under load, short prompts' TTFT (bench/results/engine_mixed.md)
     step_budget: float | None = Field(None, ge=0, description=(
@@ -150,8 +152,12 @@ class Settings(BaseSettings):
         "Keep every cell of a sliding-window model's windowed layers (Gemma 3, gpt-oss), so "
         "a cached prefix is kept however a prompt ends, and the context can shift; off: "
         "only their window, far less memory."))
-    flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
-                                    **_unset("auto"))
+    # off on a CPU: llama.cpp's CPU kernel decodes deep in a context at half the speed
+    # (bench/results/deep_decode.md; service.cpu_attention)
+    flash_attn: bool | None = Field(None, description=(
+        "Force flash attention on (long prompts with short replies read faster on a CPU) or "
+        "off."), **_unset("off where the model runs on the CPU alone, with an f16 KV cache "
+                          "and room for its attention scores; llama.cpp's choice elsewhere"))
     gpus: str | None = Field(None, description=(
         "GPUs to use: indexes or names as `localinfer hw` shows them, comma-separated "
         "(0,2), or none for the CPU alone."), **_unset("all"))

@@ -193,9 +193,10 @@ class LoadOptions:
     # (measured in the issue notes; bench/results/engine_mixed.md)
     step_budget: float | None = None
     # while streams generate, a step may take about this many milliseconds (the longest
-    # pause a running stream sees while a prompt is read; step_budget.py); 0: off. Where a
-    # whole chunk is read faster (a GPU) it never cuts (the default: see settings.py)
-    step_ms: int = 500
+    # pause a running stream sees while a prompt is read; step_budget.py); 0: off; None:
+    # what the attention kernel's smallest pieces hold (step_budget.default_step_ms). Where
+    # a whole chunk is read faster (a GPU) it never cuts
+    step_ms: int | None = None
     # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
     # with each token and keep those the sampler agrees with (same output); 0 turns it off
     draft_tokens: int = 0

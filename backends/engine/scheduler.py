@@ -32,7 +32,7 @@ from localinfer.backends.engine.speculator import Speculator
 from localinfer.backends.engine.think_budget import ThinkBudget
 from localinfer.backends.engine.task_queue import (CANCEL_ALL, CLOSE, WAKE, Job, TaskQueue,
                                                   check_request)
-from localinfer.backends.engine.step_budget import PIECE_FLOOR, StepBudget
+from localinfer.backends.engine.step_budget import StepBudget, default_step_ms, piece_floor
 from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
 from localinfer.backends.base import is_image
@@ -56,7 +56,7 @@ class Engine:
         clock: Callable[[], float] = time.perf_counter,
         prefill_chunk: int | None = None,
         step_budget: float | None = None,
-        step_ms: int = 0,
+        step_ms: int | None = 0,
         draft_tokens: int = 0,
         unified: bool = False,
         drafter: DraftModel | None = None,
@@ -91,7 +91,10 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_ms` milliseconds or `step_budget` decode-only steps' time (step_budget.py);
         # neither: chunks only
-        self.budget = StepBudget(step_budget, floor=PIECE_FLOOR if step_ms else 1,
+        if step_ms is None:  # (None: the default for the attention kernel)
+            step_ms = default_step_ms(native.flash_attn)
+        self.budget = StepBudget(step_budget,
+                                 floor=piece_floor(native.flash_attn) if step_ms else 1,
                                  target_s=step_ms / 1000)
         # a lone stream also decodes guesses with its next token (speculator.py); a
         # recurrent state must be rolled back past the guesses it rejects, which llama.cpp
@@ -425,9 +428,11 @@ class Engine:
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode,
                                         depth=len(reading.cache) if reading else 0)
         # (the decode tokens' cells are already counted in the caches)
-        allowed = min(allowed, self.cells.free(self.slots))
+        free = self.cells.free(self.slots)
+        allowed = min(allowed, free)
         for slot in self.slots:
-            room = min(self.prefill_chunk, allowed - (batch.n_tokens - n_decode))
+            read = batch.n_tokens - n_decode
+            room = min(self.prefill_chunk, allowed - read)
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
             encoding = False
@@ -439,6 +444,15 @@ class Engine:
             if encoding or not slot.task or slot.n_prompt_done == len(slot.to_read):
                 continue  # (its image being encoded; failed; a rebuilt request all read)
             end = min(len(slot.to_read), slot.n_prompt_done + room)
+            left = len(slot.to_read) - end
+            whole = len(slot.to_read) - slot.n_prompt_done
+            if (n_decode and 0 < left < self.budget.floor
+                    and whole <= min(self.prefill_chunk, self.n_batch - batch.n_tokens,
+                                     free - read)):
+                # a prompt's tail below the floor, read in a step of its own, costs more than
+                # this step does with it (flash attention, 4,000 deep: 28 tokens 1.7 s where
+                # 65 took 0.6), so it rides along
+                end = len(slot.to_read)
             if slot.task.pictures:  # up to its next image
                 end = next((i for i in range(slot.n_prompt_done, end)
                             if is_image(slot.to_read[i])), end)

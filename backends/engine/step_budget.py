@@ -21,25 +21,48 @@ too big (630-730 ms). With nothing generating, a prompt is read in full chunks: 
 waiting on the step. Where a step is fast (a GPU: a full chunk costs less than the target)
 the budget never cuts.
 
-Smaller pieces read a long prompt more slowly: llama.cpp's CPU flash attention reads a
-sequence's query rows in tiles of 64 and fewer rows one by one, at twice the cost a token
-(smollm2, 2 cores, 3,800 deep: 11 ms a token in pieces of 16-48, 5-6 in pieces of 64-256;
-without flash attention 6-7 at every size, but batched decode 0.73-0.93x as fast and a long
-prompt read alone 1.3-1.7x slower, so it stays on). Pieces of a tile also waste part of it
-where a head's rows end, which a piece's tokens and its depth both pay. Hence PIECE_FLOOR,
-and the trade the default makes (bench/results/long_prompt_gap.md, a 4,000-token prompt): a
-running stream's longest pause 0.7 s instead of 2.8 s, the prompt beside it read 1.3x slower.
+Smaller pieces read a long prompt more slowly, and with flash attention much more slowly:
+llama.cpp's CPU flash attention reads a sequence's query rows in tiles of 64, and fewer rows
+one at a time. Measured (Xeon, 2 cores, smollm2's shape, a piece beside one decode token,
+ms a token at 4,000 deep): with flash attention 9.7 in pieces of 65, 7.5 of 128, 6.0 of
+511, and 53 in pieces of 64 or fewer (the decode token takes one of its rows, 63 are left);
+without it 11.3 in pieces of 16, 9.0 of 32, 7.6-7.9 of 64-511. Pieces of a tile also waste
+part of it where a head's rows end, which a piece's tokens and its depth both pay. Hence a
+floor per kernel (piece_floor), and what each trade costs (bench/results/long_prompt_gap.md,
+a 4,000-token prompt): with flash attention (llama.cpp's default on a CPU) the smallest piece
+4,000 deep takes ~0.63 s, so no target holds a running stream's pause below that, and the
+prompt beside it is read ~1.5x slower; without it pieces of 16 take 0.18 s there, so a
+250 ms target holds, but the prompt alone is read 1.6x slower and decoding deep in a context
+is twice as fast (bench/results/deep_decode.md).
 """
 
 from __future__ import annotations
 
-__all__ = ["PIECE_FLOOR", "StepBudget"]
+__all__ = ["PIECE_FLOOR", "PLAIN_PIECE_FLOOR", "StepBudget", "default_step_ms", "piece_floor"]
 
 # a time target never cuts a prompt into pieces smaller than this: below a tile of llama.cpp's
-# CPU attention (64 query rows of a sequence) a token costs about twice as much, and a piece
+# CPU flash attention (64 query rows of a sequence) a token costs 2x as much on an EPYC, 5-8x
+# on a Xeon with AVX-512, and a piece
 # beside running streams gives one token to the micro-batch it shares with them. Where a
 # tile costs more than the target (a large model on a CPU), the pause is a tile's.
 PIECE_FLOOR = 65
+# without flash attention a piece of any size is read at the same kind of cost (llama.cpp's
+# matrix products); below 16 tokens a step's fixed cost (every weight read once) dominates
+PLAIN_PIECE_FLOOR = 16
+
+
+def piece_floor(flash_attn: bool) -> int:
+    """The fewest prompt tokens a time target cuts a piece to, for the attention kernel the
+    context runs."""
+    return PIECE_FLOOR if flash_attn else PLAIN_PIECE_FLOOR
+
+
+def default_step_ms(flash_attn: bool) -> int:
+    """The time target where the user sets none: 250 ms, which pieces of 16 tokens hold
+    4,000 tokens deep on 2 cores without flash attention (a running stream's longest pause
+    0.30 s, the prompt read as fast as alone); 500 with it, whose tiles take ~0.6 s there
+    anyway and cost more the smaller the target (TTFT 1.7x of alone at 250, 1.5x at 500)."""
+    return 500 if flash_attn else 250
 
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages

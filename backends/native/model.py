@@ -132,6 +132,8 @@ class NativeModel:
         # shares its cells); split: a fixed stream of n_ctx / n_slots cells per sequence
         cparams.kv_unified = kv_unified
         cparams.type_k = cparams.type_v = _KV_TYPES[kv_type]
+        # llama.cpp's auto turns it on wherever the devices have it, as every CPU does
+        self.flash_attn = flash_attn is not False
         cparams.flash_attn_type = {None: llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
                                    True: llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
                                    False: llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED}[flash_attn]

@@ -60,6 +60,7 @@ class FakeNative:
     windowed = False
     n_swa = 0
     rollback = 0
+    flash_attn = True  # llama.cpp's default on a CPU (NativeModel.flash_attn)
 
     def __init__(self, n_ctx: int = 256, n_ctx_train: int = 4096, n_outputs: int = 64):
         self._n_ctx, self._n_ctx_train = n_ctx, n_ctx_train

@@ -9,7 +9,8 @@ import pytest
 from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.engine.step_budget import StepBudget
-from localinfer.backends.engine.step_budget import PIECE_FLOOR
+from localinfer.backends.engine.step_budget import (PIECE_FLOOR, PLAIN_PIECE_FLOOR,
+                                                   default_step_ms, piece_floor)
 from localinfer.errors import InvalidRequest
 from localinfer.settings import Settings
 
@@ -78,7 +79,9 @@ def test_a_time_target_bounds_a_step_and_the_tighter_bound_wins():
     slow.observe(0.300, n_decode=1, n_prompt=0)
     slow.observe(0.400, n_decode=1, n_prompt=10)
     assert slow.allowance(1, 512) == 4
-    assert LoadOptions().step_ms == Settings().step_ms == 500  # on by default
+    # on by default, at what the attention kernel's smallest pieces hold
+    assert LoadOptions().step_ms is Settings().step_ms is None
+    assert (default_step_ms(flash_attn=False), default_step_ms(flash_attn=True)) == (250, 500)
 
 
 def test_a_token_deep_in_a_prompt_is_priced_at_its_depth():
@@ -112,16 +115,54 @@ def test_a_time_target_never_cuts_below_a_tile_of_cpu_attention():
     assert budget.allowance(2, 30, depth=3100) == 30  # never past the batch's room
 
 
+@pytest.mark.parametrize("flash_attn", [None, False])
+def test_a_time_target_cuts_to_the_floor_of_the_attention_kernel(smollm2_path, flash_attn):
+    """A target far below any step cuts a prompt read beside a running stream to the
+    smallest pieces its attention reads at a fair cost: a tile of 64 rows and the running
+    stream's token with flash attention (llama.cpp's default on a CPU, None), 16 tokens
+    without it. Each piece is at that floor, and a tail below it rides with the last one
+    (read alone, 28 tokens 4,000 deep took 1.7 s where 65 took 0.6)."""
+    _, with_prompt, n_prompt = _steps_while_a_prompt_is_read(smollm2_path, None, step_ms=1,
+                                                              flash_attn=flash_attn)
+    floor = piece_floor(flash_attn is not False)
+    assert floor == (PIECE_FLOOR if flash_attn is None else PLAIN_PIECE_FLOOR)
+    assert sum(p for _, _, p in with_prompt) == n_prompt
+    pieces = [p for _, _, p in with_prompt]
+    assert all(p == floor for p in pieces[:-1]) and floor <= pieces[-1] < 2 * floor, pieces
+
+
+@pytest.mark.parametrize("flash_attn", [True, False])
+def test_the_engine_takes_its_default_target_and_floor_from_its_attention_kernel(flash_attn):
+    from localinfer.backends.engine.scheduler import Engine
+
+    from .fake_native import FakeNative
+
+    native = FakeNative()
+    native.flash_attn = flash_attn
+    engine = Engine(native, n_slots=2, n_batch=64, step_ms=None)
+    try:
+        assert engine.budget.target_s == (0.5 if flash_attn else 0.25)
+        assert engine.budget.floor == (PIECE_FLOOR if flash_attn else PLAIN_PIECE_FLOOR)
+    finally:
+        engine.close()
+    engine = Engine(native, n_slots=2, n_batch=64, step_ms=0)  # off: whole chunks
+    try:
+        assert not engine.budget.on and engine.budget.floor == 1
+    finally:
+        engine.close()
+
+
 def test_a_budget_of_one_or_less_is_refused():
     with pytest.raises(InvalidRequest, match="more than 1"):
         LoadOptions(step_budget=0.5)
     assert LoadOptions(step_budget=0).step_budget == 0
 
 
-def _steps_while_a_prompt_is_read(path, budget: float | None, step_ms: int = 0
-                                  ) -> tuple[list, list, int]:
+def _steps_while_a_prompt_is_read(path, budget: float | None, step_ms: int = 0,
+                                  flash_attn: bool | None = None) -> tuple[list, list, int]:
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_budget=budget,
-                                                step_ms=step_ms), name="smollm2:135m")
+                                                step_ms=step_ms, flash_attn=flash_attn),
+                              name="smollm2:135m")
     steps: list[tuple[float, int, int]] = []
     try:
         bias = eog_ban(backend.native)
