@@ -70,15 +70,18 @@ def projector_memory(projector: ProjectorInfo) -> int:
 def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int = 512,
                     kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
                     swa_full: bool = False, snapshots: int = 0, checkpoints: int = 0,
-                    checkpoint_cap: int | None = None) -> MemoryEstimate:
+                    checkpoint_cap: int | None = None, flash_attn: bool = True
+                    ) -> MemoryEstimate:
     """n_ctx per slot; n_outputs: the most logits a step asks for (LoadOptions.n_outputs);
     swa_full: sliding-window layers keep every cell (--swa-full), else their window (the
     engine's default); snapshots: copies of each slot's recurrent state (llama.cpp's n_rs_seq);
-    checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes."""
+    checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes;
+    flash_attn: off, the compute buffer also holds a layer's attention scores."""
     shape = info.shape()
     pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch) + pooled_kv
-    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots)) + pooled_compute
+    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots),
+                             flash_attn) + pooled_compute
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
                           shape.state_bytes(n_slots, snapshots) + pooled_state,
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
@@ -88,12 +91,13 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,
                 kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS,
                 snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
-                checkpoint_cap: int | None = None) -> int:
+                checkpoint_cap: int | None = None, flash_attn: bool = True) -> int:
     """The largest per-slot context that fits in `available` bytes (0 if none does)."""
     def fits(n_ctx: int) -> bool:
         return estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
                                swa_full, snapshots, checkpoints=checkpoints,
-                               checkpoint_cap=checkpoint_cap).ram <= available
+                               checkpoint_cap=checkpoint_cap,
+                               flash_attn=flash_attn).ram <= available
 
     low, high = 0, info.n_ctx_train or 1 << 24
     if fits(high):
@@ -109,7 +113,7 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   kv_type: str = "f16",
                   beside: tuple[int, str] = (0, ""), n_outputs: int = DEFAULT_OUTPUTS,
                   snapshots: int = 0, swa_full: bool = False, checkpoints: int = 0,
-                  checkpoint_cap: int | None = None) -> MemoryEstimate:
+                  checkpoint_cap: int | None = None, flash_attn: bool = True) -> MemoryEstimate:
     """Raise ContextTooLarge, with the numbers and what to do, unless the context fits.
 
     beside: bytes taken by something loaded with the model (a draft model), and its name.
@@ -122,7 +126,7 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
-    held = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap)
+    held = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap, flash_attn=flash_attn)
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
                                swa_full, snapshots, **held)
     if estimate.ram > free:

@@ -105,7 +105,8 @@ class GGUFInfo:
                           recurrent_kind=self.recurrent_kind,
                           pooled="rerank" if self.rerank else "embed" if self.embedding else "",
                           pooled_ubatch=POOLED_UBATCH if spans else 0,
-                          pooled_outputs=POOLED_SEQUENCES if last else 0, encoder=encoder)
+                          pooled_outputs=POOLED_SEQUENCES if last else 0, encoder=encoder,
+                          n_head=self.n_head)
 
     def input_embd_share(self) -> float:
         """The share of the weights that llama.cpp keeps in RAM whatever the GPU layers: the

@@ -90,6 +90,7 @@ class ModelShape:
     pooled_ubatch: int = 0
     pooled_outputs: int = 0
     encoder: bool = False  # attends both ways (BERT's kin): llama.cpp keeps no KV cache
+    n_head: int = 0  # attention's query heads (the most of any layer); 0: as n_head_kv
 
     def pooled_cells(self, n_ctx: int) -> int:
         """The cells of the pooled context where the model has one (a slot's context for a

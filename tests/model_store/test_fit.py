@@ -43,14 +43,16 @@ def test_nothing_fits_in_too_little_memory(info):
         check_context(info, 512, 1, available=info.file_size // 2)
 
 
+@pytest.mark.parametrize("flash_attn", [None, False])
 @pytest.mark.parametrize("model,n_ctx,n_slots", [("smollm2_path", 2048, 1),
                                                   ("smollm2_path", 1024, 4),
                                                   ("gemma3_path", 2048, 1),
                                                   ("gemma3_path", 8192, 1)])
-def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_slots, request,
-                                                              caplog):
+def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_slots, flash_attn,
+                                                              request, caplog):
     """Weights + KV + compute, against llama.cpp's own report after loading: within 10%; the
-    compute buffer alone, reserved for the logits a step may ask for, is never under."""
+    compute buffer alone, reserved for the logits a step may ask for (and without flash
+    attention a layer's attention scores), is never under."""
     import logging
     import re
 
@@ -59,14 +61,14 @@ def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_sl
 
     path = request.getfixturevalue(model)
     caplog.set_level(logging.INFO, logger="localinfer.llama_cpp")
-    options = LoadOptions(n_ctx=n_ctx, n_slots=n_slots)
+    options = LoadOptions(n_ctx=n_ctx, n_slots=n_slots, flash_attn=flash_attn)
     with LlamaCppBackend(path, options):
         pass
     pattern = r"^(?!~).*(?:model|KV|compute|output) buffer size =\s+([\d.]+) MiB"
     reported = sum(float(m) for m in re.findall(pattern, caplog.text, re.M)) * 2**20
     compute = float(re.search(r"compute buffer size =\s+([\d.]+) MiB", caplog.text)[1]) * 2**20
     estimate = estimate_memory(read_gguf_info(path), n_ctx, n_slots,
-                               n_outputs=options.n_outputs)
+                               n_outputs=options.n_outputs, flash_attn=flash_attn is None)
     assert reported == pytest.approx(estimate.total, rel=0.10)
     assert compute <= estimate.compute <= 1.5 * compute
 
