@@ -177,14 +177,15 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
     buffer then holds leave no room in `available` bytes.
 
     llama.cpp turns it on wherever a device has it, a CPU included. There its kernel reads a
-    decode step's cache one cell at a time: 2,048 tokens deep, SmolLM2's shape decoded 16.4
-    tok/s with it and 31.6 without (llama-server 19.0), 4,096 deep 10.6 and 24.2, a Llama
-    3.2 1B shape 3.7 and 7.9 (bench/results/deep_decode.md); and a prompt read beside
-    running streams may then be cut into pieces of 16 tokens, not 65 (step_budget.py), so a
-    step target holds. With it a long prompt alone is read ~1.6x faster on 2 cores, and its
-    compute buffer holds no scores (planner.attention_scores: smollm2 at 8,192 tokens 145
-    MiB more without; an 8B at 32K, 2 GiB). A chat reads a turn and decodes deep, so off
-    wins there; --flash-attn is for long prompts with short replies."""
+    decode step's cache one cell at a time: on a 2-core Xeon, 2,048 tokens deep, SmolLM2's
+    shape decoded 20.8 tok/s with it and 42.6 without (llama-server 23.0), 4,096 deep 12.9
+    and 32.3 (bench/results/deep_decode.md); a Llama 3.2 1B shape 3.7 and 7.9 at 4,096
+    (llama.cpp's own decode loop). A prompt read beside running streams may then be cut into
+    pieces of 16 tokens, not 65 (step_budget.py), so a step target holds. With it a long
+    prompt alone is read 1.6-1.7x faster on 2 cores, and its compute buffer holds no scores
+    (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB more without; an 8B at 32K,
+    2 GiB). A chat reads a turn and decodes deep, so off wins there; --flash-attn is for
+    long prompts with short replies."""
     if (options.flash_attn is not None or options.n_gpu_layers or options.workers
             or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
         return options

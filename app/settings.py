@@ -104,9 +104,9 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.30 s without flash attention (CPU's default),
-    # the prompt read as fast as alone; with it 0.7-3 s at 500 ms, 1.6x slower (llama-server:
-    # 8.7 s); a GPU reads a chunk within it and is never cut
+    # Xeon), that stream's longest pause is 0.30 s without flash attention (a CPU's default),
+    # the prompt read as fast as alone; with it 0.76 s at 500 ms, 1.48x slower than alone
+    # (llama-server: 7.9 s); a GPU reads a chunk within it and is never cut
     # (bench/results/long_prompt_gap.md)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "

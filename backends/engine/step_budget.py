@@ -40,11 +40,11 @@ from __future__ import annotations
 
 __all__ = ["PIECE_FLOOR", "PLAIN_PIECE_FLOOR", "StepBudget", "default_step_ms", "piece_floor"]
 
-# a time target never cuts a prompt into pieces smaller than this: below a tile of llama.cpp's
-# CPU flash attention (64 query rows of a sequence) a token costs 2x as much on an EPYC, 5-8x
-# on a Xeon with AVX-512, and a piece
-# beside running streams gives one token to the micro-batch it shares with them. Where a
-# tile costs more than the target (a large model on a CPU), the pause is a tile's.
+# with flash attention a time target never cuts a prompt into pieces smaller than this: below
+# a tile of llama.cpp's CPU kernel (64 query rows of a sequence) a token costs 2x as much on
+# an EPYC, 5-8x on a Xeon with AVX-512, and a piece beside running streams gives one token to
+# the micro-batch it shares with them. Where a tile costs more than the target (a large model
+# on a CPU), the pause is a tile's.
 PIECE_FLOOR = 65
 # without flash attention a piece of any size is read at the same kind of cost (llama.cpp's
 # matrix products); below 16 tokens a step's fixed cost (every weight read once) dominates
