@@ -211,18 +211,22 @@ def test_a_step_stays_near_its_time_target_while_a_stream_runs(smollm2_path):
     assert typical <= 0.5, (typical, with_prompt)  # 0.2 s, with room for a loaded machine
 
 
+@pytest.mark.parametrize("flash_attn", [None, False])
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2", "gemma3", "qwen3moe"])
-def test_every_architecture_answers_right_from_a_prompt_read_in_the_smallest_pieces(arch):
+def test_every_architecture_answers_right_from_a_prompt_read_in_the_smallest_pieces(arch,
+                                                                                 flash_attn):
     """Hybrid (checkpoints chosen before each piece), recurrent, sliding-window and MoE
     models: a long prompt read beside a running stream in the smallest pieces a time target
-    cuts (a target far below any step: PIECE_FLOOR tokens a piece), its recurrent state,
-    window and experts carried from piece to piece. Both replies follow a reference decode
-    of their own prompt."""
+    cuts (a target far below any step: the attention kernel's floor a piece, with flash
+    attention and without, a CPU's default), its recurrent state, window and experts
+    carried from piece to piece. Both replies follow a reference decode of their own
+    prompt (with flash attention: llama.cpp's default)."""
     from ..families import arch_model
     from ..greedy import Reference
 
     path = arch_model(arch)
-    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_ms=1))
+    backend = LlamaCppBackend(path, LoadOptions(n_ctx=1024, n_slots=2, step_ms=1,
+                                                flash_attn=flash_attn))
     steps: list[tuple[float, int, int]] = []
     try:
         bias = eog_ban(backend.native)
@@ -245,7 +249,7 @@ def test_every_architecture_answers_right_from_a_prompt_read_in_the_smallest_pie
     assert sum(p for _, _, p in steps) == len(long_prompt) and len(pieces) >= 4, steps
     # (the tail may be cut short twice: by the prompt's end, and before it where a hybrid
     # saves its checkpoint of the prompt's end)
-    assert all(p >= PIECE_FLOOR for p in pieces[:-2]), steps
+    assert all(p >= piece_floor(flash_attn is None) for p in pieces[:-2]), steps
     reference = Reference(path)
     try:
         reference.follows(long_prompt, reply, "length", ban=bias)
