@@ -218,7 +218,7 @@ def test_every_architecture_answers_right_from_a_prompt_read_in_the_smallest_pie
     """Hybrid (checkpoints chosen before each piece), recurrent, sliding-window and MoE
     models: a long prompt read beside a running stream in the smallest pieces a time target
     cuts (a target far below any step: the attention kernel's floor a piece, with flash
-    attention and without, a CPU's default), its recurrent state, window and experts
+    attention and without), its recurrent state, window and experts
     carried from piece to piece. Both replies follow a reference decode of their own
     prompt (with flash attention: llama.cpp's default)."""
     from ..families import arch_model
