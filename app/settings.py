@@ -104,15 +104,15 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.76 s (500 ms with flash attention, llama.cpp's
-    # default), the prompt read 1.48x slower than alone; without flash attention 0.30 s (250
-    # ms), as fast as alone (llama-server: 7.9 s); a GPU reads a chunk within it and is never
-    # cut (bench/results/long_prompt_gap.md)
+    # Xeon), that stream's longest pause is 0.80 s (500 ms with flash attention, llama.cpp's
+    # default), the prompt read 1.46x slower than alone; without flash attention 0.27 s (250
+    # ms), 0.87x (llama-server: 8.1 s); a GPU reads a chunk within it and is never cut
+    # (bench/results/long_prompt_gap.md)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "
         "a prompt in smaller pieces: the longest pause a running stream sees while another "
         "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."),
-        **_unset("250; 500 with flash attention, whose smallest pieces take longer"))
+        **_unset("500; 250 without flash attention, whose small pieces cost no more"))
     # off by default: a bound relative to a decode step, it slows a long prompt and,
     # under load, short prompts' TTFT (bench/results/engine_mixed.md)
     step_budget: float | None = Field(None, ge=0, description=(

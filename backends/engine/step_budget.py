@@ -58,10 +58,11 @@ def piece_floor(flash_attn: bool) -> int:
 
 
 def default_step_ms(flash_attn: bool) -> int:
-    """The time target where the user sets none: 250 ms, which pieces of 16 tokens hold
-    4,000 tokens deep on 2 cores without flash attention (a running stream's longest pause
-    0.30 s, the prompt read as fast as alone); 500 with it, whose tiles take ~0.6 s there
-    anyway and cost more the smaller the target (TTFT 1.7x of alone at 250, 1.5x at 500)."""
+    """The time target where the user sets none: 500 ms with flash attention (llama.cpp's
+    default), whose tiles take ~0.6 s 4,000 deep on 2 cores anyway and cost more the smaller
+    the target (TTFT 1.7x of alone at 250, 1.5x at 500); 250 without it, which pieces of 16
+    tokens hold there (a running stream's longest pause 0.27 s, the prompt beside it read
+    as fast as alone)."""
     return 500 if flash_attn else 250
 
 
