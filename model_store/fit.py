@@ -126,12 +126,12 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
             f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
             f"was trained for — use --ctx {info.n_ctx_train} or less"
         )
-    held = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap, flash_attn=flash_attn)
+    also = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap, flash_attn=flash_attn)
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
-                               swa_full, snapshots, **held)
+                               swa_full, snapshots, **also)
     if estimate.ram > free:
         fits = max_context(info, free, n_slots, n_ubatch, kv_type, n_outputs, snapshots,
-                           swa_full, **held)
+                           swa_full, **also)
         hint = f"use --ctx {fits} or less" if fits else "free some memory or pick a smaller model"
         if estimate.checkpoints:
             hint += " (or keep fewer context checkpoints: --ctx-checkpoints, --ctx-checkpoint-mib)"
