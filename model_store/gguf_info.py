@@ -28,10 +28,10 @@ def _import_gguf() -> Any:
     """The gguf package, with sentencepiece and mistral_common kept out of the process.
 
     gguf's vocab module imports them where they are installed, to write vocabularies, which
-    the store never does; and sentencepiece in a process before llama.cpp's libraries makes a
-    CUDA build of llama.cpp crash in its tokenizer set-up while loading any model. Kept out,
-    the order of imports no longer matters, and the store loads no native library
-    (tests/test_import_order.py, tests/test_layers.py)."""
+    the store never does. sentencepiece brings a private libstdc++ into the process, which
+    made a CUDA build of llama.cpp crash at a model load (the package's root now makes the
+    system's libstdc++ global first: app/__init__.py). Kept out, the store loads no native
+    library (tests/test_import_order.py, tests/test_layers.py)."""
     blocked = [name for name in ("sentencepiece", "mistral_common") if name not in sys.modules]
     for name in blocked:
         sys.modules[name] = None  # type: ignore[assignment]  # an import of it fails at once

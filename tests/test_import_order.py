@@ -1,10 +1,11 @@
 """sentencepiece never comes into our processes, whatever the way in, and the model store
 loads no native library.
 
-On a CUDA build, a model load crashes the process when sentencepiece (which the gguf package
-imports where it is installed) came into the process before llama.cpp's shared libraries.
-The store imports gguf with sentencepiece kept out (model_store/gguf_info.py), so the order of
-imports does not matter. These tests put a stand-in sentencepiece on the path, as a user's
+On a CUDA build, a model load crashed the process when a private libstdc++ (sentencepiece's,
+which the gguf package imports where it is installed, or numpy's) came into the process before
+llama.cpp's shared libraries: the package's root now makes the system's libstdc++ global
+first (app/__init__.py; the last test). The store imports gguf with sentencepiece kept out
+(model_store/gguf_info.py). These tests put a stand-in sentencepiece on the path, as a user's
 machine may have the real one, and look for it in sys.modules after each way in.
 """
 
@@ -107,3 +108,32 @@ def test_cli_commands_bring_no_sentencepiece_in(argv, smollm2_path, sentencepiec
                             env=sentencepiece_env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "SENTENCEPIECE False" in result.stderr, result.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux loader's scopes")
+def test_the_cxx_runtime_is_global_before_llama_cpp_loads():
+    """Once localinfer is in, the system's libstdc++ answers a C++ symbol from the global
+    scope, numpy (which brings it in privately) imported first; llama.cpp's libraries, loaded
+    later, bind to that copy and not to the one a CUDA build's libggml-cuda carries (its
+    hybrid models crashed at load: app/__init__.py)."""
+    code = textwrap.dedent("""
+        import ctypes, json, sys
+        import numpy  # noqa: F401
+        scope = ctypes.CDLL(None)  # the process's global scope
+        before = hasattr(scope, "_ZNSo9_M_insertIlEERSoT_")  # ostream << long
+        import localinfer  # noqa: F401
+        symbol = ctypes.cast(getattr(scope, "_ZNSo9_M_insertIlEERSoT_", None), ctypes.c_void_p)
+        class Info(ctypes.Structure):
+            _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                        ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+        info = Info()
+        found = symbol.value and ctypes.CDLL(None).dladdr(symbol, ctypes.byref(info))
+        print(json.dumps([before, "llama_cpp" in sys.modules,
+                          info.fname.decode() if found else None]))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, llama_loaded, owner = json.loads(done.stdout)
+    assert not before and not llama_loaded  # the check can fail: nothing made it global yet
+    assert owner and "libstdc++.so" in owner
