@@ -137,6 +137,7 @@ fi
 # models, while llama.cpp builds
 Q=.gpu/src/models
 if [ $SMALL = 1 ]; then MOE_LAYERS="--layers 3"; L1=smollm2-135m; L8=smollm2-135m; else MOE_LAYERS=""; L1=llama3.2-1b; L8=llama3.1-8b; fi
+[ -f $M/models.done ] && echo "models kept from an earlier call" || \
 ( python3 bench/random_gguf.py qwen3.5-0.8b $M/qwen3.5-0.8b.gguf --tokenizer $Q/ggml-vocab-qwen2.gguf --template $Q/templates/Qwen3.5-4B.jinja > $M/w1.log 2>&1
   if [ $SMALL = 1 ]; then
     python3 -c "import dataclasses,sys; sys.path.insert(0,'bench'); from pathlib import Path; import random_gguf as r, gguf
@@ -178,7 +179,7 @@ step_gpu_memory() {  # the hybrid's plan against what the GPU holds
 step_hybrid_load() {  # the hybrid served, and which of prepare's parts makes its load crash
   want hybrid_load 60 || return 0; stamp hybrid_load
   local model=$M/qwen3.5-0.8b.gguf
-  python3 - "$model" <<'PY' 2>&1 | tail -12
+  python3 - "$model" <<'PY' 2>&1 | tee $RES/hybrid_load.txt | tail -40
 import subprocess, sys
 from pathlib import Path
 sys.path.insert(0, "bench")
@@ -195,21 +196,48 @@ finally:
 LOAD = ("import llama_cpp as l; from localinfer.backends.native.model import model_params; "
         "l.llama_backend_init(); p, k = model_params(99, 'none', 0, (), False, ()); "
         "print('loaded', bool(l.llama_model_load_from_file(sys.argv[1].encode(), p)))")
+crashed = None
 for name, before in [
         ("nothing", ""),
+        ("import_service", "import localinfer.service"),
         ("devices", "from localinfer.backends.native.ggml import devices; devices()"),
+        ("nvml", "from localinfer.model_store.hardware import _nvml; _nvml()"),
         ("detect", "from localinfer.backends.native.machine import detect; detect()"),
         ("read_gguf_info", "from localinfer.model_store.gguf_info import read_gguf_info; "
                            "read_gguf_info(sys.argv[1])"),
+        ("shape", "from localinfer.model_store.gguf_info import read_gguf_info; "
+                  "read_gguf_info(sys.argv[1]).shape()"),
+        ("prepare_cpu", "from localinfer.service import prepare; "
+                        "from localinfer.backends.base import LoadOptions; "
+                        "prepare(sys.argv[1], LoadOptions(n_ctx=4096, n_gpu_layers=0))"),
         ("prepare", "from localinfer.service import prepare; "
                     "from localinfer.backends.base import LoadOptions; "
                     "prepare(sys.argv[1], LoadOptions(n_ctx=4096))")]:
-    done = subprocess.run([sys.executable, "-X", "faulthandler", "-c",
-                           f"import sys\n{before}\n{LOAD}", model],
-                          capture_output=True, text=True, timeout=120)
+    code = f"import sys\n{before}\n{LOAD}"
+    try:
+        done = subprocess.run([sys.executable, "-X", "faulthandler", "-c", code, model],
+                              capture_output=True, text=True, timeout=90)
+    except subprocess.TimeoutExpired:
+        print(f"load after {name}: timed out")
+        continue
     print(f"load after {name}: exit {done.returncode}",
           (done.stdout.strip().splitlines() or [""])[-1],
           " | ".join(l for l in done.stderr.splitlines() if "File" in l)[-300:])
+    if done.returncode < 0 and crashed is None:  # a signal
+        crashed = code
+        open("/tmp/res/hybrid_load_stderr.txt", "w").write(done.stderr[-20000:])
+if crashed is not None:  # the first crash's native stack (cuda-gdb debugs host code too)
+    Path("/tmp/crash.py").write_text(crashed)
+    try:
+        gdb = subprocess.run(["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 40",
+                              "-ex", "info sharedlibrary", "--args", sys.executable,
+                              "/tmp/crash.py", model],
+                             capture_output=True, text=True, timeout=120)
+        text = gdb.stdout + gdb.stderr
+    except Exception as exc:
+        text = f"cuda-gdb: {exc}"
+    open("/tmp/res/hybrid_load_gdb.txt", "w").write(text[-60000:])
+    print("\n".join(l for l in text.splitlines() if l.startswith("#"))[:3000])
 PY
 }
 step_moe24() {  # MoE at 24 GiB (the whole model fits)
