@@ -18,10 +18,11 @@ def _share_cxx_runtime() -> None:
     system's libstdc++ came into the process first without being made global (numpy brings it
     so, and sentencepiece), libllama's C++ calls bind partly to one copy and partly to the
     other, and a model load crashes in the iostream code of llama_model::print_info: every
-    hybrid model did (its per-layer KV head counts are printed that way), in a runner as in
-    any process that read a GGUF header first. Global before libllama loads, the system's
-    copy answers every call. Nothing to do elsewhere: macOS and Windows resolve symbols per
-    library."""
+    hybrid model did (its per-layer KV head counts are printed that way) in a process that
+    imported numpy or read a GGUF header before llama.cpp (a runner loads llama.cpp first,
+    by the order of its imports alone). Global before libllama loads, the system's copy
+    answers every call, whatever the order. Nothing to do elsewhere: macOS and Windows
+    resolve symbols per library."""
     if not sys.platform.startswith("linux"):
         return
     try:
