@@ -14,7 +14,7 @@
 # moe_placement.py at 16 and 8 GiB free, serve_speed.py on Llama 3.2 1B's shape at 1, 8, 32
 # clients, gpu_memory.py on the Qwen3.5 hybrid, moe_placement.py at 24 GiB, serve_speed.py on
 # Llama 3.1 8B's shape (STEPS="moe serve_1b gpu_memory moe24 serve_8b": which, in that order;
-# also hybrid_load: the hybrid served, and loaded in-process after each part of prepare).
+# also hybrid_load: the hybrid served, and loaded after each import that once crashed it).
 # Results go to $OUT/res.tgz after each step.
 # CPU=1 bash bench/gpu_session.sh run: a dry run here (the CPU build at $SDIST, small
 # shapes, only the packages that machine has importable).
@@ -176,7 +176,7 @@ step_gpu_memory() {  # the hybrid's plan against what the GPU holds
   python3 bench/gpu_memory.py $M/qwen3.5-0.8b.gguf --ctx 4096,32768 --slots 1,4 \
     --out $RES/gpu_memory_qwen35.json 2>&1 | tail -12
 }
-step_hybrid_load() {  # the hybrid served, and which of prepare's parts makes its load crash
+step_hybrid_load() {  # the hybrid served, and loaded after each import that once made it crash (app/__init__.py)
   want hybrid_load 60 || return 0; stamp hybrid_load
   local model=$M/qwen3.5-0.8b.gguf
   python3 - "$model" <<'PY' 2>&1 | tee $RES/hybrid_load.txt | tail -40
