@@ -498,6 +498,8 @@ def serve(
     parallel: Annotated[Optional[int], _flag("parallel")] = None,
     ctx: Annotated[Optional[int], _flag("ctx")] = None,
     threads: Annotated[Optional[int], _flag("threads")] = None,
+    core_share: Annotated[Optional[bool], _flag("core_share", "--core-share/--no-core-share")
+                          ] = None,
     prefill_chunk: Annotated[Optional[int], _flag("prefill_chunk")] = None,
     step_budget: Annotated[Optional[float], _flag("step_budget")] = None,
     step_ms: Annotated[Optional[int], _flag("step_ms")] = None,
@@ -535,8 +537,9 @@ def serve(
     with _user_errors():
         settings = Settings.read({
             "model": model, "host": host, "port": port, "parallel": parallel, "ctx": ctx,
-            "threads": threads, "prefill_chunk": prefill_chunk, "step_budget": step_budget,
-            "step_ms": step_ms, "draft": draft, "draft_model": draft_model, "kv_type": kv_type,
+            "threads": threads, "core_share": core_share, "prefill_chunk": prefill_chunk,
+            "step_budget": step_budget, "step_ms": step_ms, "draft": draft,
+            "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "cache_reuse": cache_reuse,
             "ctx_checkpoints": ctx_checkpoints, "ctx_checkpoint_mib": ctx_checkpoint_mib,
             "swa_full": swa_full,

@@ -99,6 +99,13 @@ class Settings(BaseSettings):
                                                     "limit; 0: only a full context ends one.")
     threads: int | None = Field(None, ge=1, description="CPU threads.", **_unset(
         "the free cores, re-chosen as the load changes"))
+    # on by default: two models' runners, 2 streams each on 2 cores, counting the cores alone
+    # took 3.1 s to the last first token and 10.7 s to end every stream (medians); sharing,
+    # 0.89 s and 7.0 s (backends/engine/threads.py, bench/results/two_models.md)
+    core_share: bool = Field(True, description=(
+        "Share the CPU cores with the other localinfer processes running models: a step waits "
+        "for a core their running steps hold and takes only the cores they leave (off: each "
+        "counts the machine's cores alone)."))
     parallel: int = Field(4, ge=1, le=64, description="Requests decoded together per model.")
     prefill_chunk: int | None = Field(None, ge=1, description=(
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "

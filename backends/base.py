@@ -228,6 +228,9 @@ class LoadOptions:
     # the cached one further back than that goes back to a context checkpoint
     swa_full: bool = False
     n_threads: int | None = None
+    # without n_threads: a step's threads also leave the cores that other localinfer
+    # processes' steps hold now (engine/threads.py's CoreShare)
+    core_share: bool = True
     n_gpu_layers: int | None = None  # None: as the fit planner says for this machine
     kv_type: KvType = KvType.F16  # (a plain name such as "q8_0" is taken and made a KvType)
     # the longest reply of a request that sets no limit (SamplingParams.capped); 0: none.
@@ -255,7 +258,8 @@ class LoadOptions:
         """The load options the settings say. n_ctx: a context asked for on the command line;
         None: the setting's, within what the model was trained on (service.prepare)."""
         return cls(n_ctx=n_ctx, n_slots=n_slots, n_threads=settings.threads,
-                   kv_type=settings.kv_type, flash_attn=settings.flash_attn,
+                   core_share=settings.core_share, kv_type=settings.kv_type,
+                   flash_attn=settings.flash_attn,
                    prefill_chunk=settings.prefill_chunk, step_budget=settings.step_budget,
                    step_ms=settings.step_ms, draft_tokens=settings.draft,
                    draft_model=settings.draft_model,

@@ -23,7 +23,8 @@ from localinfer.backends.engine.scheduler import Engine
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.metrics import EngineStats
 from localinfer.backends.native.rerank import Reranker
-from localinfer.backends.engine.threads import ThreadTuner, free_cores, physical_cores
+from localinfer.backends.engine.threads import (CoreShare, ThreadTuner, free_cores, open_share,
+                                                physical_cores)
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
@@ -132,10 +133,11 @@ class LlamaCppBackend(Backend):
                              projector=self.projector,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(
-                                 n_threads, physical_cores()))
+                                 n_threads, physical_cores(),
+                                 share=self._core_share(options)))
         # their decodes on the engine's thread: one thread of the process calls llama_decode
         tuner = self.engine.threads  # pooled decodes read whole inputs, as prompt steps do
-        pooled_threads = n_threads if tuner is None else (lambda: tuner.for_step(1))
+        pooled_threads = n_threads if tuner is None else tuner.for_pooled
         self.embedder = Embedder(self.native, n_ctx=min(self.engine.n_ctx_slot, POOLED_EMBED_CTX),
                                  n_threads=pooled_threads, run=self.engine.call,
                                  before_made=partial(self._room_to_embed, path, options))
@@ -278,6 +280,12 @@ class LlamaCppBackend(Backend):
     def generate(self, prompt: str | Sequence[int], params: SamplingParams) -> Generation:
         tokens = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         return self.engine.submit(tokens, params)
+
+    def _core_share(self, options: LoadOptions) -> CoreShare | None:
+        """The machine's core share, where this model's layers run on the CPU (a model whose
+        every layer is on a GPU neither waits for cores nor holds them)."""
+        on_gpu = (options.n_gpu_layers or 0) > self.native.n_layer()  # (and its output layer)
+        return None if on_gpu or not options.core_share else open_share(physical_cores())
 
     def _room_to_embed(self, path: str, options: LoadOptions) -> None:
         """A chat model's embedding context, which its plan did not count (an embedding

@@ -51,7 +51,7 @@ def uncached_tokens():
 
 
 def run(path: Path, streams: int, tokens: int, profile: bool) -> dict:
-    _, _, options = prepare(str(path), LoadOptions(n_ctx=256 + tokens, n_slots=streams))
+    options = prepare(str(path), LoadOptions(n_ctx=256 + tokens, n_slots=streams)).options
     backend = LlamaCppBackend(path, options)
     profiler = cProfile.Profile() if profile else None
     original = engine_module.Engine._step

@@ -246,6 +246,8 @@ class Engine:
         self.batch.free()
         self.speculator.close()
         self.native.close()
+        if self.threads is not None and self.threads.share is not None:
+            self.threads.share.close()  # (its slot free for another process)
 
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
@@ -369,13 +371,17 @@ class Engine:
         n_decode, n_prompt, depth = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
-        if self.threads is not None:  # (decode steps: the tuned count; prompt steps: threads.py)
-            count = self.threads.for_step(n_prompt)
+        if self.threads is not None:  # (decode steps: the tuned count; prompt steps: threads.py;
+            # either, no more than other localinfer processes' steps leave of the cores)
+            count = self.threads.begin(n_prompt)
             if count != self.native.threads():
                 self.native.set_threads(count)
         decode_started = time.perf_counter()
-        rc = self.batch.decode()  # until the device is done: the wait for a GPU
-        # belongs to the decode, not to the engine's own time
+        try:  # until the device is done: the wait for a GPU belongs to the decode, not to
+            rc = self.batch.decode()  # the engine's own time
+        finally:  # (the cores are free again: what follows is this thread's alone)
+            if self.threads is not None:
+                self.threads.release()
         self._seconds["decode"] += time.perf_counter() - decode_started
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")

@@ -21,17 +21,35 @@ llama.cpp and Ollama, is right only on an idle machine.
   took 2.1x as long as alone (1 thread); with the count at load, 1.0x
   (bench/results/long_prompt_gap.md).
   A user's explicit --threads is never changed.
+- Between localinfer's processes (`CoreShare`): each step claims its threads in a small
+  shared file before it runs, waits while the other processes' running steps hold every
+  core, and takes no more than the cores their claims leave. Two teams of llama.cpp threads
+  on the same cores wait at each other's barriers, every operation of every step. Two
+  models' runners, 2 streams each on 2 cores (bench/results/two_models.md): counting alone,
+  the longest TTFT was 3.0-10.7 s and the streams took 8.5-19.4 s to end; sharing, 0.69-0.95
+  s and 6.6-7.0 s; a fixed 2 threads each (llama.cpp's one per core), 8.5 s and 76 s. The
+  tuner sees such a neighbour only after some slow steps; the claims are seen before the
+  first. Embedding and ranking reads take what the claims leave but claim nothing.
 """
 
 from __future__ import annotations
 
+import getpass
+import logging
+import mmap
 import os
+import struct
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
+from filelock import FileLock
 
-__all__ = ["OthersLoad", "ThreadTuner", "free_cores", "physical_cores"]
+__all__ = ["CoreShare", "OthersLoad", "ThreadTuner", "free_cores", "physical_cores"]
+
+log = logging.getLogger(__name__)
 
 _ALPHA = 0.25  # weight of the newest step in a moving average
 _SLOWDOWN = 1.35  # steps this much slower than the count's best: the load changed, probe
@@ -79,9 +97,130 @@ class OthersLoad:
         return max(1, min(cores, round(cores - others * cores / logical)))
 
 
+# pid, its start time (a pid the system gave again is not the same process), threads (< 0:
+# waiting for them), when the step began, when it ended (time.monotonic, the machine's)
+_SLOT = struct.Struct("<qdqdd")
+_SLOTS = 64  # localinfer processes on one machine that can claim cores at once
+_LINGER_S = 0.25  # a claim still counts this long after its step ended: the next step
+# of a process that is generating comes within milliseconds, and its cores are not free
+_WAIT_S = 30.0  # the longest a step waits for another process's step to free a core
+_POLL_S = 0.001
+
+
+def _alive(pid: int, born: float) -> bool:
+    try:
+        return abs(psutil.Process(pid).create_time() - born) < 0.5
+    except psutil.Error:
+        return False
+
+
+def share_path() -> Path:
+    """The machine's file of claims, one per user (the cores are the machine's, whichever
+    LOCALINFER_HOME each process runs under)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # (no name for this uid in a container)
+        user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    return Path(tempfile.gettempdir()) / f"localinfer-cores-{user}"
+
+
+class CoreShare:
+    """The cores this process's llama.cpp steps may use while other localinfer processes run
+    theirs: a slot of its own in a shared file, where it writes the threads each step wants
+    before it runs, the threads it runs with, and when it ended. Each slot is written by its
+    own process only; a slot whose process is gone counts for nothing.
+
+    A step that finds every core held by steps running now waits for one of them to end
+    (a running step cannot give threads back; a thread more beside it would stall both), and
+    the others, seeing its claim, take fewer threads at their next step."""
+
+    def __init__(self, cores: int, path: Path | None = None) -> None:
+        self.cores = max(1, cores)
+        path = path or share_path()
+        self._pid = os.getpid()
+        self._born = psutil.Process().create_time()
+        with FileLock(f"{path}.lock"):
+            with open(path, "a+b") as f:
+                if os.fstat(f.fileno()).st_size != _SLOT.size * _SLOTS:
+                    f.truncate(_SLOT.size * _SLOTS)
+                self._map = mmap.mmap(f.fileno(), _SLOT.size * _SLOTS)
+            self._slot = self._take()
+        self.waits = 0  # steps that waited for a core
+
+    def _take(self) -> int:
+        for i in range(_SLOTS):
+            pid, born = _SLOT.unpack_from(self._map, i * _SLOT.size)[:2]
+            if not pid or not _alive(pid, born):
+                _SLOT.pack_into(self._map, i * _SLOT.size, self._pid, self._born, 0, 0.0, 0.0)
+                return i
+        raise OSError("every slot of the core share is taken")
+
+    def others(self) -> tuple[int, int]:
+        """Threads of the other processes: those in steps running now, and those claimed at
+        all (running, ended just now, or waiting to run)."""
+        now = time.monotonic()
+        running = claimed = 0
+        for i in range(_SLOTS):
+            if i == self._slot:
+                continue
+            pid, born, threads, began, ended = _SLOT.unpack_from(self._map, i * _SLOT.size)
+            if not pid or not threads:
+                continue
+            in_step = threads > 0 and ended < began
+            if not (threads < 0 or in_step or now - ended < _LINGER_S):
+                continue
+            if not _alive(pid, born):
+                continue
+            claimed += abs(threads)
+            running += threads if in_step else 0
+        return running, claimed
+
+    def allowed(self, wanted: int) -> int:
+        """At most `wanted`, at most the cores the others' claims leave, at least one."""
+        return max(1, min(wanted, self.cores - self.others()[1]))
+
+    def begin(self, wanted: int) -> int:
+        """Claim `wanted` threads for a step about to run; once a core is free of the others'
+        running steps, keep of them what the others' claims leave (two processes starting at
+        once each see the other's claim)."""
+        offset = self._slot * _SLOT.size
+        _SLOT.pack_into(self._map, offset, self._pid, self._born, -wanted, time.monotonic(), 0.0)
+        deadline = time.monotonic() + _WAIT_S
+        running, claimed = self.others()
+        if running >= self.cores:
+            self.waits += 1
+            while running >= self.cores and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+                running, claimed = self.others()
+        count = max(1, min(wanted, self.cores - claimed))
+        _SLOT.pack_into(self._map, offset, self._pid, self._born, count, time.monotonic(), 0.0)
+        return count
+
+    def end(self) -> None:
+        offset = self._slot * _SLOT.size
+        threads, began = _SLOT.unpack_from(self._map, offset)[2:4]
+        _SLOT.pack_into(self._map, offset, self._pid, self._born, threads, began,
+                        time.monotonic())
+
+    def close(self) -> None:
+        if not self._map.closed:
+            _SLOT.pack_into(self._map, self._slot * _SLOT.size, 0, 0.0, 0, 0.0, 0.0)
+            self._map.close()
+
+
+def open_share(cores: int) -> CoreShare | None:
+    """The machine's core share, or None where its file cannot be made (a read-only
+    temporary folder, another user's file of that name): each process then counts alone."""
+    try:
+        return CoreShare(cores)
+    except Exception as err:
+        log.debug("no core share: %s", err)
+        return None
+
+
 class ThreadTuner:
     def __init__(self, start: int, max_threads: int, period: int = 512,
-                 free: Callable[[], int] | None = None):
+                 free: Callable[[], int] | None = None, share: CoreShare | None = None):
         self.current = max(1, min(start, max_threads))
         self.at_load = self.current
         self.prompt = self.current  # for steps that read prompt tokens: at least the count at load
@@ -96,6 +235,29 @@ class ThreadTuner:
         # the cores free of other processes now (None: only one thread fewer is tried)
         self._free = free if free is not None else (OthersLoad() if max_threads > 1 else None)
         self._checked = time.monotonic()  # when the prompt count last looked for free cores
+        # the cores other localinfer processes' steps hold now (None: not counted)
+        self.share = share
+        self._capped = False  # this step runs with fewer threads than the tuner chose
+
+    def begin(self, n_prompt: int) -> int:
+        """The count a step starting now runs with: `for_step`'s, no more than the cores the
+        other localinfer processes' steps leave (claimed in the share until `end`)."""
+        wanted = self.for_step(n_prompt)
+        if self.share is None:
+            return wanted
+        count = self.share.begin(wanted)
+        self._capped = count < wanted
+        return count
+
+    def release(self) -> None:
+        """The step's llama.cpp work is over: its claim ends (lingering a moment)."""
+        if self.share is not None:
+            self.share.end()
+
+    def for_pooled(self) -> int:
+        """The count an embedding or ranking read runs with (not claimed: it takes no step)."""
+        wanted = self.for_step(1)
+        return wanted if self.share is None else self.share.allowed(wanted)
 
     def for_step(self, n_prompt: int) -> int:
         """The count a step runs with: the tuned one, or for a step that reads prompt tokens
@@ -116,6 +278,8 @@ class ThreadTuner:
         """Feed one step's time; returns a thread count to change to, or None."""
         if n_prompt or not n_decode or self.max_threads == 1:
             return None  # prompt steps vary with their chunk: only decode steps are compared
+        if self._capped:
+            return None  # run with fewer threads than the tuner's: says nothing of its count
         if self._probe is not None:
             return self._probing(seconds, n_decode)
         key = (self.current, n_decode)

@@ -196,6 +196,9 @@ class NativeModel:
     def n_params(self) -> int:
         return llama_cpp.llama_model_n_params(self.model)
 
+    def n_layer(self) -> int:
+        return llama_cpp.llama_model_n_layer(self.model)
+
     def size_bytes(self) -> int:
         return llama_cpp.llama_model_size(self.model)
 

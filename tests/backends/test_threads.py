@@ -186,3 +186,156 @@ def test_embeddings_run_with_the_count_prompt_steps_have_now(smollm2_path):
         assert backend.embedder._ctx is ctx and llama_cpp.llama_n_threads(ctx) == 2
     finally:
         backend.close()
+
+
+# ---- the cores shared between localinfer's processes (CoreShare), through a real shared file
+
+_HOLDER = """
+import sys, time
+from pathlib import Path
+from localinfer.backends.engine.threads import CoreShare
+share = CoreShare(2, Path(sys.argv[1]))
+print(share.begin(int(sys.argv[2])), flush=True)  # a step that runs until killed
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def share_file(tmp_path):
+    return tmp_path / "cores"
+
+
+def _holder(share_file, threads: int):
+    import subprocess
+    import sys
+
+    process = subprocess.Popen([sys.executable, "-c", _HOLDER, str(share_file), str(threads)],
+                               stdout=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == str(threads)  # its step is running
+    return process
+
+
+def test_a_step_waits_for_a_core_and_both_processes_then_take_one_thread_each(share_file):
+    import threading
+    import time
+
+    from localinfer.backends.engine.threads import CoreShare
+
+    first, second = CoreShare(2, share_file), CoreShare(2, share_file)
+    assert first.begin(2) == 2  # alone: every core
+    ended = threading.Timer(0.3, first.end)
+    ended.start()
+    started = time.monotonic()
+    assert second.begin(2) == 1  # waited for the running step, then kept one core for it
+    waited = time.monotonic() - started
+    assert waited >= 0.25 and second.waits == 1
+    assert first.begin(2) == 1  # its next step sees the other's claim: no wait, one thread
+    first.end()
+    second.end()
+    time.sleep(0.3)  # the claims linger a moment after their steps, then count for nothing
+    assert first.begin(2) == 2
+    first.close()
+    second.close()
+
+
+def test_two_steps_claimed_at_once_take_one_core_each(share_file):
+    from localinfer.backends.engine.threads import CoreShare
+
+    first, second = CoreShare(2, share_file), CoreShare(2, share_file)
+    # the first has claimed but not yet looked at the others (waiting for its threads)
+    from localinfer.backends.engine import threads as module
+
+    offset = first._slot * module._SLOT.size
+    module._SLOT.pack_into(first._map, offset, first._pid, first._born, -2, 0.0, 0.0)
+    assert second.begin(2) == 1
+    assert first.begin(2) == 1
+
+
+def test_a_process_killed_in_its_step_holds_no_core(share_file):
+    from localinfer.backends.engine.threads import CoreShare
+
+    holder = _holder(share_file, 2)
+    share = CoreShare(2, share_file)
+    try:
+        assert share.others() == (2, 2)  # its step runs: every core held
+    finally:
+        holder.kill()
+        holder.wait()
+    assert share.others() == (0, 0)
+    assert share.begin(2) == 2 and share.waits == 0
+    again = CoreShare(2, share_file)  # and its slot is taken again, not left behind
+    assert again._slot == 0 and share._slot == 1
+
+
+def test_a_slot_whose_pid_now_names_another_process_counts_for_nothing(share_file):
+    import os
+
+    from localinfer.backends.engine import threads as module
+
+    share = module.CoreShare(2, share_file)
+    other = (share._slot + 1) * module._SLOT.size  # this very pid, but born at another time
+    module._SLOT.pack_into(share._map, other, os.getpid(), share._born - 100, 2, 1.0, 0.0)
+    assert share.others() == (0, 0)
+
+
+def test_a_share_holds_steps_of_the_tuner_to_the_cores_left_and_keeps_their_time_out(share_file):
+    from localinfer.backends.engine.threads import CoreShare
+
+    holder = _holder(share_file, 1)
+    try:
+        tuner = ThreadTuner(start=2, max_threads=2, period=10_000,
+                            share=CoreShare(2, share_file))
+        assert tuner.begin(0) == 1 and tuner.for_pooled() == 1  # one core is held
+        for _ in range(50):  # slow steps at the count the share allowed: not the tuner's
+            assert tuner.observe(BUSY[1] * 3, 1, 0) is None
+        tuner.release()
+        assert tuner.current == 2 and not tuner._avg
+    finally:
+        holder.kill()
+        holder.wait()
+    assert tuner.begin(0) == 2 and tuner.for_pooled() == 2
+    assert tuner.observe(IDLE[2], 1, 0) is None and (2, 1) in tuner._avg
+
+
+def test_no_share_where_its_file_cannot_be_made(tmp_path, monkeypatch):
+    from localinfer.backends.engine import threads as module
+
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    monkeypatch.setattr(module, "share_path", lambda: blocked / "cores")
+    assert module.open_share(2) is None
+
+
+def test_the_engine_runs_its_steps_with_the_cores_another_process_leaves(smollm2_path,
+                                                                        share_file):
+    from localinfer.backends.base import LoadOptions, SamplingParams
+    from localinfer.backends.engine.threads import CoreShare
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        assert tuner.share is not None  # the machine's share, where no --threads is given
+        tuner.share.close()
+        tuner.share = CoreShare(2, share_file)
+        tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
+        tuner._free, tuner.period = (lambda: 2), 10_000  # (however busy this machine is)
+        seen: list[tuple[bool, int]] = []
+        backend.engine.on_step = lambda s, d, p: seen.append((p > 0, backend.native.threads()))
+
+        def reply() -> None:
+            seen.clear()
+            backend.generate(backend.tokenize("The lighthouse keeper " * 20),
+                             SamplingParams(temperature=0, max_tokens=4)).text()
+
+        holder = _holder(share_file, 1)  # another process's step holds a core
+        try:
+            reply()
+            assert {n for _, n in seen} == {1} and (True, 1) in seen, seen
+        finally:
+            holder.kill()
+            holder.wait()
+        reply()
+        assert {n for _, n in seen} == {2} and (True, 2) in seen, seen
+    finally:
+        backend.close()
