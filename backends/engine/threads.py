@@ -121,7 +121,7 @@ def share_path() -> Path:
         user = getpass.getuser()
     except Exception:  # (no name for this uid in a container)
         user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    return Path(tempfile.gettempdir()) / f"localinfer-cores-{user}"
+    return Path(tempfile.gettempdir()) / f"localinfer-cores-{user}-v1"
 
 
 class CoreShare:
@@ -139,9 +139,13 @@ class CoreShare:
         path = path or share_path()
         self._pid = os.getpid()
         self._born = psutil.Process().create_time()
-        with FileLock(f"{path}.lock"):
+        with FileLock(f"{path}.lock", timeout=5):
             with open(path, "a+b") as f:
-                if os.fstat(f.fileno()).st_size != _SLOT.size * _SLOTS:
+                facts = os.fstat(f.fileno())
+                if hasattr(os, "getuid") and facts.st_uid != os.getuid():
+                    raise OSError(f"{path} belongs to another user")
+                if facts.st_size != _SLOT.size * _SLOTS:  # (new, or of another layout)
+                    f.truncate(0)
                     f.truncate(_SLOT.size * _SLOTS)
                 self._map = mmap.mmap(f.fileno(), _SLOT.size * _SLOTS)
             self._slot = self._take()

@@ -4,6 +4,7 @@ threads 8 ms a step and 1 thread 11 ms; beside one busy process, 2 threads 25 ms
 from __future__ import annotations
 
 import collections
+import os
 import types
 
 import pytest
@@ -339,3 +340,12 @@ def test_the_engine_runs_its_steps_with_the_cores_another_process_leaves(smollm2
         assert {n for _, n in seen} == {2} and (True, 2) in seen, seen
     finally:
         backend.close()
+
+
+def test_a_share_file_of_another_layout_starts_empty(share_file):
+    from localinfer.backends.engine import threads as module
+
+    share_file.write_bytes(os.urandom(module._SLOT.size * 3))  # what it was before, say
+    share = module.CoreShare(2, share_file)
+    assert share.others() == (0, 0) and share._slot == 0
+    assert share_file.stat().st_size == module._SLOT.size * module._SLOTS
