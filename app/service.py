@@ -154,7 +154,9 @@ def prepare(
         ram = chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
-    flash = options.flash_attn is not False  # (off: the compute buffer holds its scores)
+    if not options.n_gpu_layers:
+        options = cpu_attention(info, options, available_memory() - beside, snapshots, held)
+    flash = options.flash_attn is not False
     estimate = estimate_memory(info, n_ctx, options.n_slots, options.n_batch,
                                options.kv_type, options.n_outputs, options.swa_full, snapshots,
                                flash_attn=flash, **held)
@@ -165,6 +167,36 @@ def prepare(
                       swa_full=options.swa_full, flash_attn=flash, **held)
     # (layers the user put on a GPU by hand: counted in RAM, an upper bound)
     return Prepared(model, info, options, estimate.ram + beside)
+
+
+def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshots: int,
+                  held: Mapping[str, int | None]) -> LoadOptions:
+    """The options with flash attention off for a model wholly on the CPU, unless the user
+    set it (--flash-attn, --no-flash-attn), its KV cache is quantised (which needs it), it
+    pools (an embedder or reranker only reads prompts) or the attention scores its compute
+    buffer then holds leave no room in `available` bytes.
+
+    llama.cpp turns it on wherever a device has it, a CPU included. There its kernel reads a
+    decode step's cache one cell at a time: on a 2-core Xeon, 2,048 tokens deep, SmolLM2's
+    shape decoded 20.8 tok/s with it and 42.6 without (llama-server 23.0), 4,096 deep 12.9
+    and 32.3 (bench/results/deep_decode.md); a Llama 3.2 1B shape 3.7 and 7.9 at 4,096
+    (llama.cpp's own decode loop). A prompt read beside running streams may then be cut into
+    pieces of 16 tokens, not 65 (step_budget.py), so a step target holds. With it a long
+    prompt alone is read 1.6-1.7x faster on 2 cores, and its compute buffer holds no scores
+    (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB more without; an 8B at 32K,
+    2 GiB). A chat reads a turn and decodes deep, so off wins there; --flash-attn is for
+    long prompts with short replies."""
+    if (options.flash_attn is not None or options.n_gpu_layers or options.workers
+            or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
+        return options
+    plain = estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch,
+                            options.kv_type, dataclasses.replace(options, flash_attn=False)
+                            .n_outputs, options.swa_full, snapshots, flash_attn=False, **held)
+    if plain.ram > available:
+        log.info("flash attention stays on for %s: without it the attention scores would not "
+                 "fit", info.name)
+        return options
+    return dataclasses.replace(options, flash_attn=False)
 
 
 def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:

@@ -111,15 +111,16 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.80 s (500 ms with flash attention, llama.cpp's
-    # default), the prompt read 1.46x slower than alone; without flash attention 0.27 s (250
-    # ms), 0.87x (llama-server: 8.1 s); a GPU reads a chunk within it and is never cut
+    # Xeon), that stream's longest pause is 0.27 s without flash attention (a CPU's default;
+    # 250 ms), the prompt read 0.87x the time of reading it alone; with --flash-attn 0.80 s
+    # (500 ms), 1.46x (llama-server: 8.1 s); a GPU reads a chunk within it and is never cut
     # (bench/results/long_prompt_gap.md)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "
         "a prompt in smaller pieces: the longest pause a running stream sees while another "
         "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."),
-        **_unset("500; 250 without flash attention, whose small pieces cost no more"))
+        **_unset("250 without flash attention (a CPU's default), whose small pieces cost no "
+                 "more; 500 with it"))
     # off by default: a bound relative to a decode step, it slows a long prompt and,
     # under load, short prompts' TTFT (bench/results/engine_mixed.md)
     step_budget: float | None = Field(None, ge=0, description=(
@@ -159,11 +160,12 @@ class Settings(BaseSettings):
         "Keep every cell of a sliding-window model's windowed layers (Gemma 3, gpt-oss), so "
         "a cached prefix is kept however a prompt ends, and the context can shift; off: "
         "only their window, far less memory."))
-    # off on a CPU: decoding deep in a context ~2x faster, a long prompt read ~1.6x slower
-    # (bench/results/deep_decode.md); not the default yet: two models' runners decoding at
-    # once on 2 cores took steps of 5-7 s without it, 3 s with it (tests/api/test_runners.py)
-    flash_attn: bool | None = Field(None, description="Force flash attention on or off.",
-                                    **_unset("auto"))
+    # off on a CPU: llama.cpp's CPU kernel decodes deep in a context at half the speed
+    # (bench/results/deep_decode.md; service.cpu_attention)
+    flash_attn: bool | None = Field(None, description=(
+        "Force flash attention on (long prompts with short replies read faster on a CPU) or "
+        "off."), **_unset("off where the model runs on the CPU alone, with an f16 KV cache "
+                          "and room for its attention scores; llama.cpp's choice elsewhere"))
     gpus: str | None = Field(None, description=(
         "GPUs to use: indexes or names as `localinfer hw` shows them, comma-separated "
         "(0,2), or none for the CPU alone."), **_unset("all"))

@@ -70,26 +70,31 @@ def test_a_draft_model_counts_in_the_ram_check():
                 Settings(), available_memory=room)
 
 
-def test_without_flash_attention_the_plan_counts_the_attention_scores():
-    """--no-flash-attn: llama.cpp's compute buffer then holds a layer's attention scores
-    (micro-batch × cells × query heads, f32: at 8,192 cells 166 MiB against 21.5 for
-    smollm2), which the RAM check counts; left to llama.cpp (on, on a CPU), none."""
-    def prepared(room: int | None = None, **options):
+def test_a_model_wholly_on_the_cpu_runs_without_flash_attention_where_its_scores_fit():
+    """llama.cpp's CPU flash attention decodes deep in a context at half the speed
+    (service.cpu_attention): a model all in RAM loads without it, its compute buffer counted
+    with one layer's attention scores. The user's choice, a quantised KV cache (which needs
+    it) and a GPU's layers keep theirs (None: llama.cpp's own choice); where the scores
+    would not fit beside the rest, it stays on."""
+    def flash(hw, **options):
+        room = options.pop("room", None)
         kw = {"available_memory": lambda: room} if room else {}
         return prepare("smollm2:135m", LoadOptions(n_ctx=2048, **options), Settings(),
-                       hardware=lambda: None, **kw)
+                       hardware=lambda: hw, **kw).options.flash_attn
 
-    assert prepared().options.flash_attn is None  # llama.cpp's choice stays the default
-    info = prepared().info
+    assert flash(None) is False
+    assert flash(machine(23000, offload=False)) is False  # a CPU-only build
+    assert flash(machine(23000), n_gpu_layers=0) is False
+    assert flash(None, flash_attn=True) is True
+    assert flash(None, kv_type="q8_0") is None
+    assert flash(machine(23000)) is None  # on the GPU
+    info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
     with_it, without = estimate_memory(info, 2048), estimate_memory(info, 2048, flash_attn=False)
     assert (without.compute - with_it.compute == attention_scores(info.shape(), 2048)
             == 512 * 2048 * 9 * 4)  # micro-batch × cells × query heads × f32
-    assert (prepared(flash_attn=False).ram_bytes - prepared().ram_bytes
-            == without.ram - with_it.ram > 0)
-    room = (with_it.ram + without.ram) // 2
-    prepared(room)  # fits with flash attention
-    with pytest.raises(ContextTooLarge, match="use --ctx"):
-        prepared(room, flash_attn=False)
+    with_it, without = with_it.ram, without.ram
+    assert flash(None, room=(with_it + without) // 2) is None
+    assert flash(None, room=without) is False
 
 
 def test_bench_runs_on_the_device_the_planner_picks(smollm2_path):

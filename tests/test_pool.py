@@ -164,19 +164,22 @@ def _machine(gpu_free: int):
 
 
 def test_the_pool_counts_what_the_fit_check_planned(settings):
-    """A quantised KV cache is counted as the fit check counts it (not as f16), for /api/ps too."""
+    """A quantised KV cache is counted as the fit check counts it (not as f16), for /api/ps too.
+    (Flash attention on for both: a quantised cache needs it, and an f16 one on the CPU
+    would otherwise run without it and hold attention scores besides.)"""
     from localinfer.service import prepare
 
     async def loaded(kv_type: str):
         pool, _ = _pool(settings)
-        pool.options = LoadOptions(n_ctx=2048, kv_type=kv_type, n_gpu_layers=0)
+        pool.options = LoadOptions(n_ctx=2048, kv_type=kv_type, n_gpu_layers=0,
+                                   flash_attn=True)
         model = await pool.get("smollm2")
         await pool.close()
         return model
 
     f16, q8 = asyncio.run(loaded("f16")), asyncio.run(loaded("q8_0"))
-    planned = prepare("smollm2", LoadOptions(n_ctx=2048, kv_type="q8_0", n_gpu_layers=0),
-                      settings)
+    planned = prepare("smollm2", LoadOptions(n_ctx=2048, kv_type="q8_0", n_gpu_layers=0,
+                                             flash_attn=True), settings)
     assert q8.memory_bytes == planned.memory_bytes and q8.gpu_bytes == 0
     kv = f16.info.kv_bytes_per_token() * 2048
     assert f16.memory_bytes - q8.memory_bytes == pytest.approx(kv - kv * 34 / 64, rel=0.01)

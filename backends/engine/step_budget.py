@@ -59,7 +59,7 @@ def piece_floor(flash_attn: bool) -> int:
 
 def default_step_ms(flash_attn: bool) -> int:
     """The time target where the user sets none: 500 ms with flash attention (llama.cpp's
-    default), whose tiles take ~0.6 s 4,000 deep on 2 cores anyway and cost more the smaller
+    choice on a GPU; --flash-attn on a CPU), whose tiles take ~0.6 s 4,000 deep on 2 cores anyway and cost more the smaller
     the target (TTFT 1.7x of alone at 250, 1.5x at 500); 250 without it, which pieces of 16
     tokens hold there (a running stream's longest pause 0.27 s, the prompt beside it read
     as fast as alone)."""
