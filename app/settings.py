@@ -100,8 +100,8 @@ class Settings(BaseSettings):
     threads: int | None = Field(None, ge=1, description="CPU threads.", **_unset(
         "the free cores, re-chosen as the load changes"))
     # on by default: two models' runners, 2 streams each on 2 cores, counting the cores alone
-    # took 3.1 s to the last first token and 10.7 s to end every stream (medians); sharing,
-    # 0.89 s and 7.0 s (backends/engine/threads.py, bench/results/two_models.md)
+    # took 5.5 s to the last first token and 10.0 s to end every stream (medians); sharing,
+    # 0.79 s and 7.5 s (backends/engine/threads.py, bench/results/two_models.md)
     core_share: bool = Field(True, description=(
         "Share the CPU cores with the other localinfer processes running models: a step waits "
         "for a core their running steps hold and takes only the cores they leave (off: each "
@@ -111,9 +111,9 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.27 s without flash attention (a CPU's default;
-    # 250 ms), the prompt read 0.87x the time of reading it alone; with --flash-attn 0.80 s
-    # (500 ms), 1.46x (llama-server: 8.1 s); a GPU reads a chunk within it and is never cut
+    # Xeon), that stream's longest pause is 0.30 s without flash attention (a CPU's default;
+    # 250 ms), the prompt read 1.12x the time of reading it alone; with --flash-attn 0.75 s
+    # (500 ms), 1.45x (llama-server: 9.4 s); a GPU reads a chunk within it and is never cut
     # (bench/results/long_prompt_gap.md)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step to about this many milliseconds by reading "

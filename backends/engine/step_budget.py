@@ -29,11 +29,11 @@ ms a token at 4,000 deep): with flash attention 9.7 in pieces of 65, 7.5 of 128,
 without it 11.3 in pieces of 16, 9.0 of 32, 7.6-7.9 of 64-511. Pieces of a tile also waste
 part of it where a head's rows end, which a piece's tokens and its depth both pay. Hence a
 floor per kernel (piece_floor), and what each trade costs (bench/results/long_prompt_gap.md,
-a 4,000-token prompt): with flash attention (llama.cpp's default on a CPU) the smallest piece
-4,000 deep takes ~0.63 s, so no target holds a running stream's pause below that, and the
-prompt beside it is read ~1.5x slower; without it pieces of 16 take 0.18 s there, so a
-250 ms target holds, but the prompt alone is read 1.6x slower and decoding deep in a context
-is twice as fast (bench/results/deep_decode.md).
+a 4,000-token prompt): with flash attention (llama.cpp's choice; --flash-attn on a CPU) the
+smallest piece 4,000 deep takes ~0.63 s, so no target holds a running stream's pause below
+that, and the prompt beside it is read ~1.5x slower; without it (a CPU's default) pieces of
+16 take 0.18 s there, so a 250 ms target holds to ~0.3 s, but the prompt alone is read 1.4x
+slower and decoding deep in a context is twice as fast (bench/results/deep_decode.md).
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def piece_floor(flash_attn: bool) -> int:
 
 def default_step_ms(flash_attn: bool) -> int:
     """The time target where the user sets none: 500 ms with flash attention (llama.cpp's
-    choice on a GPU; --flash-attn on a CPU), whose tiles take ~0.6 s 4,000 deep on 2 cores anyway and cost more the smaller
-    the target (TTFT 1.7x of alone at 250, 1.5x at 500); 250 without it, which pieces of 16
-    tokens hold there (a running stream's longest pause 0.27 s, the prompt beside it read
-    as fast as alone)."""
+    choice on a GPU; --flash-attn on a CPU), whose tiles take ~0.6 s 4,000 deep on 2 cores
+    anyway and cost more the smaller the target (TTFT 1.7x of alone at 250, 1.5x at 500);
+    250 without it, which pieces of 16 tokens hold there (a running stream's longest pause
+    0.28-0.31 s, the prompt beside it read 1.12x as long as alone)."""
     return 500 if flash_attn else 250
 
 

@@ -26,10 +26,11 @@ llama.cpp and Ollama, is right only on an idle machine.
   core, and takes no more than the cores their claims leave. Two teams of llama.cpp threads
   on the same cores wait at each other's barriers, every operation of every step. Two
   models' runners, 2 streams each on 2 cores (bench/results/two_models.md): counting alone,
-  the longest TTFT was 3.0-10.7 s and the streams took 8.5-19.4 s to end; sharing, 0.69-0.95
-  s and 6.6-7.0 s; a fixed 2 threads each (llama.cpp's one per core), 8.5 s and 76 s. The
-  tuner sees such a neighbour only after some slow steps; the claims are seen before the
-  first. Embedding and ranking reads take what the claims leave but claim nothing.
+  the longest TTFT was 5.4-5.6 s and the streams took 9.5-10.3 s to end; sharing, 0.78-0.95
+  s and 7.1-7.5 s; a fixed 2 threads each (llama.cpp's one per core), 2.5-7.9 s and 50-145
+  s. The tuner sees such a neighbour only after some slow steps; the claims are seen
+  before the first. Embedding and ranking reads take what the claims leave but claim
+  nothing.
 """
 
 from __future__ import annotations
