@@ -284,7 +284,8 @@ class LlamaCppBackend(Backend):
     def _core_share(self, options: LoadOptions) -> CoreShare | None:
         """The machine's core share, where this model's layers run on the CPU (a model whose
         every layer is on a GPU neither waits for cores nor holds them)."""
-        on_gpu = (options.n_gpu_layers or 0) > self.native.n_layer()  # (and its output layer)
+        on_gpu = ((options.n_gpu_layers or 0) > self.native.n_layer()  # (and its output layer)
+                  and not options.cpu_experts)  # (a mixture's experts in RAM run on the CPU)
         return None if on_gpu or not options.core_share else open_share(physical_cores())
 
     def _room_to_embed(self, path: str, options: LoadOptions) -> None:

@@ -371,14 +371,16 @@ class Engine:
         n_decode, n_prompt, depth = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
-        if self.threads is not None:  # (decode steps: the tuned count; prompt steps: threads.py;
-            # either, no more than other localinfer processes' steps leave of the cores)
-            count = self.threads.begin(n_prompt)
-            if count != self.native.threads():
-                self.native.set_threads(count)
-        decode_started = time.perf_counter()
-        try:  # until the device is done: the wait for a GPU belongs to the decode, not to
-            rc = self.batch.decode()  # the engine's own time
+        try:
+            if self.threads is not None:  # (decode steps: the tuned count; prompt steps:
+                # threads.py; either, no more than other localinfer processes leave now)
+                count = self.threads.begin(n_prompt)
+                started += self.threads.waited_s  # (a wait for a core is not the step's)
+                if count != self.native.threads():
+                    self.native.set_threads(count)
+            decode_started = time.perf_counter()
+            # until the device is done: the wait for a GPU belongs to the decode, not to the
+            rc = self.batch.decode()  # engine's own time
         finally:  # (the cores are free again: what follows is this thread's alone)
             if self.threads is not None:
                 self.threads.release()

@@ -40,6 +40,7 @@ import logging
 import mmap
 import os
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -108,11 +109,21 @@ _WAIT_S = 30.0  # the longest a step waits for another process's step to free a 
 _POLL_S = 0.001
 
 
-def _alive(pid: int, born: float) -> bool:
+def _started(pid: int) -> float | None:
+    """When a process started, None if there is none: on Linux its clock ticks since boot
+    (exact, whatever the wall clock does), elsewhere its creation time."""
     try:
-        return abs(psutil.Process(pid).create_time() - born) < 0.5
-    except psutil.Error:
-        return False
+        if sys.platform.startswith("linux"):
+            with open(f"/proc/{pid}/stat", "rb") as f:  # (its name may hold spaces and ")")
+                return float(f.read().rpartition(b")")[2].split()[19])
+        return psutil.Process(pid).create_time()
+    except (OSError, psutil.Error, IndexError, ValueError):
+        return None
+
+
+def _alive(pid: int, born: float) -> bool:
+    started = _started(pid)
+    return started is not None and abs(started - born) < 1.0
 
 
 def share_path() -> Path:
@@ -139,7 +150,7 @@ class CoreShare:
         self.cores = max(1, cores)
         path = path or share_path()
         self._pid = os.getpid()
-        self._born = psutil.Process().create_time()
+        self._born = _started(self._pid) or 0.0
         with FileLock(f"{path}.lock", timeout=5):
             with open(path, "a+b") as f:
                 facts = os.fstat(f.fileno())
@@ -151,6 +162,8 @@ class CoreShare:
                 self._map = mmap.mmap(f.fileno(), _SLOT.size * _SLOTS)
             self._slot = self._take()
         self.waits = 0  # steps that waited for a core
+        self.waited_s = 0.0  # how long the last step waited
+        self._waited_out: set[tuple[int, float]] = set()  # (pid, step began) held too long
 
     def _take(self) -> int:
         for i in range(_SLOTS):
@@ -160,9 +173,11 @@ class CoreShare:
                 return i
         raise OSError("every slot of the core share is taken")
 
-    def others(self) -> tuple[int, int]:
+    def others(self, since: float | None = None) -> tuple[int, int]:
         """Threads of the other processes: those in steps running now, and those claimed at
-        all (running, ended just now, or waiting to run)."""
+        all (running, ended just now, or waiting to run); with `since` (this process's own
+        wait began), a process waiting since before it counts all its cores as running (the
+        first to wait is the first to run)."""
         now = time.monotonic()
         running = claimed = 0
         for i in range(_SLOTS):
@@ -177,7 +192,11 @@ class CoreShare:
             if not _alive(pid, born):
                 continue
             claimed += abs(threads)
-            running += threads if in_step else 0
+            if in_step and (pid, began) not in self._waited_out:
+                running += threads
+            elif (threads < 0 and since is not None and (began, i) < (since, self._slot)
+                  and (pid, began) not in self._waited_out):
+                running += self.cores
         return running, claimed
 
     def allowed(self, wanted: int) -> int:
@@ -186,20 +205,39 @@ class CoreShare:
 
     def begin(self, wanted: int) -> int:
         """Claim `wanted` threads for a step about to run; once a core is free of the others'
-        running steps, keep of them what the others' claims leave (two processes starting at
-        once each see the other's claim)."""
+        running steps (and those waiting since before have run), keep of them what the
+        others' claims leave (two processes starting at once each see the other's claim).
+        `waited_s`: how long it waited."""
         offset = self._slot * _SLOT.size
-        _SLOT.pack_into(self._map, offset, self._pid, self._born, -wanted, time.monotonic(), 0.0)
-        deadline = time.monotonic() + _WAIT_S
-        running, claimed = self.others()
-        if running >= self.cores:
-            self.waits += 1
-            while running >= self.cores and time.monotonic() < deadline:
-                time.sleep(_POLL_S)
-                running, claimed = self.others()
-        count = max(1, min(wanted, self.cores - claimed))
-        _SLOT.pack_into(self._map, offset, self._pid, self._born, count, time.monotonic(), 0.0)
+        since = time.monotonic()
+        try:
+            _SLOT.pack_into(self._map, offset, self._pid, self._born, -wanted, since, 0.0)
+            deadline = since + _WAIT_S
+            running, claimed = self.others(since)
+            if running >= self.cores:
+                self.waits += 1
+                while running >= self.cores and time.monotonic() < deadline:
+                    time.sleep(_POLL_S)
+                    running, claimed = self.others(since)
+                if running >= self.cores:  # a step that never ends (a process stopped or
+                    self._wait_out()       # hung): not waited for again
+                    claimed = self.others()[1]
+            count = max(1, min(wanted, self.cores - claimed))
+            _SLOT.pack_into(self._map, offset, self._pid, self._born, count, time.monotonic(),
+                            0.0)
+        except BaseException:
+            _SLOT.pack_into(self._map, offset, self._pid, self._born, 0, 0.0, 0.0)
+            raise
+        self.waited_s = time.monotonic() - since
         return count
+
+    def _wait_out(self) -> None:
+        for i in range(_SLOTS):
+            pid, _, threads, began, ended = _SLOT.unpack_from(self._map, i * _SLOT.size)
+            if i != self._slot and pid and (threads < 0 or ended < began):
+                self._waited_out.add((pid, began))
+        log.warning("another localinfer process's step has held the cores %.0f s: running "
+                    "beside it", _WAIT_S)
 
     def end(self) -> None:
         offset = self._slot * _SLOT.size
@@ -253,6 +291,11 @@ class ThreadTuner:
         count = self.share.begin(wanted)
         self._capped = count < wanted
         return count
+
+    @property
+    def waited_s(self) -> float:
+        """How long the last step waited for a core (no part of its time)."""
+        return self.share.waited_s if self.share is not None else 0.0
 
     def release(self) -> None:
         """The step's llama.cpp work is over: its claim ends (lingering a moment)."""

@@ -216,39 +216,102 @@ def _holder(share_file, threads: int):
     return process
 
 
-def test_a_step_waits_for_a_core_and_both_processes_then_take_one_thread_each(share_file):
+def test_a_step_waits_for_a_core_and_both_processes_then_take_one_thread_each(share_file,
+                                                                             monkeypatch):
     import threading
     import time
 
-    from localinfer.backends.engine.threads import CoreShare
+    from localinfer.backends.engine import threads as module
 
-    first, second = CoreShare(2, share_file), CoreShare(2, share_file)
+    monkeypatch.setattr(module, "_LINGER_S", 1.0)  # (however late a busy machine wakes it)
+    first, second = module.CoreShare(2, share_file), module.CoreShare(2, share_file)
     assert first.begin(2) == 2  # alone: every core
     ended = threading.Timer(0.3, first.end)
     ended.start()
-    started = time.monotonic()
     assert second.begin(2) == 1  # waited for the running step, then kept one core for it
-    waited = time.monotonic() - started
-    assert waited >= 0.25 and second.waits == 1
+    assert second.waited_s >= 0.25 and second.waits == 1
     assert first.begin(2) == 1  # its next step sees the other's claim: no wait, one thread
+    assert first.waited_s < 0.25
     first.end()
     second.end()
-    time.sleep(0.3)  # the claims linger a moment after their steps, then count for nothing
+    time.sleep(1.1)  # the claims linger a moment after their steps, then count for nothing
     assert first.begin(2) == 2
     first.close()
     second.close()
 
 
-def test_two_steps_claimed_at_once_take_one_core_each(share_file):
+def test_the_first_to_wait_for_a_core_is_the_first_to_run(share_file):
+    import threading
+    import time
+
     from localinfer.backends.engine.threads import CoreShare
 
-    first, second = CoreShare(2, share_file), CoreShare(2, share_file)
-    # the first has claimed but not yet looked at the others (waiting for its threads)
+    holder = _holder(share_file, 2)  # another process's step holds both cores
+    early, late = CoreShare(2, share_file), CoreShare(2, share_file)
+    ran: list[tuple[str, float, int]] = []
+
+    def step(name: str, share: CoreShare) -> None:
+        count = share.begin(2)
+        ran.append((name, time.monotonic(), count))
+        time.sleep(0.3)  # its step
+        share.end()
+
+    first = threading.Thread(target=step, args=("early", early))
+    first.start()
+    time.sleep(0.2)
+    second = threading.Thread(target=step, args=("late", late))
+    second.start()
+    time.sleep(0.2)
+    assert not ran  # both wait for the held cores
+    holder.kill()
+    holder.wait()
+    first.join()
+    second.join()
+    assert [name for name, _, _ in ran] == ["early", "late"]
+    assert [count for _, _, count in ran] == [1, 1]  # each left the other a core
+    assert ran[1][1] - ran[0][1] < 0.25  # the later did not wait for the earlier's step
+
+
+def test_a_step_that_never_ends_is_waited_for_once(share_file, monkeypatch):
     from localinfer.backends.engine import threads as module
 
+    monkeypatch.setattr(module, "_WAIT_S", 0.3)
+    holder = _holder(share_file, 2)  # a process stopped in its step, say
+    try:
+        share = module.CoreShare(2, share_file)
+        assert share.begin(2) == 1 and share.waited_s >= 0.3
+        share.end()
+        assert share.begin(2) == 1 and share.waited_s < 0.1 and share.waits == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_claim_whose_step_failed_to_begin_is_dropped(share_file, monkeypatch):
+    from localinfer.backends.engine import threads as module
+
+    share, other = module.CoreShare(2, share_file), module.CoreShare(2, share_file)
+
+    def broken(*args):
+        raise OSError("no /proc")
+
+    monkeypatch.setattr(share, "others", broken)
+    with pytest.raises(OSError):
+        share.begin(2)
+    assert other.others() == (0, 0)
+
+
+def test_two_steps_claimed_at_once_take_one_core_each(share_file):
+    import time
+
+    from localinfer.backends.engine import threads as module
+
+    first, second = module.CoreShare(2, share_file), module.CoreShare(2, share_file)
+    # the first has claimed (just after the second) but not yet looked at the others
     offset = first._slot * module._SLOT.size
-    module._SLOT.pack_into(first._map, offset, first._pid, first._born, -2, 0.0, 0.0)
-    assert second.begin(2) == 1
+    module._SLOT.pack_into(first._map, offset, first._pid, first._born, -2,
+                           time.monotonic() + 60, 0.0)
+    assert second.begin(2) == 1 and second.waits == 0  # the earlier: no wait for the later
     assert first.begin(2) == 1
 
 
