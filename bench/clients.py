@@ -51,10 +51,11 @@ def shuffled_prompt(seed: int, words: int) -> str:
 
 
 def stream_times(url: str, model: str, prompt: str, max_tokens: int,
-                 times: list[float]) -> float:
-    """Stream a greedy completion, appending each token's arrival to `times`; the send time."""
+                 times: list[float], **more: object) -> float:
+    """Stream a greedy completion, appending each token's arrival to `times`; the send time.
+    `more`: more fields of the request (a logit_bias, say)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-            "temperature": 0}
+            "temperature": 0, **more}
     start = time.perf_counter()
     with httpx.Client(timeout=600) as client, client.stream(
             "POST", url + "/v1/completions", json=body) as response:

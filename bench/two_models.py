@@ -25,7 +25,7 @@ import time
 import httpx
 
 import harness
-from clients import shuffled_prompt
+from clients import shuffled_prompt, stream_times
 from localinfer.backends.engine.threads import physical_cores
 
 MODELS = {  # each model's end-of-generation tokens, banned: a reply runs to its limit
@@ -52,17 +52,8 @@ def start(flags: list[str], home: str) -> tuple:
 
 
 def stream(url: str, model: str, prompt: str, tokens: int, row: dict) -> None:
-    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "stream": True,
-            "temperature": 0, "logit_bias": MODELS[model]}
-    times = []
-    with httpx.Client(timeout=600) as client, client.stream(
-            "POST", url + "/v1/completions", json=body) as response:
-        if response.status_code != 200:
-            raise SystemExit(f"{model}: HTTP {response.status_code}: {response.read()[:300]!r}")
-        for line in response.iter_lines():
-            if line.startswith("data: {") and '"text":""' not in line.replace(" ", ""):
-                times.append(time.perf_counter())
-    row["times"] = times
+    row["times"] = []
+    stream_times(url, model, prompt, tokens, row["times"], logit_bias=MODELS[model])
 
 
 def one_round(url: str, seed: int, streams: int, tokens: int) -> dict:
