@@ -124,11 +124,11 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
     logits = min(n_outputs, n_ubatch) * shape.n_vocab * 4
     activations = n_ubatch * shape.n_embd * 58
     masks = n_ubatch * n_ctx_stream * 2 * 2
-    if not (flash_attn or shape.encoder or not any(layer.n_head_kv
-                                                  for layer in shape.per_layer())):
-        # (an encoder or a recurrent model keeps no cache to score) the scores live while a
-        # layer's attention runs, the logits after the last: gemma3 at 2,048 tokens, 32
-        # outputs, 33.3 MiB reported, where the logits alone are 32
+    # (an encoder or a recurrent model keeps no cache to score)
+    scored = not (flash_attn or shape.encoder) and any(layer.n_head_kv
+                                                       for layer in shape.per_layer())
+    if scored:  # the scores live while a layer's attention runs, the logits after the last:
+        # gemma3 at 2,048 tokens, 32 outputs, 33.3 MiB reported, where the logits alone are 32
         activations += attention_scores(shape, n_ctx_stream, n_ubatch)
     return max(logits, activations) + masks
 
