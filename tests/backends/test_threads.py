@@ -412,3 +412,23 @@ def test_a_share_file_of_another_layout_starts_empty(share_file):
     share = module.CoreShare(2, share_file)
     assert share.others() == (0, 0) and share._slot == 0
     assert share_file.stat().st_size == module._SLOT.size * module._SLOTS
+
+
+def test_only_a_model_with_layers_on_the_cpu_shares_the_cores():
+    import types
+
+    from localinfer.backends.base import LoadOptions
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = types.SimpleNamespace(native=types.SimpleNamespace(n_layer=lambda: 30))
+
+    def share(**options):
+        made = LlamaCppBackend._core_share(backend, LoadOptions(**options))
+        if made is not None:
+            made.close()
+        return made is not None
+
+    assert share(n_gpu_layers=0) and share(n_gpu_layers=30)  # all, or but the output, on CPU
+    assert not share(n_gpu_layers=31) and not share(n_gpu_layers=999)  # every layer on a GPU
+    assert share(n_gpu_layers=999, cpu_experts=(3, 4))  # a mixture's experts in RAM
+    assert not share(n_gpu_layers=0, core_share=False)  # --no-core-share
