@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -37,7 +37,7 @@ from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "check_completes", "check_embeds", "check_model_name", "count",
+__all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds", "check_model_name", "count",
            "logprob_entries", "sampling_field", "start"]
 
 class Lenient(BaseModel):
@@ -53,6 +53,42 @@ def sampling_field(name: str, default: Any) -> Any:
     low = {"gt": bound.low} if bound.above else {"ge": bound.low}
     finite = {} if bound.whole else {"allow_inf_nan": False}
     return Field(default, le=bound.high, description=bound.means or None, **low, **finite)
+
+
+class OpenAISampling(Lenient):
+    """The sampling fields of an OpenAI-shaped request (chat, completions, responses):
+    OpenAI's own, and llama-server's that it takes in each of them (top_k, min_p,
+    repeat_penalty, logit_bias, grammar)."""
+
+    model: str = Field("", max_length=200)
+    temperature: float = sampling_field("temperature", 1.0)
+    top_p: float = sampling_field("top_p", 1.0)
+    top_k: int = sampling_field("top_k", 40)
+    min_p: float = sampling_field("min_p", 0.05)
+    repeat_penalty: float = sampling_field("repeat_penalty", 1.0)
+    stop: Union[str, list[str], None] = None
+    seed: Optional[int] = sampling_field("seed", None)
+    presence_penalty: float = sampling_field("presence_penalty", 0.0)
+    frequency_penalty: float = sampling_field("frequency_penalty", 0.0)
+    logit_bias: Optional[dict[str, float]] = None
+    # a GBNF grammar the reply must follow (bounded as any grammar is)
+    grammar: Optional[str] = Field(None, max_length=512 * 1024)
+
+    def params(self, max_tokens: int | None, grammar: str | None = None,
+               logprobs: int | None = None) -> SamplingParams:
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        bias = {}
+        for token, value in (self.logit_bias or {}).items():
+            if not token.lstrip("-").isdigit():
+                raise ApiError(400, f"logit_bias keys must be token ids, not '{token[:40]}'")
+            bias[int(token)] = value
+        return SamplingParams(
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+            min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            max_tokens=max_tokens, stop=tuple(stop), logit_bias=bias, grammar=grammar,
+            logprobs=logprobs,
+        )
 
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-/:]{0,199}")

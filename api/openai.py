@@ -60,25 +60,11 @@ class ResponseFormat(core.Lenient):
     json_schema: Optional[dict[str, Any]] = None
 
 
-class _Sampling(core.Lenient):
-    model: str = Field("", max_length=200)
+class _Sampling(core.OpenAISampling):
     max_tokens: Optional[int] = Field(None, ge=1)
-    temperature: float = core.sampling_field("temperature", 1.0)
-    top_p: float = core.sampling_field("top_p", 1.0)
-    # llama-server's (and vLLM's) own: the cuts and the penalty the OpenAI API has not
-    top_k: int = core.sampling_field("top_k", 40)
-    min_p: float = core.sampling_field("min_p", 0.05)
-    repeat_penalty: float = core.sampling_field("repeat_penalty", 1.0)
     n: int = Field(1, ge=1, le=1, description="only 1 is supported")
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    stop: Union[str, list[str], None] = None
-    seed: Optional[int] = core.sampling_field("seed", None)
-    presence_penalty: float = core.sampling_field("presence_penalty", 0.0)
-    frequency_penalty: float = core.sampling_field("frequency_penalty", 0.0)
-    logit_bias: Optional[dict[str, float]] = None
-    # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
-    grammar: Optional[str] = Field(None, max_length=512 * 1024)
 
     def top_logprobs_asked(self) -> int | None:
         """How many likeliest tokens each written token's log probability comes with (None:
@@ -86,19 +72,7 @@ class _Sampling(core.Lenient):
         return None
 
     def params(self, max_tokens: int | None, grammar: str | None = None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        bias = {}
-        for token, value in (self.logit_bias or {}).items():
-            if not token.lstrip("-").isdigit():
-                raise ApiError(400, f"logit_bias keys must be token ids, not '{token[:40]}'")
-            bias[int(token)] = value
-        return SamplingParams(
-            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-            min_p=self.min_p, repeat_penalty=self.repeat_penalty, seed=self.seed,
-            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            max_tokens=max_tokens, stop=tuple(stop), logit_bias=bias, grammar=grammar,
-            logprobs=self.top_logprobs_asked(),
-        )
+        return super().params(max_tokens, grammar, self.top_logprobs_asked())
 
 
 class ChatCompletionRequest(_Sampling):

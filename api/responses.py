@@ -40,7 +40,7 @@ from localinfer.api import core, images
 from localinfer.api.errors import ApiError
 from localinfer.api.metrics import observe
 from localinfer.api.tools import ToolSpec
-from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats, SamplingParams
+from localinfer.backends.base import DoneEvent, ErrorEvent, RequestStats
 from localinfer.chat_formats.prompt import EFFORT_BUDGETS
 from localinfer.chat_formats.reply import Piece
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
@@ -55,8 +55,10 @@ MAX_STORED = 1000
 MAX_STORED_BYTES = 64 << 20
 
 
-class ResponsesRequest(core.Lenient):
-    model: str = Field("", max_length=200)
+class ResponsesRequest(core.OpenAISampling):
+    """The Responses API's fields, and the sampling fields of a chat completion, which
+    llama-server takes here too (logit_bias, top_k, seed, stop, grammar, …)."""
+
     input: Union[str, list[dict[str, Any]]]
     instructions: Optional[str] = None
     tools: Optional[list[dict[str, Any]]] = None
@@ -64,15 +66,11 @@ class ResponsesRequest(core.Lenient):
     text: Optional[dict[str, Any]] = None
     reasoning: Optional[dict[str, Any]] = None
     max_output_tokens: Optional[int] = Field(None, ge=1)
-    temperature: float = core.sampling_field("temperature", 1.0)
-    top_p: float = core.sampling_field("top_p", 1.0)
     stream: bool = False
     store: bool = True
     previous_response_id: Optional[str] = Field(None, max_length=200)
     parallel_tool_calls: bool = True
     metadata: Optional[dict[str, Any]] = None
-    # llama-server's: a GBNF grammar the reply must follow (bounded as any grammar is)
-    grammar: Optional[str] = Field(None, max_length=512 * 1024)
 
     def effort(self) -> str | None:
         effort = (self.reasoning or {}).get("effort")
@@ -469,9 +467,7 @@ async def responses(body: ResponsesRequest, request: Request):
     conversation = history + _messages(body.input)
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     tools, origin = _tools(body)
-    params = SamplingParams(temperature=body.temperature, top_p=body.top_p,
-                            max_tokens=body.max_output_tokens,
-                            grammar=_grammar(body) or body.grammar)
+    params = body.params(body.max_output_tokens, _grammar(body) or body.grammar)
     effort = body.effort()
     turns, files = _files(system + conversation)
     job = await core.start(request.app.state.pool, body.model or None, params,

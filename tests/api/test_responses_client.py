@@ -34,6 +34,24 @@ def test_a_reply_cut_by_max_output_tokens_is_incomplete(client):
     assert response.incomplete_details.reason == "max_output_tokens"
 
 
+def test_the_chat_completions_sampling_fields_apply_as_llama_server_takes_them(client):
+    # (llama-server passes a Responses body's other fields on to its chat completion)
+    ended = client.responses.create(model="smollm2:135m", input="Count to fifty.",
+                                    temperature=0, max_output_tokens=8,
+                                    extra_body={"logit_bias": {"2": 100}})
+    assert ended.status == "completed" and ended.usage.output_tokens <= 1
+    whole = client.responses.create(model="smollm2:135m", input="Count to fifty.",
+                                    temperature=0, max_output_tokens=16,
+                                    extra_body={"logit_bias": NO_END})
+    assert whole.status == "incomplete" and whole.usage.output_tokens == 16
+    stop = whole.output_text.split()[2]  # (the same request, read alone: the same tokens)
+    stopped = client.responses.create(model="smollm2:135m", input="Count to fifty.",
+                                      temperature=0, max_output_tokens=16,
+                                      extra_body={"logit_bias": NO_END, "stop": [stop]})
+    assert stopped.status == "completed"
+    assert stopped.output_text == whole.output_text[:whole.output_text.index(stop)]
+
+
 def test_streamed_events_add_up_to_the_response(client):
     events = list(client.responses.create(model="smollm2:135m", input="Tell me a story.",
                                           max_output_tokens=12, stream=True))
