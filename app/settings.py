@@ -111,12 +111,12 @@ class Settings(BaseSettings):
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.30 s without flash attention (a CPU's default;
-    # 250 ms), the prompt read 1.12x the time of reading it alone; with --flash-attn 0.75 s
-    # (500 ms), 1.45x (llama-server: 9.4 s); a GPU reads a chunk within it and is never cut
+    # Xeon), that stream's longest pause is 0.25 s without flash attention (a CPU's default;
+    # 250 ms), the prompt read 1.13x the time of reading it alone; with --flash-attn 0.85 s
+    # (500 ms), 1.52x (llama-server: 9.1 s); a GPU reads a chunk within it and is never cut
     # (bench/results/long_prompt_gap.md)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
-        "While streams generate, hold each step to about this many milliseconds by reading "
+        "While streams generate, hold each step within this many milliseconds by reading "
         "a prompt in smaller pieces: the longest pause a running stream sees while another "
         "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."),
         **_unset("250 without flash attention (a CPU's default), whose small pieces cost no "

@@ -32,8 +32,15 @@ floor per kernel (piece_floor), and what each trade costs (bench/results/long_pr
 a 4,000-token prompt): with flash attention (llama.cpp's choice; --flash-attn on a CPU) the
 smallest piece 4,000 deep takes ~0.63 s, so no target holds a running stream's pause below
 that, and the prompt beside it is read ~1.5x slower; without it (a CPU's default) pieces of
-16 take 0.18 s there, so a 250 ms target holds to ~0.3 s, but the prompt alone is read 1.4x
-slower and decoding deep in a context is twice as fast (bench/results/deep_decode.md).
+16 take 0.18 s there, so a 250 ms target holds, but the prompt alone is read 1.4x slower
+and decoding deep in a context is twice as fast (bench/results/deep_decode.md).
+
+A target is a ceiling, not an average: steps take 0.9-1.2x their estimates (other processes
+on the cores pushing llama.cpp's threads off them), so a step is sized for its estimate times
+a margin: the recent steps' mean ratio of time to estimate, plus 3.5 deviations of the slower
+ones (1.15 until a few have been measured). Held to its estimate, a 250 ms target paused a
+running stream for up to 0.28-0.31 s; with the margin, 0.25-0.27 s, the steps' median
+~225 ms, the prompt read beside it 1.13x as long as alone (was 1.12x).
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ def default_step_ms(flash_attn: bool) -> int:
     choice on a GPU; --flash-attn on a CPU), whose tiles take ~0.6 s 4,000 deep on 2 cores
     anyway and cost more the smaller the target (TTFT 1.7x of alone at 250, 1.5x at 500);
     250 without it, which pieces of 16 tokens hold there (a running stream's longest pause
-    0.28-0.31 s, the prompt beside it read 1.12x as long as alone)."""
+    0.25-0.27 s, the prompt beside it read 1.13x as long as alone)."""
     return 500 if flash_attn else 250
 
 
@@ -70,6 +77,14 @@ _ALPHA = 0.2  # weight of the newest measurement in the moving averages
 _LEARNING_CHUNK = 16  # prompt tokens per step until both costs have been measured
 _MIN_SAMPLE = 4  # fewer prompt tokens than this say more about noise than about their cost
 _MIN_SPREAD = 32  # tokens of depth the measured pieces must span before a slope is trusted
+# a target is a ceiling: steps are sized so that their time, as far off its estimate as the
+# recent steps were (their mean ratio plus this many deviations), still meets it
+_DEVIATIONS = 3.5
+_RATIO_ALPHA = 0.05  # (the last few dozen steps: a rare slow step must count for a while)
+_MIN_PIECES = 4  # pieces the cost has learned from before a step is judged by its estimate
+_MIN_RATIOS = 4  # steps measured against their estimate before the margin is trusted
+_FIRST_MARGIN = 1.15  # until then (measured: steps 0.9-1.17 of their first estimates)
+_MARGIN = (1.0, 1.5)  # the margin's bounds (never past the estimate)
 
 
 def _average(old: float | None, new: float) -> float:
@@ -84,8 +99,10 @@ class _DepthCost:
 
     def __init__(self) -> None:
         self.w = self.wx = self.wxx = self.wy = self.wxy = 0.0
+        self.pieces = 0
 
     def add(self, depth: float, per_token: float, weight: float) -> None:
+        self.pieces += 1
         keep = 1 - _ALPHA
         self.w = keep * self.w + weight
         self.wx = keep * self.wx + weight * depth
@@ -108,20 +125,57 @@ class _DepthCost:
         return max(mean_y + slope * (depth - mean_x), 0.25 * mean_y)
 
 
+class _Ratios:
+    """How long steps took over what they were estimated to take: a moving mean, and a
+    moving deviation of the steps slower than it (those that break a target; a faster
+    machine's steps do not widen the margin)."""
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.mean = 1.0
+        self.var = 0.0
+
+    def add(self, ratio: float) -> None:
+        if self.n == 0:
+            self.mean = ratio
+        else:
+            # how much slower than expected (the mean, or the estimate where steps have
+            # run faster than it: a machine got faster), its square counted twice: were
+            # the spread even, the deviation of all steps
+            slow = 2 * max(ratio - max(self.mean, 1.0), 0.0) ** 2
+            self.var = (1 - _RATIO_ALPHA) * (self.var + _RATIO_ALPHA * slow)
+            self.mean += _RATIO_ALPHA * (ratio - self.mean)
+        self.n += 1
+
+    @property
+    def margin(self) -> float:
+        """What a step's estimate is multiplied by for it to be all but certain."""
+        if self.n < _MIN_RATIOS:
+            return _FIRST_MARGIN
+        low, high = _MARGIN
+        return min(high, max(low, max(self.mean, 1.0) + _DEVIATIONS * self.var ** 0.5))
+
+
 class StepBudget:
     def __init__(self, factor: float | None, floor: int = 1, target_s: float | None = None):
         """factor: a step may take this many decode-only steps' time; target_s: a step may
-        take about this many seconds; None or 0 turns either off."""
+        take this many seconds at most; None or 0 turns either off."""
         self.factor = factor or None
         self.target_s = target_s or None
         self.floor = floor
         self.decode_s: dict[int, float] = {}  # streams decoded → seconds per step
         self._cost = _DepthCost()
+        self._ratios = _Ratios()
 
     @property
     def per_token_s(self) -> float | None:
         """What a prompt token has added to a step, on average over the recent pieces."""
         return self._cost.mean
+
+    @property
+    def margin(self) -> float:
+        """What a step's estimate is taken times for the step to meet its bound."""
+        return self._ratios.margin
 
     def decode_estimate(self, n_decode: int) -> float | None:
         """A decode-only step's time for n streams: measured, else scaled from the nearest."""
@@ -140,11 +194,12 @@ class StepBudget:
         decode = self.decode_estimate(n_decode)
         if decode is None or self.per_token_s is None:
             return min(limit, max(_LEARNING_CHUNK, self.floor))
-        room_s = float("inf")
+        step_s = float("inf")  # the longest a step may be estimated to take
         if self.factor is not None:
-            room_s = (self.factor - 1) * decode
+            step_s = self.factor * decode
         if self.target_s is not None:
-            room_s = min(room_s, self.target_s - decode)
+            step_s = min(step_s, self.target_s)
+        room_s = step_s / self.margin - decode
         # a token costs what its depth costs: a piece's tokens lie at depth .. depth + n,
         # so the piece is sized at its middle's cost (found in two rounds)
         n = room_s / self._cost.at(depth)
@@ -170,4 +225,6 @@ class StepBudget:
         base = self.decode_estimate(n_decode) if n_decode else 0.0
         if base is None:
             return  # cannot tell the prompt's share from the decode's yet
+        if n_decode and self._cost.pieces >= _MIN_PIECES:  # a step sized: how far off?
+            self._ratios.add(seconds / (base + n_prompt * self._cost.at(depth)))
         self._cost.add(depth, max(seconds - base, 1e-6) / n_prompt, n_prompt)
