@@ -146,8 +146,10 @@ def one(client: httpx.Client, url: str, model: str, system: str, question: str,
     return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
 
 
-# a delta that carries text: `"content":"x`, not `"content":""`, null or "reasoning_content"
-_CONTENT = re.compile(rb'[{,]"content":\s*"(?!")')
+# a delta that carries text: `"content":"x` or `"role": "assistant", "content": "x` (a space
+# after each comma, as Python's json writes it), not `"content":""`, null or
+# "reasoning_content"
+_CONTENT = re.compile(rb'[{,]\s*"content":\s*"(?!")')
 
 
 async def _raw_one(host: str, port: int, model: str, system: str, question: str,
