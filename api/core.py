@@ -37,8 +37,8 @@ from localinfer.backends.base import Image
 from localinfer.errors import InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
-__all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds", "check_model_name", "count",
-           "logprob_entries", "sampling_field", "start"]
+__all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds",
+           "check_model_name", "count", "logprob_entries", "sampling_field", "start"]
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
