@@ -84,7 +84,7 @@ _RATIO_ALPHA = 0.05  # (the last few dozen steps: a rare slow step must count fo
 _MIN_PIECES = 4  # pieces the cost has learned from before a step is judged by its estimate
 _MIN_RATIOS = 4  # steps measured against their estimate before the margin is trusted
 _FIRST_MARGIN = 1.15  # until then (measured: steps 0.9-1.17 of their first estimates)
-_MARGIN = (1.0, 1.5)  # the margin's bounds (never past the estimate)
+_MAX_MARGIN = 1.5  # the most a margin takes off a step's room (it is never below 1)
 
 
 def _average(old: float | None, new: float) -> float:
@@ -152,8 +152,7 @@ class _Ratios:
         """What a step's estimate is multiplied by for it to be all but certain."""
         if self.n < _MIN_RATIOS:
             return _FIRST_MARGIN
-        low, high = _MARGIN
-        return min(high, max(low, max(self.mean, 1.0) + _DEVIATIONS * self.var ** 0.5))
+        return min(_MAX_MARGIN, max(self.mean, 1.0) + _DEVIATIONS * self.var ** 0.5)
 
 
 class StepBudget:
