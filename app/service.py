@@ -138,7 +138,7 @@ def prepare(
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
         chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
                           options.kv_type, options.n_outputs, snapshots, options.swa_full,
-                          **held)
+                          flash_attn=options.flash_attn is not False, **held)
         options = placed(options, chosen)
         if chosen is not None and any(p.remote for p in chosen.placement):
             options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
@@ -183,7 +183,7 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
     (llama.cpp's own decode loop). A prompt read beside running streams may then be cut into
     pieces of 16 tokens, not 65 (step_budget.py), so a step target holds. With it a long
     prompt alone is read 1.3-1.4x faster on 2 cores (without it the context reserves at least
-    base.PLAIN_ATTENTION_OUTPUTS outputs), and its compute buffer holds no scores
+    planner.PLAIN_ATTENTION_OUTPUTS outputs), and its compute buffer holds no scores
     (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB more without; an 8B at 32K,
     2 GiB). A chat reads a turn and decodes deep, so off wins there; --flash-attn is for
     long prompts with short replies."""
@@ -191,8 +191,8 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
             or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
         return options
     plain = estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch,
-                            options.kv_type, dataclasses.replace(options, flash_attn=False)
-                            .n_outputs, options.swa_full, snapshots, flash_attn=False, **held)
+                            options.kv_type, options.n_outputs, options.swa_full, snapshots,
+                            flash_attn=False, **held)
     if plain.ram > available:
         log.info("flash attention stays on for %s: without it the attention scores would not "
                  "fit", info.name)
@@ -317,25 +317,27 @@ def projector_bytes(repo: str, projector: RemoteFile | None) -> int:
 
 def plan_for(info: GGUFInfo, hw: Hardware, n_ctx: int, n_slots: int = 1,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
-             swa_full: bool = False, **checkpoints: int) -> Plan:
+             swa_full: bool = False, flash_attn: bool = True, **checkpoints: int) -> Plan:
     """The planner's plan for this one file on this machine; raises WontFit. checkpoints:
-    `checkpoints_of` the options (none: the model keeps none)."""
+    `checkpoints_of` the options (none: the model keeps none); flash_attn: False where the
+    user turned it off (a GPU's default is on)."""
     gpus = list(hw.usable_gpus)
     return plan(info.shape(), {info.quant: info.file_size}, gpus, hw.ram_available_bytes,
                 n_ctx=n_ctx, n_slots=n_slots, kv_type=kv_type, n_outputs=n_outputs,
-                snapshots=snapshots, swa_full=swa_full, **checkpoints)
+                snapshots=snapshots, swa_full=swa_full, flash_attn=flash_attn, **checkpoints)
 
 
 def gpu_plan(info: GGUFInfo, n_ctx: int, n_slots: int, hw: Hardware | None,
              kv_type: str = "f16", n_outputs: int = DEFAULT_OUTPUTS, snapshots: int = 0,
-             swa_full: bool = False, **checkpoints: int) -> Plan | None:
+             swa_full: bool = False, flash_attn: bool = True, **checkpoints: int
+             ) -> Plan | None:
     """The planner's GPU plan for this file on this machine; None: it runs on the CPU (no GPU,
     a CPU-only build, or no layer fits)."""
     if hw is None or not hw.usable_gpus:
         return None
     try:
         chosen = plan_for(info, hw, n_ctx, n_slots, kv_type, n_outputs, snapshots, swa_full,
-                          **checkpoints)
+                          flash_attn, **checkpoints)
     except WontFit:
         return None  # the RAM check that follows says what to do
     log.info("plan for %s: %s", info.name, chosen.reason)
@@ -376,17 +378,17 @@ def check_writes_text(info: GGUFInfo, name: str) -> None:
 
 def plan_remote(ref: HubRef, files: Sequence[RemoteFile], hardware: Hardware,
                 n_ctx: int = 8192, n_slots: int = 1, info: GGUFInfo | None = None,
-                **checkpoints: int) -> tuple[GGUFInfo, Plan]:
+                **also: int) -> tuple[GGUFInfo, Plan]:
     """A hub model's plan before it is pulled: the header of one file read remotely (unless
     given), each quant's size from the listing (only the quant the name asks for, if it
-    asks); raises WontFit."""
+    asks); raises WontFit. also: the planner's other settings (the context checkpoints,
+    n_outputs)."""
     info = info or remote_info(ref.repo, min(files, key=lambda f: f.size))
     sizes = {f.quant: f.size for f in files if f.quant and ref.quant in (None, f.quant)}
     if not sizes:
         raise ModelNotFound(f"{ref.repo} (no file names {ref.quant or 'a quant'})")
     return info, plan(info.shape(), sizes, list(hardware.usable_gpus),
-                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots,
-                      **checkpoints)
+                      hardware.ram_available_bytes, n_ctx=n_ctx, n_slots=n_slots, **also)
 
 
 def choose_quant(ref: HubRef, files: Sequence[RemoteFile], n_ctx: int = 8192,
@@ -464,8 +466,12 @@ def describe(model: str | None, settings: Settings, *, ctx: int | None = None, p
     try:
         n_ctx = ctx or default_context(info, settings)
         held = checkpoints_of(settings)
-        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info, **held)[1]
-                  if remote else plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel, **held))
+        # (the rows of logits a step of the load asks for: a slot's, or a lone stream's guesses)
+        outputs = LoadOptions.from_settings(settings, n_slots=parallel).n_outputs
+        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info, n_outputs=outputs,
+                              **held)[1]
+                  if remote else plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel,
+                                          n_outputs=outputs, **held))
         plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                      "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                      "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,

@@ -178,13 +178,6 @@ class SamplingParams:
         return self.temperature == 0
 
 
-# without flash attention llama.cpp reads a prompt ~1.35x slower where it reserved its compute
-# buffer for 4 outputs or fewer than where it did for 32 or more (smollm2's shape, 4,000
-# tokens in pieces of 512, 2-core Xeon: 23.5-23.9 s at 2 and 4, 19.0 at 16, 18.1-18.6 at 32
-# and 64, 17.3-18.0 for every token; with flash attention 1-2% apart)
-PLAIN_ATTENTION_OUTPUTS = 32
-
-
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model. n_ctx is per slot; the context holds n_ctx × n_slots tokens."""
@@ -283,11 +276,11 @@ class LoadOptions:
     @property
     def n_outputs(self) -> int:
         """Logits one step asks for at most: one per slot, or a lone stream's token and its
-        guesses. llama.cpp reserves its compute buffer for this many, not for a whole batch
-        (gemma3, 262k vocabulary: 21 MiB instead of 514). Without flash attention, at least
-        PLAIN_ATTENTION_OUTPUTS."""
-        least = PLAIN_ATTENTION_OUTPUTS if self.flash_attn is False else 1
-        return max(self.n_slots, 1 + self.guesses, least)
+        guesses: the rows of llama.cpp's output buffer. Its compute buffer is reserved for
+        this many, not for a whole batch (gemma3, 262k vocabulary: 21 MiB instead of 514),
+        and without flash attention for at least PLAIN_ATTENTION_OUTPUTS
+        (model_store.planner.reserved_outputs)."""
+        return max(self.n_slots, 1 + self.guesses)
 
     def __post_init__(self) -> None:
         try:

@@ -28,7 +28,7 @@ from localinfer.backends.engine.threads import (CoreShare, ThreadTuner, free_cor
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
-from localinfer.model_store.planner import output_rows, pooled_bytes
+from localinfer.model_store.planner import output_rows, pooled_bytes, reserved_outputs
 from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
 
@@ -79,7 +79,7 @@ class LlamaCppBackend(Backend):
             kv_type=options.kv_type,
             flash_attn=options.flash_attn,
             kv_unified=options.kv_unified,
-            n_outputs=options.n_outputs,
+            n_outputs=reserved_outputs(options.n_outputs, options.flash_attn is not False),
             split_mode=options.split_mode,
             main_gpu=main_gpu,
             tensor_split=split,

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
-from localinfer.model_store.planner import DEFAULT_OUTPUTS, compute_buffer, pooled_bytes
+from localinfer.model_store.planner import (DEFAULT_OUTPUTS, compute_buffer, output_rows,
+                                            pooled_bytes)
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
            "projector_memory"]
@@ -27,11 +28,15 @@ class MemoryEstimate:
     n_vocab: int = 0
     recurrent_state: int = 0  # every slot's, where the model has recurrent layers
     checkpoints: int = 0  # every slot's context checkpoints at most: host RAM, always
+    outputs: int = 0  # the output buffer, a row of logits per output: host RAM, always
 
     @property
     def total(self) -> int:
-        """What llama.cpp reserves: all of it is taken on a GPU (the checkpoints are not)."""
-        return self.weights + self.kv_cache + self.recurrent_state + self.compute
+        """What llama.cpp reserves (its load log's model, KV, RS, compute and output
+        buffers): on a GPU, all of it but the output buffer (the checkpoints are not
+        llama.cpp's)."""
+        return (self.weights + self.kv_cache + self.recurrent_state + self.compute
+                + self.outputs)
 
     @property
     def resident(self) -> int:
@@ -85,7 +90,8 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     return MemoryEstimate(info.file_size, kv, compute, info.n_vocab,
                           shape.state_bytes(n_slots, snapshots) + pooled_state,
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
-                                                  swa_full))
+                                                  swa_full),
+                          output_rows(shape, max(n_outputs, n_slots), embeddings=False))
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,

@@ -24,7 +24,8 @@ from localinfer.model_store.hardware import GPU
 from localinfer.model_store.shape import POOLED_SEQUENCES, ModelShape
 
 __all__ = ["DEFAULT_OUTPUTS", "QUALITY", "RUNTIME_OVERHEAD", "ModelShape", "Placement", "Plan",
-           "WontFit", "compute_buffer", "free_memory", "layers_per_device", "params_from_tag", "plan", "rough_device",
+           "PLAIN_ATTENTION_OUTPUTS", "WontFit", "compute_buffer", "free_memory",
+           "layers_per_device", "params_from_tag", "plan", "reserved_outputs", "rough_device",
            "runtime_overhead"]
 
 QUALITY = ("F32", "BF16", "F16", "Q8_0", "Q6_K", "Q5_K_M", "Q5_K_S", "Q5_0", "Q4_K_M", "Q4_K_S",
@@ -36,6 +37,11 @@ _GIB = 1024 * _MIB
 # logits a step may ask for when the caller does not say (LoadOptions.n_outputs does): room
 # for a few slots, or a lone stream's token and 8 guesses
 DEFAULT_OUTPUTS = 16
+# without flash attention llama.cpp reads a prompt ~1.35x slower where it reserved its compute
+# buffer for 4 outputs or fewer than where it did for 32 or more (smollm2's shape, 4,000
+# tokens in pieces of 512, 2-core Xeon: 23.5-23.9 s at 2 and 4, 19.0 at 16, 18.1-18.6 at 32
+# and 64, 17.3-18.0 for every token; with flash attention 1-2% apart)
+PLAIN_ATTENTION_OUTPUTS = 32
 
 
 # What a process holds on a GPU besides llama.cpp's buffers: the driver's context, the math
@@ -82,12 +88,13 @@ class Plan:
     reason: str
     # weights, kv_cache, recurrent_state (where the model has recurrent layers),
     # checkpoints (its slots' context checkpoints, where it keeps any: always in RAM),
+    # output_buffer (the logits' rows llama.cpp copies a step's out to: host memory, always),
     # compute (llama.cpp's buffers), runtime (the GPU backend's own overhead), margin
     # (fragmentation), in bytes: every device's, RAM's included (on a GPU plan, the input
-    # embeddings of an untied model and the layers the GPUs do not take, and the
-    # checkpoints)
+    # embeddings of an untied model and the layers the GPUs do not take, the checkpoints
+    # and the output buffer)
     parts: dict[str, int] = field(default_factory=dict)
-    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs (never the checkpoints)
+    gpu_bytes: int = 0  # of memory_bytes, what goes on the GPUs (never the host parts)
     # per device: each GPU used, then RAM where layers stay there or an untied model's input
     # embeddings do (a row of no layers where every layer is on a GPU)
     placement: tuple[Placement, ...] = ()
@@ -109,6 +116,14 @@ def _rank(quant: str) -> int:
     return QUALITY.index(quant) if quant in QUALITY else len(QUALITY)
 
 
+def reserved_outputs(n_outputs: int, flash_attn: bool) -> int:
+    """The outputs a context reserves its compute buffer for (llama_context_params'
+    n_outputs_max) where a step asks for n_outputs logits at most: without flash attention,
+    at least PLAIN_ATTENTION_OUTPUTS, which reads a prompt faster. The output buffer grows
+    only to what steps ask for."""
+    return n_outputs if flash_attn else max(n_outputs, PLAIN_ATTENTION_OUTPUTS)
+
+
 def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
                    n_outputs: int = DEFAULT_OUTPUTS, flash_attn: bool = True) -> int:
     """llama.cpp's compute buffer for a micro-batch of n_ubatch tokens, n_outputs of them
@@ -121,7 +136,7 @@ def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
     (taken as two). gemma3 at 512 tokens: 21.8 MiB reported for 1 to 16 outputs, 65.4 for
     64, 514.5 for 512 — llama.cpp's default reserves a whole batch of outputs.
     """
-    logits = min(n_outputs, n_ubatch) * shape.n_vocab * 4
+    logits = min(reserved_outputs(n_outputs, flash_attn), n_ubatch) * shape.n_vocab * 4
     activations = n_ubatch * shape.n_embd * 58
     masks = n_ubatch * n_ctx_stream * 2 * 2
     # (an encoder or a recurrent model keeps no cache to score)
@@ -143,10 +158,13 @@ def attention_scores(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512) 
     return n_ubatch * n_ctx_stream * (shape.n_head or shape.n_head_kv) * 4
 
 
-def output_rows(shape: ModelShape, rows: int) -> int:
-    """llama.cpp's output buffer for `rows` outputs (host memory): a row of vocabulary-wide
-    logits and an embedding each."""
-    return rows * (shape.n_vocab + shape.n_embd) * 4
+def output_rows(shape: ModelShape, rows: int, embeddings: bool = True) -> int:
+    """llama.cpp's output buffer for `rows` outputs (host memory, pinned where the output
+    layer is on a GPU): a row of vocabulary-wide logits each, and an embedding where the
+    context makes them (a pooled one; a chat context does not). A context reserves it for
+    its n_outputs_max, at least one row a sequence (llama_context::output_reserve): gemma3's
+    262k vocabulary at 32 outputs, 32 MiB."""
+    return rows * (shape.n_vocab + shape.n_embd * embeddings) * 4
 
 
 def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int, int]:
@@ -188,15 +206,18 @@ def _gpu_parts(weights: int, kv: int, compute: int, backend: str, state: int = 0
 def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
          n_ctx: int = 8192, n_slots: int = 1, kv_type: str = "f16", n_ubatch: int = 512,
          n_outputs: int = DEFAULT_OUTPUTS, swa_full: bool = False, snapshots: int = 0,
-         checkpoints: int = 0, checkpoint_cap: int | None = None) -> Plan:
+         checkpoints: int = 0, checkpoint_cap: int | None = None, flash_attn: bool = True
+         ) -> Plan:
     """Raise WontFit (with what would fit) when nothing does.
 
-    n_outputs: logits a step may ask for (at least one per slot). swa_full: sliding-window
+    n_outputs: logits a step may ask for (at least one per slot): the compute buffer's, and
+    the output buffer's rows, host memory wherever the layers go. swa_full: sliding-window
     layers keep every cell (--swa-full); else their window, the engine's default. snapshots:
     copies of each slot's recurrent state kept for rolling guesses back (n_rs_seq).
     checkpoints, checkpoint_cap: the context checkpoints a slot keeps at most, and their
     bytes (LoadOptions.ctx_checkpoints, ctx_checkpoint_mib): host RAM, wherever the layers
-    go, so what RAM is left for the rest."""
+    go, so what RAM is left for the rest. flash_attn: off (--no-flash-attn), each compute
+    buffer also holds a layer's attention scores."""
     if not files:
         raise WontFit("no GGUF files to choose from")
     held = shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap, swa_full)
@@ -204,15 +225,18 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
         raise WontFit(f"the context checkpoints of {n_slots} slot{'s' * (n_slots > 1)} take "
                       f"{held / _GIB:.2f} GiB of RAM and {ram_available / _GIB:.2f} GiB is "
                       f"available — fewer with --ctx-checkpoints or --ctx-checkpoint-mib")
+    outputs = output_rows(shape, max(n_outputs, n_slots), embeddings=False)
     try:
-        chosen = _plan(shape, files, gpus, ram_available - held, n_ctx, n_slots, kv_type,
-                       n_ubatch, n_outputs, swa_full, snapshots)
+        chosen = _plan(shape, files, gpus, ram_available - held - outputs, n_ctx, n_slots,
+                       kv_type, n_ubatch, n_outputs, swa_full, snapshots, flash_attn,
+                       host=held + outputs)
     except WontFit as exc:
         if held:
             raise WontFit(f"{exc} (after {held / _GIB:.2f} GiB of context checkpoints: "
                           f"fewer with --ctx-checkpoints or --ctx-checkpoint-mib)") from None
         raise
-    return _with_checkpoints(_with_input_embeddings(chosen, shape, files), held)
+    return _in_ram(_with_input_embeddings(chosen, shape, files),
+                   {"checkpoints": held, "output_buffer": outputs})
 
 
 def _with_input_embeddings(chosen: Plan, shape: ModelShape, files: Mapping[str, int]) -> Plan:
@@ -233,26 +257,27 @@ def _with_input_embeddings(chosen: Plan, shape: ModelShape, files: Mapping[str, 
                    memory_bytes=chosen.memory_bytes + embd)
 
 
-def _with_checkpoints(chosen: Plan, held: int) -> Plan:
-    """The plan with its slots' context checkpoints: a part of its own (after the recurrent
-    state), in the whole but not on the GPUs."""
-    if not held:
-        return chosen
+def _in_ram(chosen: Plan, host: Mapping[str, int]) -> Plan:
+    """The plan with what llama.cpp keeps in host memory wherever the layers go (its slots'
+    context checkpoints, its output buffer): parts of their own after the recurrent state,
+    in the whole but not on the GPUs."""
+    host = {k: v for k, v in host.items() if v}
     keys = list(chosen.parts)
     at = keys.index("compute")
-    parts = {**{k: chosen.parts[k] for k in keys[:at]}, "checkpoints": held,
+    parts = {**{k: chosen.parts[k] for k in keys[:at]}, **host,
              **{k: chosen.parts[k] for k in keys[at:]}}
-    return replace(chosen, parts=parts, memory_bytes=chosen.memory_bytes + held)
+    return replace(chosen, parts=parts, memory_bytes=chosen.memory_bytes + sum(host.values()))
 
 
 def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
           n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int, n_outputs: int,
-          swa_full: bool, snapshots: int) -> Plan:
-    """`plan` but for the checkpoints: ram_available is what they leave."""
+          swa_full: bool, snapshots: int, flash_attn: bool, host: int = 0) -> Plan:
+    """`plan` but for the host parts (`_in_ram`): ram_available is what their `host` bytes
+    leave."""
     n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)
-    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots))
+    compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots), flash_attn)
     pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)  # (with the layers)
     kv, state, compute = kv + pooled_kv, state + pooled_state, compute + pooled_compute
     ranked = sorted(files, key=_rank)
@@ -321,8 +346,9 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
                      **({"recurrent_state": state} if state else {}), "compute": compute,
                      "runtime": 0, "margin": margin}
             return Plan(quant, "cpu", 0, memory_bytes=need + margin, **common, parts=parts,
-                        reason=f"{where}; {quant} runs on the CPU in {gib(need + margin)} of "
-                               f"{gib(ram_available)} available RAM")
+                        reason=f"{where}; {quant} runs on the CPU in "
+                               f"{gib(need + margin + host)} of "
+                               f"{gib(ram_available + host)} available RAM")
     smallest = min(files, key=files.get)
     room = max(free_memory(gpu) if gpu else 0, ram_available)
     per_token = shape.kv_bytes_per_token(kv_type) * n_slots

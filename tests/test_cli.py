@@ -156,7 +156,8 @@ def test_show_lists_the_plans_memory_part_by_part():
     assert shown.returncode == 0, shown.stderr
     facts = json.loads(shown.stdout)
     plan = facts["plan"]
-    assert set(plan["memory"]) == {"weights", "kv_cache", "compute", "runtime", "margin"}
+    assert set(plan["memory"]) == {"weights", "kv_cache", "output_buffer", "compute", "runtime",
+                                   "margin"}
     assert sum(plan["memory"].values()) == plan["memory_bytes"]
     assert plan["memory"]["kv_cache"] == facts["kv_bytes_per_token"] * 2048
     assert plan["device"] == "cpu" and plan["gpu_bytes"] == 0 and plan["memory"]["runtime"] == 0

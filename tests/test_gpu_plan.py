@@ -31,7 +31,7 @@ def machine(free_mib: int, offload: bool = True) -> Hardware:
 
 
 def _layers(hw: Hardware | None, **options) -> int:
-    prepared = prepare("smollm2:135m", LoadOptions(n_ctx=2048, **options), Settings(),
+    prepared = prepare("smollm2:135m", LoadOptions(**{"n_ctx": 2048, **options}), Settings(),
                        hardware=lambda: hw)
     return prepared.options.n_gpu_layers, prepared.info.n_layer
 
@@ -50,6 +50,24 @@ def test_no_gpu_or_a_cpu_build_or_an_explicit_choice():
     assert _layers(None)[0] == 0
     assert _layers(machine(23000, offload=False))[0] == 0
     assert _layers(machine(23000), n_gpu_layers=5)[0] == 5
+
+
+def test_a_gpu_plan_without_flash_attention_counts_the_attention_scores():
+    """--no-flash-attn on a GPU: its compute buffer holds a layer's attention scores (smollm2
+    at 8,192 tokens: 144 MiB more), so a card that holds all of the model with flash
+    attention, llama.cpp's default there, takes fewer layers without it."""
+    from localinfer.service import plan_for
+
+    info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
+    on = plan_for(info, machine(23000), 8192)
+    off = plan_for(info, machine(23000), 8192, flash_attn=False)
+    scores = attention_scores(info.shape(), 8192)
+    assert scores == 512 * 8192 * 9 * 4
+    assert off.parts["compute"] - on.parts["compute"] == scores
+    assert off.gpu_bytes > on.gpu_bytes + scores
+    tight = machine((on.gpu_bytes + scores // 2) // 2**20)
+    assert _layers(tight, n_ctx=8192)[0] == info.n_layer + 1
+    assert 0 < _layers(tight, n_ctx=8192, flash_attn=False)[0] < info.n_layer
 
 
 def test_a_draft_model_takes_its_share_of_the_gpu_first():
@@ -307,10 +325,13 @@ def test_show_says_what_a_hybrid_keeps():
     one = facts["recurrent_state_bytes_per_slot"] + 28 + 24 * 24
     assert memory["checkpoints"] == 2 * 5 * one
     plan = facts["plan"]
-    # in RAM: the checkpoints, and the input embeddings (Qwen3.5's are untied), on a row
+    # in RAM: the checkpoints, the output buffer (a row of logits a slot) and the input
+    # embeddings (Qwen3.5's are untied), on a row
     ram = [p for p in plan["placement"] if p["index"] is None]
     assert len(ram) == 1 and ram[0]["layers"] == 0 and ram[0]["weights"] > 0
-    assert plan["memory_bytes"] - plan["gpu_bytes"] == memory["checkpoints"] + ram[0]["weights"]
+    assert memory["output_buffer"] == 2 * facts["n_vocab"] * 4
+    assert plan["memory_bytes"] - plan["gpu_bytes"] == (memory["checkpoints"] + ram[0]["weights"]
+                                                        + memory["output_buffer"])
     text = subprocess.run([sys.executable, "-m", "localinfer", "show",
                            str(plan_model("qwen3.5-9b")), "--gpu", "24GiB", "--ctx", "32768",
                            "--parallel", "2"], capture_output=True, text=True, timeout=120)

@@ -18,7 +18,8 @@ def test_estimate_adds_weights_kv_and_buffers(info):
     e = estimate_memory(info, n_ctx=4096, n_slots=2)
     assert e.weights == info.file_size
     assert e.kv_cache == 30 * 3 * (64 + 64) * 2 * 4096 * 2  # layers × kv heads × (K+V dims) × f16
-    assert e.total == e.weights + e.kv_cache + e.compute
+    assert e.outputs == 16 * 49152 * 4  # the default 16 rows of logits, f32
+    assert e.total == e.weights + e.kv_cache + e.compute + e.outputs
 
 
 def test_context_beyond_training_length_is_refused(info):
@@ -50,9 +51,10 @@ def test_nothing_fits_in_too_little_memory(info):
                                                   ("gemma3_path", 8192, 1)])
 def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_slots, flash_attn,
                                                               request, caplog):
-    """Weights + KV + compute, against llama.cpp's own report after loading: within 10%; the
-    compute buffer alone, reserved for the logits a step may ask for (and without flash
-    attention a layer's attention scores), is never under."""
+    """Weights + KV + compute + output, against llama.cpp's own report after loading: within
+    10%; the compute buffer alone, reserved for the logits a step may ask for (and without
+    flash attention a layer's attention scores), never under; the output buffer, a row of
+    logits a slot, to the row."""
     import logging
     import re
 
@@ -71,6 +73,10 @@ def test_estimate_agrees_with_the_buffers_llama_cpp_allocates(model, n_ctx, n_sl
                                n_outputs=options.n_outputs, flash_attn=flash_attn is None)
     assert reported == pytest.approx(estimate.total, rel=0.10)
     assert compute <= estimate.compute <= 1.5 * compute
+    # the output buffer, reserved for a row of logits a slot (the log's 2 decimals)
+    output = float(re.search(r"output buffer size =\s+([\d.]+) MiB", caplog.text)[1]) * 2**20
+    assert output == pytest.approx(estimate.outputs, abs=0.006 * 2**20)
+    assert estimate.outputs == n_slots * read_gguf_info(path).n_vocab * 4
 
 
 def test_the_compute_buffer_holds_the_logits_a_step_asks_for(gemma3_path):

@@ -52,7 +52,9 @@ def test_quant_choice_per_machine(gpu, ram_gib, quant, device, layers):
     if layers == 33:  # Llama 3.1 is untied: its input embeddings stay in RAM, a row of their own
         embd = FILES_8B[quant] - LLAMA31_8B.gpu_weights(FILES_8B[quant])
         assert chosen.placement[-1] == Placement("RAM", None, 0, embd, 0, 0, 0, 0)
-        assert chosen.memory_bytes == chosen.gpu_bytes + embd
+        # and the output buffer: the default 16 rows of logits, host memory
+        assert chosen.parts["output_buffer"] == 16 * LLAMA31_8B.n_vocab * 4
+        assert chosen.memory_bytes == chosen.gpu_bytes + embd + chosen.parts["output_buffer"]
         assert chosen.parts["weights"] == FILES_8B[quant]
 
 
