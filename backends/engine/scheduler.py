@@ -286,14 +286,20 @@ class Engine:
                     task.generation.cancelled = True
         return True
 
-    @staticmethod
-    def _run_job(job: Job) -> None:
+    def _run_job(self, job: Job) -> None:
+        """A pooled read (Engine.call), its cores claimed from other localinfer processes
+        for as long as it runs, as a step's are."""
         if not job.done.set_running_or_notify_cancel():
             return
         try:
+            if self.threads is not None:
+                self.threads.begin_pooled()
             job.done.set_result(job.work())
         except BaseException as exc:  # noqa: BLE001 - the caller raises it
             job.done.set_exception(exc)
+        finally:
+            if self.threads is not None:
+                self.threads.release()
 
     def _drop_cancelled(self) -> None:
         for task in self.queue.drop_cancelled():

@@ -29,8 +29,9 @@ llama.cpp and Ollama, is right only on an idle machine.
   the longest TTFT was 5.4-5.6 s and the streams took 9.5-10.3 s to end; sharing, 0.78-0.95
   s and 7.1-7.5 s; a fixed 2 threads each (llama.cpp's one per core), 2.5-7.9 s and 50-145
   s. The tuner sees such a neighbour only after some slow steps; the claims are seen
-  before the first. Embedding and ranking reads take what the claims leave but claim
-  nothing.
+  before the first. Embedding and ranking reads claim their cores as prompt steps do
+  (`ThreadTuner.begin_pooled`): a read that took what the claims left but claimed nothing
+  let the next step of another process take every core beside it.
 """
 
 from __future__ import annotations
@@ -281,6 +282,7 @@ class ThreadTuner:
         # the cores other localinfer processes' steps hold now (None: not counted)
         self.share = share
         self._capped = False  # this step runs with fewer threads than the tuner chose
+        self._pooled = 0  # the count a pooled read claimed (begin_pooled), until release
 
     def begin(self, n_prompt: int) -> int:
         """The count a step starting now runs with: `for_step`'s, no more than the cores the
@@ -299,11 +301,23 @@ class ThreadTuner:
 
     def release(self) -> None:
         """The step's llama.cpp work is over: its claim ends (lingering a moment)."""
+        self._pooled = 0
         if self.share is not None:
             self.share.end()
 
+    def begin_pooled(self) -> int:
+        """Claim the cores for a pooled read about to run on the engine's thread (an
+        embedding's or a ranking's decodes: Engine.call), as for a step that reads prompt
+        tokens: it waits while other processes' steps hold every core, and keeps what their
+        claims leave. `for_pooled` is that count until `release`."""
+        self._pooled = self.begin(1)
+        return self._pooled
+
     def for_pooled(self) -> int:
-        """The count an embedding or ranking read runs with (not claimed: it takes no step)."""
+        """The count an embedding or ranking read runs with: its claim's (`begin_pooled`),
+        else a prompt step's, no more than the other processes' claims leave."""
+        if self._pooled:
+            return self._pooled
         wanted = self.for_step(1)
         return wanted if self.share is None else self.share.allowed(wanted)
 

@@ -405,6 +405,50 @@ def test_the_engine_runs_its_steps_with_the_cores_another_process_leaves(smollm2
         backend.close()
 
 
+def test_an_embedding_read_claims_its_cores_as_a_step_does(smollm2_path, share_file):
+    """A pooled read (an embedding's or a ranking's decodes) claims its cores while it runs:
+    another process sees them held and takes none beside it; and it waits while another
+    process's step holds every core, as a step would."""
+    import threading
+    import time
+
+    import llama_cpp
+
+    from localinfer.backends.base import LoadOptions
+    from localinfer.backends.engine.threads import CoreShare
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        tuner.share.close()
+        tuner.share = CoreShare(2, share_file)
+        tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
+        tuner._free = lambda: 2  # (however busy this machine is)
+        other = CoreShare(2, share_file)  # another process's view of the share
+        assert backend.engine.call(other.others) == (2, 2)  # running, claimed: the read's
+        assert other.others()[0] == 0  # (its claim ended with it)
+
+        time.sleep(0.3)  # (past the moment an ended claim lingers)
+        holder = _holder(share_file, 2)  # another process's step holds both cores
+        done = threading.Event()
+        read = threading.Thread(target=lambda: (backend.embed_many(["The lighthouse keeper"]),
+                                                done.set()))
+        read.start()
+        try:
+            assert not done.wait(0.5)  # waiting for a core
+        finally:
+            holder.kill()
+            holder.wait()
+        assert done.wait(60)
+        read.join()
+        assert tuner.share.waits >= 1
+        assert llama_cpp.llama_n_threads(backend.embedder._ctx) == 2  # both cores, once free
+        other.close()
+    finally:
+        backend.close()
+
+
 def test_a_share_file_of_another_layout_starts_empty(share_file):
     from localinfer.backends.engine import threads as module
 
