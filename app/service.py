@@ -144,8 +144,8 @@ def prepare(
             options = dataclasses.replace(options, workers=tuple(dict.fromkeys(used)),
                                           worker_key=settings.worker_key, worker_head=HEAD)
     if chosen is not None:
-        # in RAM: the input embeddings of an untied model, the layers the GPU cannot take
-        # and the context checkpoints (of memory_bytes, never of gpu_bytes)
+        # in RAM: the input embeddings of an untied model, the layers the GPU cannot take,
+        # the context checkpoints and the output buffers (of memory_bytes, never of gpu_bytes)
         # (this machine's memory only: a worker's is the worker's, and it serves one model)
         use = {p.index: p.total for p in chosen.placement if p.index is not None
                and not p.remote}
@@ -466,12 +466,12 @@ def describe(model: str | None, settings: Settings, *, ctx: int | None = None, p
     try:
         n_ctx = ctx or default_context(info, settings)
         held = checkpoints_of(settings)
-        # (the rows of logits a step of the load asks for: a slot's, or a lone stream's guesses)
-        outputs = LoadOptions.from_settings(settings, n_slots=parallel).n_outputs
-        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info, n_outputs=outputs,
-                              **held)[1]
-                  if remote else plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel,
-                                          n_outputs=outputs, **held))
+        # as the load plans: the rows of logits a step asks for (a slot's, or a lone stream's
+        # guesses), and a GPU's attention scores where the settings turn flash attention off
+        load = LoadOptions.from_settings(settings, n_slots=parallel)
+        also = dict(n_outputs=load.n_outputs, flash_attn=load.flash_attn is not False, **held)
+        chosen = (plan_remote(remote, files, machine, n_ctx, parallel, info, **also)[1]
+                  if remote else plan_for(info, machine, n_ctx=n_ctx, n_slots=parallel, **also))
         plan_dict = {"device": chosen.device, "n_gpu_layers": chosen.n_gpu_layers,
                      "n_ctx": chosen.n_ctx, "n_slots": chosen.n_slots,
                      "memory_bytes": chosen.memory_bytes, "gpu_bytes": chosen.gpu_bytes,

@@ -28,7 +28,7 @@ from localinfer.backends.engine.threads import (CoreShare, ThreadTuner, free_cor
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
-from localinfer.model_store.planner import output_rows, pooled_bytes, reserved_outputs
+from localinfer.model_store.planner import pooled_bytes, reserved_outputs
 from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
 
@@ -297,9 +297,8 @@ class LlamaCppBackend(Backend):
         if info.embedding or info.rerank:
             return
         shape = dataclasses.replace(info.shape(), pooled="embed", pooled_ubatch=POOLED_UBATCH)
-        kv, state, compute = pooled_bytes(shape, self.embedder.n_ctx)
-        need = (output_rows(shape, POOLED_UBATCH) if options.n_gpu_layers
-                else kv + state + compute)
+        kv, state, compute, outputs = pooled_bytes(shape, self.embedder.n_ctx)
+        need = outputs if options.n_gpu_layers else kv + state + compute + outputs
         free = psutil.virtual_memory().available
         if need > free:
             raise ModelLoadFailed(

@@ -72,14 +72,20 @@ def embed_until(url: str, seed: int, done: threading.Event, out: dict) -> None:
     the prompt tokens they read and the seconds they took."""
     rng = random.Random(seed)
     out["tokens"], began = 0, time.perf_counter()
-    with httpx.Client(timeout=600) as client:
-        while not done.is_set():
-            texts = [" ".join(rng.choice(_WORDS) for _ in range(140)) for _ in range(8)]
-            reply = client.post(url + "/v1/embeddings", json={"model": EMBEDDER, "input": texts})
-            if reply.status_code != 200:
-                raise SystemExit(f"{url}: HTTP {reply.status_code}: {reply.text[:300]}")
-            out["tokens"] += reply.json()["usage"]["prompt_tokens"]
-    out["seconds"] = time.perf_counter() - began
+    try:
+        with httpx.Client(timeout=600) as client:
+            while not done.is_set():
+                texts = [" ".join(rng.choice(_WORDS) for _ in range(140)) for _ in range(8)]
+                reply = client.post(url + "/v1/embeddings",
+                                    json={"model": EMBEDDER, "input": texts})
+                if reply.status_code != 200:
+                    out["error"] = f"{url}: HTTP {reply.status_code}: {reply.text[:300]}"
+                    return
+                out["tokens"] += reply.json()["usage"]["prompt_tokens"]
+    except httpx.HTTPError as err:
+        out["error"] = f"{url}: {err!r}"
+    finally:
+        out["seconds"] = time.perf_counter() - began
 
 
 def one_round(url: str, seed: int, streams: int, tokens: int, embed: bool = False) -> dict:
@@ -100,6 +106,8 @@ def one_round(url: str, seed: int, streams: int, tokens: int, embed: bool = Fals
     done.set()
     if embed:
         embedder.join()
+        if "error" in embedded:
+            raise SystemExit(embedded["error"])
     ttft = {model: [r["times"][0] - sent for r in rows if r["model"] == model]
             for model in chatting}
     last = max(r["times"][-1] for r in rows) - sent

@@ -28,7 +28,7 @@ class MemoryEstimate:
     n_vocab: int = 0
     recurrent_state: int = 0  # every slot's, where the model has recurrent layers
     checkpoints: int = 0  # every slot's context checkpoints at most: host RAM, always
-    outputs: int = 0  # the output buffer, a row of logits per output: host RAM, always
+    outputs: int = 0  # the output buffers, a row of logits per output: host RAM, always
 
     @property
     def total(self) -> int:
@@ -83,7 +83,7 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes;
     flash_attn: off, the compute buffer also holds a layer's attention scores."""
     shape = info.shape()
-    pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)
+    pooled_kv, pooled_state, pooled_compute, pooled_outputs = pooled_bytes(shape, n_ctx)
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch) + pooled_kv
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots),
                              flash_attn) + pooled_compute
@@ -91,7 +91,8 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
                           shape.state_bytes(n_slots, snapshots) + pooled_state,
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
                                                   swa_full),
-                          output_rows(shape, max(n_outputs, n_slots), embeddings=False))
+                          output_rows(shape, max(n_outputs, n_slots), embeddings=False)
+                          + pooled_outputs)
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,

@@ -127,7 +127,8 @@ def reserved_outputs(n_outputs: int, flash_attn: bool) -> int:
 def compute_buffer(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512,
                    n_outputs: int = DEFAULT_OUTPUTS, flash_attn: bool = True) -> int:
     """llama.cpp's compute buffer for a micro-batch of n_ubatch tokens, n_outputs of them
-    asking for logits, over n_ctx_stream cells of one sequence's KV.
+    asking for logits (reserved for at least PLAIN_ATTENTION_OUTPUTS without flash
+    attention: `reserved_outputs`), over n_ctx_stream cells of one sequence's KV.
 
     The larger of the logits (f32 × vocabulary per output) and the activations, plus the
     attention masks (f16, n_ubatch × cells, for full and sliding-window layers). Fitted on
@@ -161,29 +162,29 @@ def attention_scores(shape: ModelShape, n_ctx_stream: int, n_ubatch: int = 512) 
 def output_rows(shape: ModelShape, rows: int, embeddings: bool = True) -> int:
     """llama.cpp's output buffer for `rows` outputs (host memory, pinned where the output
     layer is on a GPU): a row of vocabulary-wide logits each, and an embedding where the
-    context makes them (a pooled one; a chat context does not). A context reserves it for
-    its n_outputs_max, at least one row a sequence (llama_context::output_reserve): gemma3's
-    262k vocabulary at 32 outputs, 32 MiB."""
+    context makes them (a pooled one; a chat context does not). A context is made with a row
+    a sequence and grows it to the most outputs a decode asks for, never shrinking it
+    (llama_context::output_reserve)."""
     return rows * (shape.n_vocab + shape.n_embd * embeddings) * 4
 
 
-def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int, int]:
-    """The KV, recurrent state and compute buffer of an embedder's or reranker's pooled
-    context (none for a chat model): its KV F16 with sliding-window layers full size, as
-    llama.cpp's defaults make it; a recurrent state for each of the POOLED_SEQUENCES inputs a
-    decode may hold (a hybrid's or a recurrent model's); its compute buffer, reserved for
-    every token of a micro-batch an output; and its output rows, vocabulary-wide logits and
-    an embedding each: one an input where the pooling reads the last token, else every token
-    of a decode (a micro-batch's where a causal model's mean is read a micro-batch a
-    decode)."""
+def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int, int, int]:
+    """The KV, recurrent state, compute buffer and output buffer of an embedder's or
+    reranker's pooled context (none for a chat model): its KV F16 with sliding-window layers
+    full size, as llama.cpp's defaults make it; a recurrent state for each of the
+    POOLED_SEQUENCES inputs a decode may hold (a hybrid's or a recurrent model's); its
+    compute buffer, reserved for every token of a micro-batch an output; and its output
+    rows (host memory), vocabulary-wide logits and an embedding each: one an input where the
+    pooling reads the last token, else every token of a decode (a micro-batch's where a
+    causal model's mean is read a micro-batch a decode)."""
     cells = shape.pooled_cells(n_ctx)
     if not cells:
-        return 0, 0, 0
+        return 0, 0, 0, 0
     ubatch = min(cells, shape.pooled_ubatch or cells)
     return (shape.kv_bytes(cells, 1, "f16", True, ubatch),
             shape.state_bytes(POOLED_SEQUENCES),
-            compute_buffer(shape, cells, ubatch, ubatch)
-            + output_rows(shape, shape.pooled_outputs or ubatch))
+            compute_buffer(shape, cells, ubatch, ubatch),
+            output_rows(shape, shape.pooled_outputs or ubatch))
 
 
 def _margin(total: int) -> int:
@@ -225,7 +226,11 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
         raise WontFit(f"the context checkpoints of {n_slots} slot{'s' * (n_slots > 1)} take "
                       f"{held / _GIB:.2f} GiB of RAM and {ram_available / _GIB:.2f} GiB is "
                       f"available — fewer with --ctx-checkpoints or --ctx-checkpoint-mib")
-    outputs = output_rows(shape, max(n_outputs, n_slots), embeddings=False)
+    # the output buffers, host memory: the chat context's and a pooled context's (of an
+    # embedder or a reranker: every token of a micro-batch a row, for a causal mean)
+    trained = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
+    outputs = (output_rows(shape, max(n_outputs, n_slots), embeddings=False)
+               + pooled_bytes(shape, trained)[3])
     try:
         chosen = _plan(shape, files, gpus, ram_available - held - outputs, n_ctx, n_slots,
                        kv_type, n_ubatch, n_outputs, swa_full, snapshots, flash_attn,
@@ -278,7 +283,8 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots), flash_attn)
-    pooled_kv, pooled_state, pooled_compute = pooled_bytes(shape, n_ctx)  # (with the layers)
+    pooled_kv, pooled_state, pooled_compute, _ = pooled_bytes(shape, n_ctx)  # (with the
+    # layers; its output buffer is a host part of `plan`'s)
     kv, state, compute = kv + pooled_kv, state + pooled_state, compute + pooled_compute
     ranked = sorted(files, key=_rank)
     capped = [q for q in ranked if _rank(q) >= _SPLIT_CAP] or ranked

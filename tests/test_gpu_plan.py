@@ -70,6 +70,24 @@ def test_a_gpu_plan_without_flash_attention_counts_the_attention_scores():
     assert 0 < _layers(tight, n_ctx=8192, flash_attn=False)[0] < info.n_layer
 
 
+def test_show_plans_a_gpu_as_the_settings_load_it():
+    """`show` plans what the load would: with flash attention off in the settings, a GPU's
+    compute buffer holds the attention scores."""
+    import os
+
+    def compute(**env: str) -> int:
+        shown = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m",
+                                "--gpu", "24GiB", "--ctx", "8192", "--json"],
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, **env})
+        assert shown.returncode == 0, shown.stderr
+        return json.loads(shown.stdout)["plan"]["memory"]["compute"]
+
+    info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
+    assert (compute(LOCALINFER_FLASH_ATTN="false") - compute()
+            == attention_scores(info.shape(), 8192))
+
+
 def test_a_draft_model_takes_its_share_of_the_gpu_first():
     alone, n_layer = _layers(machine(900))
     with_draft, _ = _layers(machine(900), draft_model="smollm2:135m")

@@ -292,14 +292,17 @@ class Engine:
         if not job.done.set_running_or_notify_cancel():
             return
         try:
-            if self.threads is not None:
-                self.threads.begin_pooled()
-            job.done.set_result(job.work())
+            try:
+                if self.threads is not None:
+                    self.threads.begin_pooled()
+                result = job.work()
+            finally:  # (the claim ends before the caller wakes)
+                if self.threads is not None:
+                    self.threads.release()
         except BaseException as exc:  # noqa: BLE001 - the caller raises it
             job.done.set_exception(exc)
-        finally:
-            if self.threads is not None:
-                self.threads.release()
+        else:
+            job.done.set_result(result)
 
     def _drop_cancelled(self) -> None:
         for task in self.queue.drop_cancelled():

@@ -162,7 +162,7 @@ class CoreShare:
                     f.truncate(_SLOT.size * _SLOTS)
                 self._map = mmap.mmap(f.fileno(), _SLOT.size * _SLOTS)
             self._slot = self._take()
-        self.waits = 0  # steps that waited for a core
+        self.waits = 0  # steps (and pooled reads) that waited for a core
         self.waited_s = 0.0  # how long the last step waited
         self._waited_out: set[tuple[int, float]] = set()  # (pid, step began) held too long
 
@@ -300,7 +300,8 @@ class ThreadTuner:
         return self.share.waited_s if self.share is not None else 0.0
 
     def release(self) -> None:
-        """The step's llama.cpp work is over: its claim ends (lingering a moment)."""
+        """The step's (or pooled read's) llama.cpp work is over: its claim ends (lingering a
+        moment)."""
         self._pooled = 0
         if self.share is not None:
             self.share.end()

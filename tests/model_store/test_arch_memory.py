@@ -220,7 +220,8 @@ def test_ram_that_holds_the_model_but_not_its_checkpoints_is_refused(arch):
         plan(shape, files, [], held - 1, n_ctx=512, n_slots=4, checkpoints=32)
 
     # (flash attention set: left to the service, it would turn off without the checkpoints,
-    # and stay on with them where the attention scores and 32 output rows leave no room)
+    # and stay on with them where the attention scores and a compute buffer reserved for 32
+    # outputs leave no room)
     options = LoadOptions(n_ctx=4096, n_slots=4, n_gpu_layers=0, flash_attn=True)
     without = dataclasses.replace(options, ctx_checkpoints=0)
     need = prepare(str(path), without, Settings()).ram_bytes
@@ -314,7 +315,7 @@ def test_a_pooled_context_keeps_a_recurrent_state_per_input_it_reads_at_once(arc
     path = arch_model(arch)
     shape = dataclasses.replace(read_gguf_info(path).shape(), pooled="embed",
                                 pooled_ubatch=POOLED_UBATCH)
-    _kv, state, _compute = pooled_bytes(shape, 512)
+    _kv, state, _compute, _outputs = pooled_bytes(shape, 512)
     assert state == shape.state_bytes(1) * POOLED_SEQUENCES > 0
     backend = LlamaCppBackend(path, LoadOptions(n_ctx=512, n_slots=1))
     try:
