@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from localinfer.errors import ContextTooLarge
 from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
-from localinfer.model_store.planner import (DEFAULT_OUTPUTS, compute_buffer, output_rows,
+from localinfer.model_store.planner import (DEFAULT_OUTPUTS, compute_buffer, output_buffers,
                                             pooled_bytes)
 
 __all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
@@ -83,7 +83,7 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
     checkpoints, checkpoint_cap: context checkpoints a slot keeps at most, and their bytes;
     flash_attn: off, the compute buffer also holds a layer's attention scores."""
     shape = info.shape()
-    pooled_kv, pooled_state, pooled_compute, pooled_outputs = pooled_bytes(shape, n_ctx)
+    pooled_kv, pooled_state, pooled_compute, _ = pooled_bytes(shape, n_ctx)
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch) + pooled_kv
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots),
                              flash_attn) + pooled_compute
@@ -91,8 +91,7 @@ def estimate_memory(info: GGUFInfo, n_ctx: int, n_slots: int = 1, n_ubatch: int 
                           shape.state_bytes(n_slots, snapshots) + pooled_state,
                           shape.checkpoints_bytes(n_slots, checkpoints, checkpoint_cap,
                                                   swa_full),
-                          output_rows(shape, max(n_outputs, n_slots), embeddings=False)
-                          + pooled_outputs)
+                          output_buffers(shape, n_ctx, n_outputs, n_slots))
 
 
 def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int = 512,

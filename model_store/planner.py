@@ -168,6 +168,14 @@ def output_rows(shape: ModelShape, rows: int, embeddings: bool = True) -> int:
     return rows * (shape.n_vocab + shape.n_embd * embeddings) * 4
 
 
+def output_buffers(shape: ModelShape, n_ctx: int, n_outputs: int, n_slots: int) -> int:
+    """Every output buffer the model's contexts make (host memory): the chat context's, a
+    row of logits for each output a step asks for (at least one a slot), and a pooled
+    context's (an embedder's or a reranker's: `pooled_bytes`)."""
+    return (output_rows(shape, max(n_outputs, n_slots), embeddings=False)
+            + pooled_bytes(shape, n_ctx)[3])
+
+
 def pooled_bytes(shape: ModelShape, n_ctx: int) -> tuple[int, int, int, int]:
     """The KV, recurrent state, compute buffer and output buffer of an embedder's or
     reranker's pooled context (none for a chat model): its KV F16 with sliding-window layers
@@ -226,11 +234,8 @@ def plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_a
         raise WontFit(f"the context checkpoints of {n_slots} slot{'s' * (n_slots > 1)} take "
                       f"{held / _GIB:.2f} GiB of RAM and {ram_available / _GIB:.2f} GiB is "
                       f"available — fewer with --ctx-checkpoints or --ctx-checkpoint-mib")
-    # the output buffers, host memory: the chat context's and a pooled context's (of an
-    # embedder or a reranker: every token of a micro-batch a row, for a causal mean)
-    trained = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
-    outputs = (output_rows(shape, max(n_outputs, n_slots), embeddings=False)
-               + pooled_bytes(shape, trained)[3])
+    n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
+    outputs = output_buffers(shape, n_ctx, n_outputs, n_slots)
     try:
         chosen = _plan(shape, files, gpus, ram_available - held - outputs, n_ctx, n_slots,
                        kv_type, n_ubatch, n_outputs, swa_full, snapshots, flash_attn,
@@ -278,8 +283,7 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
           n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int, n_outputs: int,
           swa_full: bool, snapshots: int, flash_attn: bool, host: int = 0) -> Plan:
     """`plan` but for the host parts (`_in_ram`): ram_available is what their `host` bytes
-    leave."""
-    n_ctx = min(n_ctx, shape.n_ctx_train) if shape.n_ctx_train else n_ctx
+    leave; n_ctx within what the model was trained for."""
     kv = shape.kv_bytes(n_ctx, n_slots, kv_type, swa_full, n_ubatch)
     state = shape.state_bytes(n_slots, snapshots)
     compute = compute_buffer(shape, n_ctx, n_ubatch, max(n_outputs, n_slots), flash_attn)
