@@ -429,6 +429,13 @@ def test_an_embedding_read_claims_its_cores_as_a_step_does(smollm2_path, share_f
         assert backend.engine.call(other.others) == (2, 2)  # running, claimed: the read's
         assert other.others()[0] == 0  # (its claim ended with it)
 
+        def refused() -> None:
+            raise ValueError("a read that fails")
+
+        with pytest.raises(ValueError):
+            backend.engine.call(refused)
+        assert other.others()[0] == 0  # a failed read's claim ends too
+
         time.sleep(0.3)  # (past the moment an ended claim lingers)
         holder = _holder(share_file, 2)  # another process's step holds both cores
         done = threading.Event()
