@@ -74,12 +74,23 @@ class DraftModel:
         self._batch = self.native.batch(self.n_batch)
         self._greedy = SamplerChain(self.native, SamplingParams(temperature=0))  # an argmax
 
-    def propose(self, tokens: Sequence[int], max_draft: int) -> list[int]:
-        """Up to `max_draft` tokens the draft model would write after `tokens`."""
+    def unread(self, tokens: Sequence[int]) -> int:
+        """How many of `tokens` it reads before guessing what follows them: those it has not
+        seen, and at least the last again, for its logits."""
+        return len(tokens) - self._kept(tokens)
+
+    def _kept(self, tokens: Sequence[int]) -> int:
+        return max(0, min(common_prefix(self.cache, tokens), len(tokens) - 1))
+
+    def propose(self, tokens: Sequence[int], max_draft: int,
+                threads: int | None = None) -> list[int]:
+        """Up to `max_draft` tokens the draft model would write after `tokens`; its decodes
+        with `threads` threads (None: as they were)."""
         if max_draft <= 0 or len(tokens) + max_draft > self.n_ctx:
             return []
-        # keep what it has seen, but read at least the last token again for its logits
-        keep = min(common_prefix(self.cache, tokens), len(tokens) - 1)
+        if threads and threads != self.native.threads():
+            self.native.set_threads(threads)
+        keep = self._kept(tokens)
         if not self.native.forget(0, keep):
             self.native.forget_all()
             keep = 0

@@ -11,11 +11,12 @@ prefix (the same system prompt, earlier turns of the same chat) prefills only th
 from __future__ import annotations
 
 import codecs
+import contextlib
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
 from dataclasses import replace
 from typing import TypeVar
@@ -106,7 +107,7 @@ class Engine:
             if drafter is not None:
                 drafter.close()
                 drafter = None
-        self.speculator = Speculator(draft_tokens, drafter)
+        self.speculator = Speculator(draft_tokens, drafter, cores=self._cores)
         if native.windowed:
             log.info("sliding-window layers keep their last %d tokens only: no context shift "
                      "or cache reuse, and a prompt that leaves the cached one further back "
@@ -134,6 +135,7 @@ class Engine:
         # seconds inside llama_decode, and in whole steps (batch filling, decode, sampling):
         # their difference is what the engine itself costs on top of llama.cpp
         self._seconds = {"decode": 0.0, "step": 0.0}
+        self._waited_s = 0.0  # how long this step's draft waited for a core (_cores)
         self.batch = StepBatch(native, self.n_batch)  # the step being filled (batch.py)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
@@ -286,6 +288,21 @@ class Engine:
                     task.generation.cancelled = True
         return True
 
+    @contextlib.contextmanager
+    def _cores(self, n_prompt: int) -> Iterator[int | None]:
+        """Claim the cores for llama.cpp work on this thread outside a step's own decode (a
+        draft model's guesses), as a step claims its own: the thread count it may use (None:
+        a count the user set). A wait for a core is not the step's time (`_waited_s`)."""
+        if self.threads is None:
+            yield None
+            return
+        try:
+            count = self.threads.begin(n_prompt)
+            self._waited_s += self.threads.waited_s
+            yield count
+        finally:
+            self.threads.release()
+
     def _run_job(self, job: Job) -> None:
         """A pooled read (Engine.call), its cores claimed from other localinfer processes
         for as long as it runs, as a step's are."""
@@ -377,6 +394,7 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
+        self._waited_s = 0.0
         n_decode, n_prompt, depth = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
@@ -384,7 +402,8 @@ class Engine:
             if self.threads is not None:  # (decode steps: the tuned count; prompt steps:
                 # threads.py; either, no more than other localinfer processes leave now)
                 count = self.threads.begin(n_prompt)
-                started += self.threads.waited_s  # (a wait for a core is not the step's)
+                # (a wait for a core, here or for a draft model's guesses, is not the step's)
+                started += self.threads.waited_s + self._waited_s
                 if count != self.native.threads():
                     self.native.set_threads(count)
             decode_started = time.perf_counter()

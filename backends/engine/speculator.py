@@ -11,7 +11,9 @@ repetitive.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
+from typing import ContextManager
 
 from localinfer.backends.engine.batch import StepBatch
 from localinfer.backends.engine.draft import DraftModel, ngram_draft
@@ -25,11 +27,15 @@ PROBE_GUESSES = 2
 
 
 class Speculator:
-    def __init__(self, draft_tokens: int, drafter: DraftModel | None = None):
+    def __init__(self, draft_tokens: int, drafter: DraftModel | None = None,
+                 cores: Callable[[int], ContextManager[int | None]] | None = None):
         """draft_tokens: guesses per step, at most (0: off); drafter: a small model of the
-        same family to guess with instead of prompt lookup (owned: closed with this)."""
+        same family to guess with instead of prompt lookup (owned: closed with this);
+        cores(n_prompt): the engine's claim of the cores around the drafter's decodes, as a
+        step of that many prompt tokens claims them, giving the threads it may use."""
         self.draft_tokens = draft_tokens
         self.drafter = drafter
+        self.cores = cores or (lambda n_prompt: contextlib.nullcontext())
 
     def candidate(self, slots: Sequence[Slot]) -> Slot | None:
         """The stream to guess for this step, if any: a lone generating one."""
@@ -53,7 +59,11 @@ class Speculator:
         if room <= 0:
             return []
         if self.drafter is not None:
-            return self.drafter.propose(slot.cache, room)
+            # it reads the tokens it has not seen, then decodes its guesses one at a time:
+            # more than a step's worth of tokens to read is a prompt's read (threads.py)
+            unread = self.drafter.unread(slot.cache)
+            with self.cores(unread if unread > self.draft_tokens + 1 else 0) as threads:
+                return self.drafter.propose(slot.cache, room, threads)
         return ngram_draft(slot.cache, max_draft=room)
 
     def add_guesses(self, slots: Sequence[Slot], batch: StepBatch, room: int,

@@ -456,6 +456,53 @@ def test_an_embedding_read_claims_its_cores_as_a_step_does(smollm2_path, share_f
         backend.close()
 
 
+def test_a_draft_models_guesses_claim_the_cores_as_a_step_does(smollm2_path, share_file):
+    """A draft model's decodes run on the engine's thread before the step's own: they claim
+    the cores while they run, with the thread count the claim leaves them."""
+    from localinfer.backends.base import LoadOptions, SamplingParams
+    from localinfer.backends.engine.threads import CoreShare
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    options = LoadOptions(n_ctx=512, draft_model=str(smollm2_path))  # (itself: same vocabulary)
+    backend = LlamaCppBackend(smollm2_path, options, name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        tuner.share.close()
+        tuner.share = CoreShare(2, share_file)
+        tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
+        tuner._free = lambda: 2  # (however busy this machine is)
+        tuner.period = 10**9  # (no probe of one thread fewer while it runs)
+        other = CoreShare(2, share_file)  # another process's view of the share
+        drafter = backend.engine.speculator.drafter
+        propose, seen = drafter.propose, []
+
+        def watched(*args):
+            running = other.others()[0]
+            guesses = propose(*args)
+            seen.append((running, drafter.native.threads()))
+            return guesses
+
+        drafter.propose = watched
+
+        def run() -> None:
+            seen.clear()
+            backend.generate(backend.native.tokenize("The lighthouse keeper"),
+                             SamplingParams(temperature=0, max_tokens=6)).text()
+
+        run()
+        assert seen and set(seen) == {(2, 2)}  # its claim, running, of both cores
+        holder = _holder(share_file, 1)  # another process's step runs on one core
+        try:
+            run()
+        finally:
+            holder.kill()
+            holder.wait()
+        assert seen and set(seen) == {(2, 1)}  # the other's and its own: one thread each
+        other.close()
+    finally:
+        backend.close()
+
+
 def test_a_share_file_of_another_layout_starts_empty(share_file):
     from localinfer.backends.engine import threads as module
 
