@@ -312,9 +312,10 @@ def show(
                   f"the plan below")
         print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")
         if plan_dict.get("memory"):
-            parts = " + ".join(f"{k.replace('_', ' ')} {v / 2**30:.2f}"
+            # (each in its own unit: a small model's output buffer read "0.00" in GiB)
+            parts = " + ".join(f"{k.replace('_', ' ')} {_size(v)}"
                                for k, v in plan_dict["memory"].items() if v)
-            print(f"  memory: {parts} = {plan_dict['memory_bytes'] / 2**30:.2f} GiB")
+            print(f"  memory: {parts} = {_size(plan_dict['memory_bytes'])}")
         for place in plan_dict.get("placement") or []:
             if place["index"] is None and not (place["layers"] or place["experts"]
                                                or place["kv_cache"]):

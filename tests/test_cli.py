@@ -166,6 +166,8 @@ def test_show_lists_the_plans_memory_part_by_part():
     text = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "memory: weights" in text and "kv cache" in text
+    # each part in the unit that reads best: a small model's output buffer is not "0.00 GiB"
+    assert re.search(r"\+ output buffer [1-9][\d.]* [KM]iB \+ .* = [1-9][\d.]* MiB\n", text), text
     # with no --ctx, the plan is for the context `run` gives (it planned 8192 against run's 4096)
     default = json.loads(subprocess.run(
         [sys.executable, "-m", "localinfer", "show", "smollm2:135m", "--json"],
