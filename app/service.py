@@ -114,11 +114,13 @@ def prepare(
     model = resolve(ref or settings.default_model, settings.models_dir, allow_paths)
     info = read_gguf_info(model.path)
     n_ctx = options.n_ctx or default_context(info, settings)
-    draft_model, draft_bytes = None, 0
+    draft_model, draft_bytes, draft_rows = None, 0, 0
     if options.draft_model:  # a name or a path: it comes from whoever starts us, never the network
         draft = resolve(options.draft_model, settings.models_dir)
         draft_model = str(draft.path)
-        draft_bytes = draft_memory(read_gguf_info(draft.path), n_ctx, options).ram
+        drafting = draft_memory(read_gguf_info(draft.path), n_ctx, options)
+        # (its output buffer is host memory wherever its layers go)
+        draft_bytes, draft_rows = drafting.ram, drafting.outputs
     projector = options.projector or (str(model.projector) if model.projector else None)
     # a projector goes where the model's layers go, as a draft model does: counted with it
     beside = draft_bytes + (projector_memory(read_projector_info(projector)) if projector else 0)
@@ -136,7 +138,8 @@ def prepare(
         machine = machine and select_gpus(machine, settings.gpus)  # --gpus
         machine = with_workers(machine, settings.workers, settings.worker_key)
         used = tuple(g.name.rpartition("/")[0] for g in (machine.remote if machine else ()))
-        chosen = gpu_plan(info, n_ctx, options.n_slots, less_gpu_memory(machine, beside),
+        chosen = gpu_plan(info, n_ctx, options.n_slots,
+                          less_gpu_memory(machine, beside - draft_rows),
                           options.kv_type, options.n_outputs, snapshots, options.swa_full,
                           flash_attn=options.flash_attn is not False, **held)
         options = placed(options, chosen)
@@ -150,8 +153,8 @@ def prepare(
         use = {p.index: p.total for p in chosen.placement if p.index is not None
                and not p.remote}
         if use:  # a draft model goes on the main GPU; with workers alone, into RAM
-            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + beside
-        ram = chosen.memory_bytes - chosen.gpu_bytes + (0 if use else beside)
+            use[chosen.main_gpu] = use.get(chosen.main_gpu, 0) + beside - draft_rows
+        ram = chosen.memory_bytes - chosen.gpu_bytes + (draft_rows if use else beside)
         prepared = Prepared(model, info, options, ram, use)
         return replicate(prepared, machine, settings.replicas)
     if not options.n_gpu_layers:

@@ -95,6 +95,24 @@ def test_a_draft_model_takes_its_share_of_the_gpu_first():
     assert 0 < with_draft < n_layer  # the draft goes whole onto the GPU: fewer layers are left
 
 
+def test_a_draft_models_output_buffer_is_host_memory_beside_its_layers_on_the_gpu():
+    """Its layers, KV and compute buffer go on the main GPU; llama.cpp's output buffer (a
+    row of logits) is host memory wherever the layers are."""
+    from localinfer.service import draft_memory
+
+    def prepared(**options):
+        # (9 slots: the model's own output rows, one a slot, as many as its 1 + 8 guesses)
+        return prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_slots=9, **options),
+                       Settings(), hardware=lambda: machine(23000))
+
+    alone, drafting = prepared(), prepared(draft_model="smollm2:135m")
+    assert alone.options.n_outputs == drafting.options.n_outputs
+    draft = draft_memory(alone.info, 2048, drafting.options)
+    assert draft.outputs == alone.info.n_vocab * 4  # one row: it guesses for one stream
+    assert drafting.gpu_use[0] - alone.gpu_use[0] == draft.ram - draft.outputs
+    assert drafting.ram_bytes - alone.ram_bytes == draft.outputs
+
+
 def test_a_draft_model_counts_in_the_ram_check():
     info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
     model = estimate_memory(info, 2048).total
