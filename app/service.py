@@ -181,8 +181,8 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
 
     llama.cpp turns it on wherever a device has it, a CPU included. There its kernel reads a
     decode step's cache one cell at a time: on a 2-core Xeon, 2,048 tokens deep, SmolLM2's
-    shape decoded 17.8 tok/s with it and 36.1 without (llama-server 20.6), 4,096 deep 10.7
-    and 26.9 (bench/results/deep_decode.md); a Llama 3.2 1B shape 3.7 and 7.9 at 4,096
+    shape decoded 21.1 tok/s with it and 41.5 without (llama-server 23.4), 4,096 deep 13.3
+    and 31.3 (bench/results/deep_decode.md); a Llama 3.2 1B shape 3.7 and 7.9 at 4,096
     (llama.cpp's own decode loop). A prompt read beside running streams may then be cut into
     pieces of 16 tokens, not 65 (step_budget.py), so a step target holds. With it a long
     prompt alone is read 1.3-1.4x faster on 2 cores (without it the context reserves at least
