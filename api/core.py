@@ -14,11 +14,12 @@ import dataclasses
 import functools
 import json
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -34,11 +35,14 @@ from localinfer.chat_formats.reply import Piece, Reply
 from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
 from localinfer.backends.base import Image
-from localinfer.errors import InvalidRequest, PromptTooLong
+from localinfer.errors import Cancelled, InvalidRequest, PromptTooLong
 from localinfer.pool import LoadedModel, ModelPool
 
 __all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds",
-           "check_model_name", "count", "logprob_entries", "sampling_field", "start"]
+           "check_model_name", "count", "logprob_entries", "read_while_there", "sampling_field",
+           "start"]
+
+_T = TypeVar("_T")
 
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
@@ -358,6 +362,18 @@ async def unless_gone(request: Any, awaitable: Any) -> Any:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return None
+
+
+async def read_while_there(request: Any, read: Callable[..., _T], *args: Any) -> _T:
+    """`read(*args, stop)` on a thread (an embedding's or a ranking's reads): its result, or
+    Cancelled once the client has hung up — then `stop` is set, and the runner ends the read
+    at its next decode rather than keep the model's reads busy for nobody."""
+    stop = threading.Event()
+    done = await unless_gone(request, asyncio.to_thread(read, *args, stop))
+    if done is None:
+        stop.set()
+        raise Cancelled("the client went away: the read stopped")
+    return done
 
 
 async def _disconnected(request: Any) -> None:

@@ -574,7 +574,7 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
                         body.options.num_ctx if body.options else None) as loaded:
         core.check_embeds(loaded)
         try:  # one call for them all: short inputs share a decode
-            return await asyncio.to_thread(loaded.backend.embed_many, inputs)
+            return await core.read_while_there(request, loaded.backend.embed_many, inputs)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc)) from None
 

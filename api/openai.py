@@ -465,7 +465,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
         texts = [item if isinstance(item, str) else await asyncio.to_thread(
             loaded.backend.detokenize, item) for item in inputs]
         # one call for them all: short inputs share a decode
-        vectors, n_tokens = await asyncio.to_thread(loaded.backend.embed_many, texts)
+        vectors, n_tokens = await core.read_while_there(request, loaded.backend.embed_many, texts)
         data = []
         for i, vector in enumerate(vectors):
             encoded: Any = vector

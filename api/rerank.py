@@ -89,7 +89,7 @@ async def _scores(request: Request, model: str, query: str, texts: list[str],
             max_tokens = min(max_tokens or room, max(1, room - 64))
         if max_tokens:
             texts = await asyncio.to_thread(_cut, backend, texts, max_tokens)
-        scores, n_tokens = await asyncio.to_thread(backend.rerank, query, texts)
+        scores, n_tokens = await core.read_while_there(request, backend.rerank, query, texts)
     return loaded, scores, n_tokens
 
 

@@ -15,7 +15,7 @@ from typing import Any, Union
 
 from localinfer.backends.metrics import EngineStats, RequestStats
 from localinfer.chat_formats.think import ThinkLimit
-from localinfer.errors import InvalidRequest, LocalinferError
+from localinfer.errors import Cancelled, InvalidRequest, LocalinferError
 from localinfer.settings import KvType, Settings
 
 __all__ = [
@@ -505,19 +505,25 @@ class Backend(ABC):
     def embed(self, text: str) -> tuple[list[float], int]:
         """An L2-normalised embedding of `text`, and how many tokens it took."""
 
-    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
+                   ) -> tuple[list[list[float]], int]:
         """Each text's embedding, in order, and the tokens they took: one call for a
-        request's inputs (a backend may read several in one decode)."""
+        request's inputs (a backend may read several in one decode). Once `stop` is set (the
+        client has gone), Cancelled: no more are read."""
         vectors, n_tokens = [], 0
         for text in texts:
+            if stop is not None and stop.is_set():
+                raise Cancelled("the caller went away: the read stopped")
             vector, n = self.embed(text)
             vectors.append(vector)
             n_tokens += n
         return vectors, n_tokens
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+    def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
+               ) -> tuple[list[float], int]:
         """Each document's relevance to `query`, in order, scored by a reranker (a
-        cross-encoder with rank pooling), and how many tokens the pairs took."""
+        cross-encoder with rank pooling), and how many tokens the pairs took; Cancelled once
+        `stop` is set."""
         raise InvalidRequest("this model is not a reranker")
 
     @abstractmethod

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -310,11 +311,13 @@ class LlamaCppBackend(Backend):
         vectors, n_tokens = self.embed_many([text])
         return vectors[0], n_tokens
 
-    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
+                   ) -> tuple[list[list[float]], int]:
         inputs = [self.tokenize(text) for text in texts]
-        return self.embedder.embed_many(inputs), sum(len(tokens) for tokens in inputs)
+        return self.embedder.embed_many(inputs, stop), sum(len(tokens) for tokens in inputs)
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
+    def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
+               ) -> tuple[list[float], int]:
         n_ctx = self.reranker.n_ctx
         query_bytes = len(query.encode("utf-8", "surrogatepass"))
         for document in documents:  # a text too big is refused before it is tokenized
@@ -322,7 +325,7 @@ class LlamaCppBackend(Backend):
             if size > n_ctx and self.fewest_tokens(size) > n_ctx:
                 raise PromptTooLong(self.fewest_tokens(size), n_ctx, at_least=True)
         pairs = [self.reranker.tokens(query, d, self._holds_control) for d in documents]
-        return self.reranker.score(pairs), sum(len(pair) for pair in pairs)
+        return self.reranker.score(pairs, stop), sum(len(pair) for pair in pairs)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

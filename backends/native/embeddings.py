@@ -24,9 +24,9 @@ import numpy
 from localinfer.backends.native import ggml
 from localinfer.backends.native.model import NativeModel
 from localinfer.model_store.shape import POOLED_SEQUENCES, POOLED_UBATCH
-from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
+from localinfer.errors import Cancelled, EngineError, InvalidRequest, PromptTooLong
 
-__all__ = ["Embedder", "FinalRows", "PooledContext", "groups"]
+__all__ = ["Embedder", "FinalRows", "PooledContext", "groups", "stopped"]
 
 _SEQUENCES = POOLED_SEQUENCES  # inputs in one decode at most (their tokens within the context)
 _DECODE_TOKENS = 256  # inputs share a decode up to this many tokens (a longer one alone)
@@ -215,9 +215,11 @@ class Embedder(PooledContext):
             return self._micro_batch()
         return 0
 
-    def embed_many(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+    def embed_many(self, inputs: Sequence[Sequence[int]], stop: threading.Event | None = None
+                   ) -> list[list[float]]:
         """Each input's embedding, in order; short ones share a decode. An empty input or
-        one past the context is refused before any is read."""
+        one past the context is refused before any is read; once `stop` is set (its caller
+        has gone) no more are read (Cancelled)."""
         for tokens in inputs:
             if not tokens:
                 raise InvalidRequest("cannot embed an empty input")
@@ -226,6 +228,7 @@ class Embedder(PooledContext):
         vectors: list[list[float]] = []
         with self._turn:
             for group in groups(inputs, self.n_ctx):  # a decode each, between the engine's steps
+                stopped(stop)
                 vectors += self._run(lambda group=group: self._decode(group))
         return [_normalised(vector) for vector in vectors]
 
@@ -371,6 +374,13 @@ def _decode(ctx: llama_cpp.llama_context_p, pieces: Sequence[tuple[int, int, Seq
 def _normalised(vector: list[float]) -> list[float]:
     norm = math.sqrt(sum(v * v for v in vector)) or 1.0
     return [v / norm for v in vector]
+
+
+def stopped(stop: threading.Event | None) -> None:
+    """Cancelled once `stop` is set: the caller of a long read has gone (its client hung up),
+    and the requests behind it should not wait for what nobody will read."""
+    if stop is not None and stop.is_set():
+        raise Cancelled("the caller went away: the read stopped")
 
 
 def groups(inputs: Sequence[Sequence[int]], n_ctx: int) -> list[list[Sequence[int]]]:

@@ -22,13 +22,14 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import llama_cpp
 
 from localinfer.backends.native.embeddings import (_MICRO_BATCH, _SEQUENCES, PooledContext,
-                                                    groups)
+                                                    groups, stopped)
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
@@ -112,13 +113,16 @@ class Reranker(PooledContext):
             if len(pair) > self.n_ctx:
                 raise PromptTooLong(len(pair), self.n_ctx)
 
-    def score(self, pairs: Sequence[Sequence[int]]) -> list[float]:
+    def score(self, pairs: Sequence[Sequence[int]], stop: threading.Event | None = None
+              ) -> list[float]:
         """Each pair's score, in order; pairs are decoded as many at once as fit. A pair
-        past the context is refused before any is decoded."""
+        past the context is refused before any is decoded; once `stop` is set, no more are
+        (Cancelled)."""
         self.check(pairs)
         scores: list[float] = []
         with self._turn:
             for group in groups(pairs, self.n_ctx):  # a decode each, between the engine's steps
+                stopped(stop)
                 scores += self._run(lambda group=group: self._decode(group))
         return scores
 

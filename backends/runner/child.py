@@ -73,6 +73,7 @@ class _Runner:
         self._live: dict[int, Generation] = {}
         self._pending: set[int] = set()  # Start / Generate read, not yet answered
         self._cancelled: set[int] = set()  # of those, the ones cancelled before they queued
+        self._stops: dict[int, threading.Event] = {}  # calls that stop: set by their Cancel
         self._live_lock = threading.Lock()
         self._calls = ThreadPoolExecutor(4, thread_name_prefix="localinfer-runner-call")
         self._fault = os.environ.get("LOCALINFER_RUNNER_FAULT")  # tests only: see _check_fault
@@ -130,6 +131,9 @@ class _Runner:
                 if call.streams:
                     with self._live_lock:
                         self._pending.add(message.rid)  # a cancel may come before it queues
+                elif call.stops:
+                    with self._live_lock:
+                        self._stops[message.rid] = threading.Event()
                 if call.quick():
                     self._call(message.rid, call)  # here: a wake-up costs more than the call
                 else:
@@ -149,6 +153,10 @@ class _Runner:
             if call.streams:
                 value, generation = call.run(self.backend)
                 self._attach(rid, generation)
+            elif call.stops:
+                with self._live_lock:
+                    stop = self._stops[rid]
+                value = call.run(self.backend, stop)
             else:
                 value = call.run(self.backend)
             reply = p.Reply(rid, value)
@@ -157,6 +165,7 @@ class _Runner:
         with self._live_lock:
             self._pending.discard(rid)
             self._cancelled.discard(rid)
+            self._stops.pop(rid, None)
         self.send(reply)
 
     def _attach(self, gid: int, generation: Generation) -> None:
@@ -178,6 +187,8 @@ class _Runner:
             generation = self._live.get(gid)
             if generation is None and gid in self._pending:  # else it has ended already
                 self._cancelled.add(gid)
+            if gid in self._stops:  # a call that stops (an embedding's reads)
+                self._stops[gid].set()
         if generation is not None:
             generation.cancel()
 

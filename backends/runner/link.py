@@ -34,6 +34,9 @@ __all__ = ["Link", "load_seconds"]
 log = logging.getLogger("localinfer.runner")
 
 
+_STOP_POLL_S = 0.1  # how often a call that may be stopped looks whether its caller has gone
+
+
 def load_seconds() -> float:
     """How long a runner may take to load: the load_timeout setting (300 s, as Ollama's
     OLLAMA_LOAD_TIMEOUT): a GPU driver, an RPC worker that froze."""
@@ -219,8 +222,11 @@ class Link:
             return None
 
     # ------------------------------------------------------------------ the pipe
-    def call(self, call: p.Call, rid: int | None = None) -> Any:
-        """The runner's answer to `call`, or the error it answered with."""
+    def call(self, call: p.Call, rid: int | None = None, stop: threading.Event | None = None
+             ) -> Any:
+        """The runner's answer to `call`, or the error it answered with. Once `stop` is set
+        (its caller has gone), the runner is told to cancel it (a call that stops: an
+        embedding's or a ranking's reads end at the next decode, with Cancelled)."""
         if self._loop_thread == threading.get_ident():
             raise EngineError("a runner's reply is read on this event loop: call it from a "
                               "thread (asyncio.to_thread), never on the loop itself")
@@ -234,7 +240,13 @@ class Link:
             self._calls[rid] = waiting
         try:
             self._post(p.Request(rid, call))
-            waiting.done.wait()
+            if stop is None:
+                waiting.done.wait()
+            else:  # (looked at a few times a second: an embedding's decode takes that long)
+                while not waiting.done.wait(_STOP_POLL_S):
+                    if stop.is_set():
+                        self._notes.put(p.Cancel(rid))
+                        waiting.done.wait()
         finally:
             with self._lock:
                 self._calls.pop(rid, None)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -114,11 +115,13 @@ class RunnerBackend(Backend):
         vectors, n_tokens = self.embed_many([text])
         return vectors[0], n_tokens
 
-    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
-        return self._link.call(p.Embed(list(texts)))
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
+                   ) -> tuple[list[list[float]], int]:
+        return self._link.call(p.Embed(list(texts)), stop=stop)
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
-        return self._link.call(p.Rerank(query, list(documents)))
+    def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
+               ) -> tuple[list[float], int]:
+        return self._link.call(p.Rerank(query, list(documents)), stop=stop)
 
     def stats(self) -> EngineStats:
         """Figures only: a runner gone reads as an idle one."""

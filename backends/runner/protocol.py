@@ -139,11 +139,13 @@ class Call:
     call thread — under load a call thread's wake-up costs more than a short prompt's
     template and tokens (1.7 ms against 0.3). `streams`: it queues a request whose events
     follow (`run` then returns the answer and the Generation). `watched`: the parent's
-    watchdog counts its wait (an embedding shows no progress until it ends)."""
+    watchdog counts its wait (an embedding shows no progress until it ends). `stops`: a
+    Cancel of its request id stops it (`run` takes the event the Cancel sets)."""
 
     __slots__ = ()
     streams: ClassVar[bool] = False
     watched: ClassVar[bool] = True
+    stops: ClassVar[bool] = False
 
     def run(self, backend: Backend) -> Any:
         raise NotImplementedError
@@ -246,20 +248,24 @@ class Start(Call):
 @_message
 class Embed(Call):
     watched: ClassVar[bool] = False
+    stops: ClassVar[bool] = True
     texts: list[str]
 
-    def run(self, backend: Backend) -> tuple[list[list[float]], int]:
-        return backend.embed_many(self.texts)
+    def run(self, backend: Backend, stop: threading.Event | None = None
+            ) -> tuple[list[list[float]], int]:
+        return backend.embed_many(self.texts, stop)
 
 
 @_message
 class Rerank(Call):
     watched: ClassVar[bool] = False  # a few decodes that show no progress until they end
+    stops: ClassVar[bool] = True
     query: str
     documents: list[str]
 
-    def run(self, backend: Backend) -> tuple[list[float], int]:
-        return backend.rerank(self.query, self.documents)
+    def run(self, backend: Backend, stop: threading.Event | None = None
+            ) -> tuple[list[float], int]:
+        return backend.rerank(self.query, self.documents, stop)
 
 
 @_message

@@ -83,11 +83,13 @@ class Replicas(Backend):
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)
 
-    def embed_many(self, texts: Sequence[str]) -> tuple[list[list[float]], int]:
-        return self.members[0].embed_many(texts)
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
+                   ) -> tuple[list[list[float]], int]:
+        return self.members[0].embed_many(texts, stop)
 
-    def rerank(self, query: str, documents: Sequence[str]) -> tuple[list[float], int]:
-        return self.members[0].rerank(query, documents)
+    def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
+               ) -> tuple[list[float], int]:
+        return self.members[0].rerank(query, documents, stop)
 
     def fewest_tokens(self, text_bytes: int) -> int:
         return self.members[0].fewest_tokens(text_bytes)

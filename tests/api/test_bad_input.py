@@ -72,6 +72,22 @@ def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, pat
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
+def test_an_embedding_read_whose_client_hung_up_stops(server, path):
+    """A client that gives up on a huge embedding request does not leave the model's reads
+    busy for nobody: the runner stops at its next decode and the next request is read."""
+    import time
+
+    huge = {"model": "smollm2:135m", "input": ["hello world"] * 100_000}  # minutes, read on
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + path, json=huge, timeout=httpx.Timeout(60, read=3))
+    started = time.monotonic()
+    reply = httpx.post(server.url + path, json={"model": "smollm2:135m", "input": "hi"},
+                       timeout=120)
+    assert reply.status_code == 200, reply.text
+    assert time.monotonic() - started < 30  # (read on, the huge one held it for minutes)
+
+
 def test_a_prompt_far_too_long_is_refused_before_it_is_read(server):
     """100,000 messages (2.4 MB) were templated and tokenized for minutes, the client long
     gone; its size alone says it cannot fit (smollm2: no token stands for more than 81 bytes)."""

@@ -109,6 +109,28 @@ def test_a_requests_inputs_sharing_decodes_embed_as_each_alone(smollm2):
         smollm2.embed_many(["cats", "cats " * 3000])
 
 
+def test_a_read_whose_caller_has_gone_stops_at_its_next_decode(smollm2, monkeypatch):
+    """Set `stop` (its client hung up) and the rest of a request's inputs are not read."""
+    import threading
+
+    from localinfer.errors import Cancelled
+
+    stop, decodes = threading.Event(), []
+    decode = smollm2.embedder._decode
+
+    def counted(group):
+        decodes.append(len(group))
+        stop.set()  # (the client goes while the first decode runs)
+        return decode(group)
+
+    monkeypatch.setattr(smollm2.embedder, "_decode", counted)
+    with pytest.raises(Cancelled):
+        smollm2.embed_many([f"Text {i}" for i in range(4 * _SEQUENCES)], stop)
+    assert len(decodes) == 1  # of at least 4
+    monkeypatch.undo()
+    assert len(smollm2.embed_many(["cats", "dogs"])[0]) == 2  # the next request is read
+
+
 @pytest.mark.parametrize("arch", ["qwen35", "mamba2", "lfm2", "gemma3", "qwen3moe"])
 def test_every_architecture_embeds_inputs_sharing_a_decode_as_each_alone(arch):
     """Hybrid (a recurrent state per sequence), recurrent, sliding-window and MoE models: 16

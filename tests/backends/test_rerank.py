@@ -56,6 +56,23 @@ def test_pairs_over_several_decodes_score_as_each_alone(qwen3):
         qwen3.rerank("What do cats eat?", ["short", "cats " * 200])
 
 
+def test_a_ranking_whose_caller_has_gone_stops_at_its_next_decode(qwen3, monkeypatch):
+    from localinfer.errors import Cancelled
+
+    stop, decodes = threading.Event(), []
+    decode = qwen3.reranker._decode
+
+    def counted(group):
+        decodes.append(len(group))
+        stop.set()
+        return decode(group)
+
+    monkeypatch.setattr(qwen3.reranker, "_decode", counted)
+    with pytest.raises(Cancelled):
+        qwen3.rerank("cats?", [f"Document {i}" for i in range(4 * _SEQUENCES)], stop)
+    assert len(decodes) == 1
+
+
 def test_a_causal_rerankers_long_pair_is_read_in_micro_batches_and_scores_as_in_one(caplog):
     """llama.cpp reserves a pooled context's compute buffer for a micro-batch's outputs, each
     as wide as the vocabulary: a Qwen3-Reranker read a whole context at once reserved 2.4 GiB
