@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from llama_cpp.llama_grammar import JSON_GBNF, SchemaConverter, json_schema_to_gbnf
+from llama_cpp.llama_grammar import JSON_GBNF, RESERVED_NAMES, SchemaConverter
 
 from localinfer.errors import InvalidRequest
 
@@ -57,7 +57,14 @@ def json_schema_grammar(schema: Mapping[str, Any]) -> str:
     """The GBNF for a JSON schema, or InvalidRequest when it is malformed or too costly."""
     _Budget().visit(schema, 0)
     try:
-        grammar = json_schema_to_gbnf(json.dumps(_inline_root_ref(schema)))
+        converter = _Converter(prop_order={}, allow_fetch=False, dotall=False,
+                               raw_pattern=False)
+        # (through JSON: the schema as a client could have sent it, nothing of Python's)
+        converter.visit(converter.resolve_refs(json.loads(json.dumps(_inline_root_ref(schema))),
+                                               "stdin"), "")
+        grammar = converter.format_grammar()
+    except InvalidRequest:
+        raise
     except (KeyError, RecursionError) as exc:  # a $ref to itself, directly or in a loop
         raise InvalidRequest(f"the JSON schema's $ref {str(exc)[:80]} cannot be resolved: it "
                              "refers to itself before any value is written") from None
@@ -75,8 +82,7 @@ def literal(text: str) -> str:
 def framed_json_grammar(frames: list[tuple[str, Mapping[str, Any], str]]) -> str:
     """One of several JSON values, each between literal text (a family's tool-call syntax
     around a call's JSON): `root ::= before value after | …`, each schema bounded as above."""
-    converter = SchemaConverter(prop_order={}, allow_fetch=False, dotall=False,
-                                raw_pattern=False)
+    converter = _Converter(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
     alternatives = []
     try:
         for i, (before, schema, after) in enumerate(frames):
@@ -96,6 +102,97 @@ def framed_json_grammar(frames: list[tuple[str, Mapping[str, Any], str]]) -> str
     grammar = f"root ::= {' | '.join(alternatives)}\n{converter.format_grammar()}"
     check_gbnf(grammar)
     return grammar
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_INTEGER_DIGITS = 16  # the most digits the converter's own integers have (its integral-part)
+
+
+class _Converter(SchemaConverter):
+    """The port's converter, with an integer's bounds (minimum, maximum and the exclusive
+    ones) kept by the grammar, as llama.cpp's own converter keeps them: the port ignores
+    them, and a model asked for an integer of 10 to 20 wrote 27. A number's (not an
+    integer's) bounds are not kept, by either converter."""
+
+    def visit(self, schema: Any, name: str) -> str:
+        if (isinstance(schema, Mapping) and schema.get("type") == "integer"
+                and any(k in schema for k in _BOUNDS)
+                and not any(k in schema for k in ("$ref", "oneOf", "anyOf", "const", "enum"))):
+            low, high = _integer_bounds(schema)
+            rule = name + "-" if name in RESERVED_NAMES else name or "root"
+            return self._add_rule(rule, f"({integer_range(low, high)}) space")
+        return super().visit(schema, name)
+
+
+def _integer_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
+    """The least and greatest integer a schema's bounds allow (within the digits the grammar
+    writes), or InvalidRequest when none does."""
+    top = 10 ** _INTEGER_DIGITS - 1
+    low, high = -top, top
+    for key in _BOUNDS:
+        value = schema.get(key)
+        if value is None or (isinstance(value, bool) and key.startswith("exclusive")):
+            continue  # (draft 4 wrote the exclusive ones as flags: below)
+        if (isinstance(value, bool) or not isinstance(value, (int, float))
+                or isinstance(value, float) and not math.isfinite(value)):
+            raise InvalidRequest(f"{key} in the JSON schema must be a number, not {value!r:.40}")
+        exclusive = key.startswith("exclusive") or schema.get(f"exclusive{key.title()}") is True
+        if key.endswith("inimum"):
+            low = max(low, math.floor(value) + 1 if exclusive else math.ceil(value))
+        else:
+            high = min(high, math.ceil(value) - 1 if exclusive else math.floor(value))
+    if low > high:
+        raise InvalidRequest("the JSON schema's minimum and maximum leave no integer between "
+                             "them (within 16 digits) — check its bounds")
+    return low, high
+
+
+def integer_range(low: int, high: int) -> str:
+    """GBNF alternatives for the decimal integers from `low` to `high` (as JSON writes them:
+    no leading zeros, no "-0")."""
+    parts = []
+    if low < 0 and high < 0 or low < 0 <= high:
+        parts.append(f'"-" ({_naturals(max(1, -high), -low)})')
+    if high >= 0:
+        parts.append(_naturals(max(0, low), high))
+    return " | ".join(parts)
+
+
+def _naturals(a: int, b: int) -> str:
+    """0 <= a <= b, by their counts of digits: each a run of numbers as long as each other."""
+    runs = []
+    for length in range(len(str(a)), len(str(b)) + 1):
+        first = max(a, 10 ** (length - 1) if length > 1 else 0)
+        last = min(b, 10 ** length - 1)
+        if first <= last:
+            runs += _same_length(str(first), str(last))
+    return " | ".join(runs)
+
+
+def _same_length(x: str, y: str) -> list[str]:
+    """Alternatives for the digit strings from x to y, both of one length (inner digits may
+    be zeros)."""
+    rest = len(x) - 1
+    if not rest:
+        return [_digit(x, y)]
+    if x[0] == y[0]:
+        return [f'"{x[0]}" ({" | ".join(_same_length(x[1:], y[1:]))})']
+    out = []
+    start, end = x[0], y[0]
+    if x[1:] != "0" * rest:  # the first digit's part of a block
+        out.append(f'"{x[0]}" ({" | ".join(_same_length(x[1:], "9" * rest))})')
+        start = str(int(x[0]) + 1)
+    tail = None
+    if y[1:] != "9" * rest:  # the last digit's
+        tail = f'"{y[0]}" ({" | ".join(_same_length("0" * rest, y[1:]))})'
+        end = str(int(y[0]) - 1)
+    if start <= end:  # whole blocks between
+        out.append(f"{_digit(start, end)} " + ("[0-9]" if rest == 1 else f"[0-9]{{{rest}}}"))
+    return out + ([tail] if tail else [])
+
+
+def _digit(a: str, b: str) -> str:
+    return f"[{a}]" if a == b else f"[{a}-{b}]"
 
 
 def _inline_root_ref(schema: Mapping[str, Any]) -> Mapping[str, Any]:
