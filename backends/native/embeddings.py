@@ -173,9 +173,10 @@ class Embedder(PooledContext):
 
     def _means(self, ctx: llama_cpp.llama_context_p,
                group: Sequence[Sequence[int]]) -> list[list[float]] | None:
-        """Each input's pooled vector after a decode of `group`: ours from its rows once they
-        were checked, llama.cpp's until then (and ours checked against it). None where ours
-        was to be used and the rows were not there: llama.cpp did not pool them."""
+        """Each input's pooled vector after a decode of `group`: ours from its rows, checked
+        against llama.cpp's at the first decode; llama.cpp's where they differ (from then on).
+        None where ours was to be used and the rows were not there: llama.cpp did not pool
+        them."""
         final = self.final
         if final is None:
             return [self._pooled(ctx, seq) for seq in range(len(group))]
@@ -185,8 +186,10 @@ class Embedder(PooledContext):
         theirs = [self._pooled(ctx, seq) for seq in range(len(group))]
         if ours is not None and not self._final_off and _same(ours, theirs):
             final.skip = True
-        else:  # (off once off: the context is made again without the callback)
-            self._final_off = True
+            # ours from the first: the same text embeds to the same vector in every request
+            # (the check's own decode gave llama.cpp's, ~1e-10 away from ours)
+            return [_finite(vector) for vector in ours]
+        self._final_off = True  # (off once off: the context is made again without the callback)
         return theirs
 
     def _pooling(self) -> int:
