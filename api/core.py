@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import math
 import re
 import threading
 import time
@@ -40,7 +41,7 @@ from localinfer.pool import LoadedModel, ModelPool
 
 __all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds",
            "check_model_name", "count", "logprob_entries", "read_while_there", "sampling_field",
-           "start"]
+           "shortened", "start"]
 
 _T = TypeVar("_T")
 
@@ -362,6 +363,22 @@ async def unless_gone(request: Any, awaitable: Any) -> Any:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     return None
+
+
+def shortened(vectors: list[list[float]], dimensions: int | None) -> list[list[float]]:
+    """Each vector's first `dimensions` numbers, normalised again (OpenAI's `dimensions`,
+    Ollama's: a Matryoshka-trained model's shorter embedding); a 400 past the model's own."""
+    if dimensions is None:
+        return vectors
+    if vectors and dimensions > len(vectors[0]):
+        raise ApiError(400, f"dimensions {dimensions} is more than this model's "
+                            f"{len(vectors[0])} — ask for {len(vectors[0])} or fewer")
+    out = []
+    for vector in vectors:
+        cut = vector[:dimensions]
+        norm = math.sqrt(sum(x * x for x in cut)) or 1.0
+        out.append([x / norm for x in cut])
+    return out
 
 
 async def read_while_there(request: Any, read: Callable[..., _T], *args: Any) -> _T:

@@ -13,6 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timedelta, timezone
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -183,6 +184,9 @@ class EmbedRequest(_Body):
     prompt: Optional[str] = None  # /api/embeddings, the older route
     keep_alive: Union[str, float, None] = None
     options: Optional[Options] = None  # (num_ctx is what counts here)
+    # as Ollama: an input past the context is cut to it unless told not to (then a 400)
+    truncate: bool = True
+    dimensions: Optional[int] = Field(None, ge=1)  # the first N, normalised again
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -574,9 +578,11 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
                         body.options.num_ctx if body.options else None) as loaded:
         core.check_embeds(loaded)
         try:  # one call for them all: short inputs share a decode
-            return await core.read_while_there(request, loaded.backend.embed_many, inputs)
+            vectors, n_tokens = await core.read_while_there(
+                request, partial(loaded.backend.embed_many, truncate=body.truncate), inputs)
         except InvalidRequest as exc:
             raise ApiError(400, str(exc)) from None
+        return core.shortened(vectors, body.dimensions), n_tokens
 
 
 @router.get("/version")

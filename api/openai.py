@@ -122,6 +122,7 @@ class EmbeddingRequest(core.Lenient):
     model: str = Field("", max_length=200)
     input: Union[str, list[str], list[int], list[list[int]]]
     encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)  # the first N, normalised again
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -466,6 +467,7 @@ async def embeddings(body: EmbeddingRequest, request: Request) -> dict[str, Any]
             loaded.backend.detokenize, item) for item in inputs]
         # one call for them all: short inputs share a decode
         vectors, n_tokens = await core.read_while_there(request, loaded.backend.embed_many, texts)
+        vectors = core.shortened(vectors, body.dimensions)
         data = []
         for i, vector in enumerate(vectors):
             encoded: Any = vector

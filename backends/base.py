@@ -505,11 +505,12 @@ class Backend(ABC):
     def embed(self, text: str) -> tuple[list[float], int]:
         """An L2-normalised embedding of `text`, and how many tokens it took."""
 
-    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
-                   ) -> tuple[list[list[float]], int]:
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None,
+                   truncate: bool = False) -> tuple[list[list[float]], int]:
         """Each text's embedding, in order, and the tokens they took: one call for a
         request's inputs (a backend may read several in one decode). Once `stop` is set (the
-        client has gone), Cancelled: no more are read."""
+        client has gone), Cancelled: no more are read. `truncate`: a text past the context
+        is cut to it (Ollama's default), not refused."""
         vectors, n_tokens = [], 0
         for text in texts:
             if stop is not None and stop.is_set():

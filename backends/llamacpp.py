@@ -311,9 +311,14 @@ class LlamaCppBackend(Backend):
         vectors, n_tokens = self.embed_many([text])
         return vectors[0], n_tokens
 
-    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
-                   ) -> tuple[list[list[float]], int]:
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None,
+                   truncate: bool = False) -> tuple[list[list[float]], int]:
         inputs = [self.tokenize(text) for text in texts]
+        if truncate:  # (an end token the vocabulary adds stays last: a last-token pooling's)
+            n_ctx, end, adds_end = self.embedder.n_ctx, self.native.eos(), self.native.adds_eos()
+            inputs = [tokens if len(tokens) <= n_ctx
+                      else tokens[:n_ctx - 1] + tokens[-1:] if adds_end and tokens[-1] == end
+                      else tokens[:n_ctx] for tokens in inputs]
         return self.embedder.embed_many(inputs, stop), sum(len(tokens) for tokens in inputs)
 
     def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None

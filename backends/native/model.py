@@ -430,6 +430,9 @@ class NativeModel:
     def adds_bos(self) -> bool:
         return bool(llama_cpp.llama_vocab_get_add_bos(self.vocab))
 
+    def adds_eos(self) -> bool:
+        return bool(llama_cpp.llama_vocab_get_add_eos(self.vocab))
+
     def control_heads(self) -> frozenset[str]:
         """The first characters of the texts that tokenizing with parse_special turns into
         control tokens (a text without any of them tokenizes the same either way). Asked of

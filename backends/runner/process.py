@@ -115,9 +115,9 @@ class RunnerBackend(Backend):
         vectors, n_tokens = self.embed_many([text])
         return vectors[0], n_tokens
 
-    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
-                   ) -> tuple[list[list[float]], int]:
-        return self._link.call(p.Embed(list(texts)), stop=stop)
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None,
+                   truncate: bool = False) -> tuple[list[list[float]], int]:
+        return self._link.call(p.Embed(list(texts), truncate), stop=stop)
 
     def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
                ) -> tuple[list[float], int]:

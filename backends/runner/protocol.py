@@ -59,7 +59,7 @@ __all__ = [
 ]
 
 # raised with every change to a message's fields or meaning
-VERSION = 1
+VERSION = 2
 # the runner's first words, before it reads anything: a plain tuple, never changed, so that
 # any two versions can tell each other apart
 HELLO = "localinfer runner"
@@ -250,10 +250,11 @@ class Embed(Call):
     watched: ClassVar[bool] = False
     stops: ClassVar[bool] = True
     texts: list[str]
+    truncate: bool = False
 
     def run(self, backend: Backend, stop: threading.Event | None = None
             ) -> tuple[list[list[float]], int]:
-        return backend.embed_many(self.texts, stop)
+        return backend.embed_many(self.texts, stop, self.truncate)
 
 
 @_message

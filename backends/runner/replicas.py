@@ -83,9 +83,9 @@ class Replicas(Backend):
     def embed(self, text: str) -> tuple[list[float], int]:
         return self.members[0].embed(text)
 
-    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None
-                   ) -> tuple[list[list[float]], int]:
-        return self.members[0].embed_many(texts, stop)
+    def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None,
+                   truncate: bool = False) -> tuple[list[list[float]], int]:
+        return self.members[0].embed_many(texts, stop, truncate)
 
     def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
                ) -> tuple[list[float], int]:

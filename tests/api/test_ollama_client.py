@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import httpx
 import ollama
 import pytest
 
@@ -111,6 +112,26 @@ def test_embed(client):
     result = client.embed(model="smollm2:135m", input=["hello world", "goodbye"])
     assert len(result.embeddings) == 2
     assert math.isclose(sum(x * x for x in result.embeddings[0]), 1.0, rel_tol=1e-4)
+
+
+def test_embed_truncates_an_input_past_the_context_unless_told_not_to(client, server):
+    """Ollama's default: the input cut to the context (the server's is 512 a slot); with
+    truncate false, a 400 that says why. dimensions: the first N, normalised again."""
+    long = "word " * 3000
+    cut = client.embed(model="smollm2:135m", input=[long, "hello"])
+    assert len(cut.embeddings) == 2 and 500 <= cut.prompt_eval_count - 2 <= 512 + 2
+    assert math.isclose(sum(x * x for x in cut.embeddings[0]), 1.0, rel_tol=1e-4)
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.embed(model="smollm2:135m", input=long, truncate=False)
+    assert refused.value.status_code == 400 and "context" in refused.value.error
+    short = client.embed(model="smollm2:135m", input="hello", dimensions=8).embeddings[0]
+    assert len(short) == 8 and math.isclose(sum(x * x for x in short), 1.0, rel_tol=1e-4)
+    whole = client.embed(model="smollm2:135m", input="hello").embeddings[0]
+    norm = math.sqrt(sum(x * x for x in whole[:8]))
+    assert short == pytest.approx([x / norm for x in whole[:8]], abs=1e-5)
+    reply = httpx.post(server.url + "/api/embed", json={"model": "smollm2:135m", "input": "hi",
+                                                        "dimensions": 100_000})
+    assert reply.status_code == 400 and "576" in reply.json()["error"]
 
 
 def test_pull_of_an_embedded_model_succeeds(client):

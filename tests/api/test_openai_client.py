@@ -238,6 +238,12 @@ def test_embeddings_are_unit_vectors_and_order_similarity(client):
     dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
     assert dot(vectors[0], vectors[1]) > dot(vectors[0], vectors[2])
     assert result.usage.prompt_tokens > 10
+    short = client.embeddings.create(model="smollm2:135m", input=texts[0], dimensions=8,
+                                     encoding_format="float").data[0].embedding
+    norm = math.sqrt(sum(x * x for x in vectors[0][:8]))
+    assert short == pytest.approx([x / norm for x in vectors[0][:8]], abs=1e-5)
+    with pytest.raises(openai.BadRequestError, match="576"):
+        client.embeddings.create(model="smollm2:135m", input="hi", dimensions=100_000)
 
 
 def test_unknown_model_is_404_with_suggestion(client):
