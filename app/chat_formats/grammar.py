@@ -55,6 +55,7 @@ _QUANTIFIER = re.compile(r"\{(\d+)(,?)(\d*)\}")
 
 def json_schema_grammar(schema: Mapping[str, Any]) -> str:
     """The GBNF for a JSON schema, or InvalidRequest when it is malformed or too costly."""
+    _check_object(schema, "the schema")
     _Budget().visit(schema, 0)
     try:
         converter = _Converter(prop_order={}, allow_fetch=False, dotall=False,
@@ -86,6 +87,7 @@ def framed_json_grammar(frames: list[tuple[str, Mapping[str, Any], str]]) -> str
     alternatives = []
     try:
         for i, (before, schema, after) in enumerate(frames):
+            _check_object(schema, "a tool's parameters")
             _Budget().visit(schema, 0)
             resolved = converter.resolve_refs(_inline_root_ref(schema), "stdin")
             rule = converter.visit(resolved, f"value{i}")
@@ -195,6 +197,37 @@ def _digit(a: str, b: str) -> str:
     return f"[{a}]" if a == b else f"[{a}-{b}]"
 
 
+_ONE_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "unevaluatedItems", "unevaluatedProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def _check_subschemas(key: str, value: Any) -> None:
+    """A keyword whose value is a schema (or a list or map of them) holds objects or
+    booleans: a string there broke the converter with a message of its own internals."""
+    if key in _NAMED and isinstance(value, Mapping):
+        values, where = list(value.items()), f"{key} "
+    elif key in _SCHEMA_LISTS or key == "items" and isinstance(value, list):
+        if not isinstance(value, list):
+            raise InvalidRequest(f"{key} in the JSON schema must be a list of schemas, not "
+                                 f"{value!r:.40}")
+        values, where = list(enumerate(value)), f"{key} "
+    elif key in _ONE_SCHEMA:
+        values, where = [("", value)], ""
+    else:
+        return
+    for name, subschema in values:
+        if not isinstance(subschema, (Mapping, bool)):
+            place = f"{where}{name!r}" if where else key
+            raise InvalidRequest(f"{place.strip()} in the JSON schema must be a schema (an "
+                                 f"object), not {subschema!r:.40}")
+
+
+def _check_object(schema: Any, what: str) -> None:
+    if not isinstance(schema, Mapping):
+        raise InvalidRequest(f"{what} must be a JSON schema object, not {schema!r:.40}")
+
+
 def _inline_root_ref(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """Pydantic writes a recursive model as a root `$ref` into `$defs`; the converter cannot
     start from a reference, so the definition it names takes its place (refs within stay)."""
@@ -264,6 +297,10 @@ class _Budget:
         for low, high in _COUNTS:  # the larger of a pair is what the grammar spells out
             self._spend(max(self._count(node, low), self._count(node, high)))
         enum = node.get("enum")
+        for key in ("enum", "anyOf", "oneOf"):  # (an empty one: no value could be written)
+            if key in node and node[key] == []:
+                raise InvalidRequest(f"{key} in the JSON schema is empty: no value matches it "
+                                     "— list at least one")
         self.enums += (len(enum) if isinstance(enum, list) else 0) + ("const" in node)
         if self.enums > MAX_ENUM:
             raise InvalidRequest(f"the JSON schema lists more than {MAX_ENUM:,} enum or const "
@@ -271,6 +308,7 @@ class _Budget:
         if isinstance(node.get("pattern"), str):
             self._pattern(node["pattern"])
         for key, value in node.items():
+            _check_subschemas(key, value)
             if key in _NAMED and isinstance(value, Mapping):
                 for subschema in value.values():  # (a property may be named "maxLength")
                     self.visit(subschema, depth + 1)

@@ -58,6 +58,10 @@ CASES = [
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
         "name": "f", "parameters": {"type": "object", "properties": {
             "x": {"type": "string", "minLength": 5000}}}}}], "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {
+        "name": "f", "parameters": "x"}}], "tool_choice": "required"}, 400),
+    ("/v1/chat/completions", {**CHAT, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "n", "schema": {"type": "integer", "minimum": 10, "maximum": 1}}}}, 400),
 ]
 
 
@@ -69,6 +73,7 @@ def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, pat
     error = response.json()["error"]
     message = error["message"] if path.startswith("/v1/") else error
     assert isinstance(message, str) and 10 < len(message) < 400
+    assert "object has no attribute" not in message and "Traceback" not in message
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import textwrap
@@ -184,3 +185,26 @@ def test_a_model_sampling_freely_writes_integers_within_the_schemas_bounds(smoll
         text = smollm2.chat(QUESTION, SamplingParams(temperature=1.5, seed=seed, max_tokens=24,
                                                      grammar=grammar)).text()
         assert 500 <= json.loads(text)["n"] <= 510, text
+
+
+@pytest.mark.parametrize("schema,says", [
+    ("x", "the schema must be a JSON schema object"),
+    ({"type": "object", "properties": {"arguments": "x"}}, "properties 'arguments'"),
+    ({"anyOf": "x"}, "anyOf in the JSON schema must be a list"),
+    ({"type": "array", "items": [{"type": "string"}, 5]}, "items 1 in the JSON schema"),
+    ({"not": []}, "not in the JSON schema must be a schema"),
+    ({"enum": []}, "enum in the JSON schema is empty"),
+    ({"type": "object", "properties": {"a": {"oneOf": []}}}, "oneOf in the JSON schema is empty"),
+])
+def test_a_schema_of_the_wrong_shape_is_refused_in_its_own_terms(schema, says):
+    """Not the converter's internals ("'str' object has no attribute 'get'") nor a GBNF
+    syntax error for a client that sent no GBNF."""
+    with pytest.raises(InvalidRequest, match=re.escape(says)):
+        json_schema_grammar(schema)
+
+
+def test_a_tools_parameters_of_the_wrong_shape_are_refused_in_their_own_terms():
+    from localinfer.chat_formats.grammar import framed_json_grammar
+
+    with pytest.raises(InvalidRequest, match="a tool's parameters must be a JSON schema object"):
+        framed_json_grammar([("<tool_call>", "x", "</tool_call>")])
