@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import socket
 import sys
 import threading
@@ -31,11 +32,27 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
+        fix = {errno.EADDRINUSE: "pick another with --port",
+               errno.EACCES: "pick one above 1023 with --port",
+               errno.EADDRNOTAVAIL: "this machine has no such address: check --host"}
         raise LocalinferError(f"cannot listen on {host}:{port} ({exc.strerror}) — "
-                              f"pick another with --port") from None
+                              f"{fix.get(exc.errno, 'check --host and --port')}") from None
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def _check_host(host: str) -> None:
+    """A host that names no address is one line about the host, before the API key is asked
+    for (it said to set a key for `garbage!!`, then that the name is unknown)."""
+    if not host.strip():
+        raise LocalinferError("--host is empty — give an address to listen on: 127.0.0.1 "
+                              "(this machine only) or 0.0.0.0 (every network)")
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError) as exc:
+        raise LocalinferError(f"cannot listen on {host!r}: it names no address "
+                              f"({getattr(exc, 'strerror', None) or exc}) — check --host") from None
 
 
 def serve(settings: Settings, options: LoadOptions, model: str | None,
@@ -69,6 +86,7 @@ def _prepare_server(settings: Settings, options: LoadOptions, model: str | None,
     if settings.api_key is not None and not settings.api_key.strip():
         raise LocalinferError("the API key is blank — anyone could send it; choose one "
                               "(e.g. `openssl rand -hex 16`)")
+    _check_host(settings.host)
     if not is_loopback(settings.host) and not settings.api_key:
         raise LocalinferError(
             f"listening on {settings.host} would expose your models to the network — "

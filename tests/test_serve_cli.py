@@ -38,6 +38,16 @@ def test_a_busy_port_is_one_clear_line():
         _one_line_error(_serve("--port", str(port)), str(port), "--port")
 
 
+def test_a_host_that_names_no_address_is_one_line_about_the_host(monkeypatch):
+    """Not "set an API key" first, then "pick another --port"."""
+    monkeypatch.delenv("LOCALINFER_API_KEY", raising=False)
+    _one_line_error(_serve("--host", "garbage!!"), "'garbage!!'", "check --host")
+    _one_line_error(_serve("--host", "999.1.1.1"), "check --host")
+    _one_line_error(_serve("--host", ""), "--host is empty")
+    # an address of another machine: the bind says so, with the key given
+    _one_line_error(_serve("--host", "192.0.2.1", "--api-key", "secretsecret"), "check --host")
+
+
 @pytest.mark.parametrize("value", ["soon", "5 minutes"])
 def test_a_bad_keep_alive_is_refused(value):
     _one_line_error(_serve("--keep-alive", value), "keep_alive")
