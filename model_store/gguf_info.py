@@ -294,8 +294,9 @@ def quant_name(file_type: int | None) -> str:
 def _check_header(path: Path) -> int:
     if not path.exists():
         raise ModelFileMissing(str(path))
-    if not path.is_file():
-        raise InvalidModelFile(str(path), "it is a directory, not a file")
+    if not path.is_file():  # (a device or a pipe would be read without end, or block)
+        what = "a directory" if path.is_dir() else "not a regular file (a device or a pipe)"
+        raise InvalidModelFile(str(path), f"it is {what}, not a model file")
     size = path.stat().st_size
     with path.open("rb") as f:
         magic = f.read(4)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import struct
 
@@ -63,6 +64,10 @@ def test_not_gguf_missing_and_directory(tmp_path):
         read_gguf_info(tmp_path / "absent.gguf")
     with pytest.raises(InvalidModelFile, match="directory"):
         read_gguf_info(tmp_path)
+    if hasattr(os, "mkfifo"):  # a pipe is neither a directory nor read (it would block)
+        os.mkfifo(tmp_path / "pipe.gguf")
+        with pytest.raises(InvalidModelFile, match="not a regular file"):
+            read_gguf_info(tmp_path / "pipe.gguf")
 
 
 def test_a_quantised_cache_without_flash_attention_is_refused():
