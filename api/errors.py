@@ -119,6 +119,12 @@ def too_long(request: Request, exc: PromptTooLong) -> JSONResponse:
 def _validation_message(exc: RequestValidationError) -> str:
     parts = []
     for err in exc.errors()[:3]:
+        if err.get("type") == "json_invalid":  # (its "location" is a character offset)
+            at = err.get("loc", ("body", "?"))[-1]
+            why = (err.get("ctx") or {}).get("error") or err.get("msg")
+            return f"the body is not valid JSON: {why} (at character {at})"
+        if err.get("type") == "missing" and tuple(err.get("loc", ())) == ("body",):
+            return "the body is empty — send a JSON object"
         where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
         parts.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
     return "invalid request — " + "; ".join(parts)

@@ -77,6 +77,19 @@ def test_bad_request_gets_a_clear_error_and_the_server_keeps_serving(server, pat
     assert server.post("/v1/chat/completions", json=CHAT).status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/api/chat", "/v1/messages"])
+def test_a_body_that_is_not_json_or_nothing_is_named_so(server, path):
+    def message(content: bytes) -> str:
+        reply = server.post(path, content=content, headers={"content-type": "application/json"})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        return error if isinstance(error, str) else error["message"]
+
+    assert message(b'{"model": "smollm2:135m", oops}').startswith("the body is not valid JSON")
+    assert "at character" in message(b"{not json")
+    assert message(b"") == "the body is empty — send a JSON object"
+
+
 @pytest.mark.parametrize("path", ["/v1/embeddings", "/api/embed"])
 def test_an_embedding_read_whose_client_hung_up_stops(server, path):
     """A client that gives up on a huge embedding request does not leave the model's reads
