@@ -405,6 +405,18 @@ def test_the_engine_runs_its_steps_with_the_cores_another_process_leaves(smollm2
         backend.close()
 
 
+def _sharing_two_cores(backend, share_file):
+    """The backend's tuner on a share of 2 cores in `share_file`, every count 2."""
+    from localinfer.backends.engine.threads import CoreShare
+
+    tuner = backend.engine.threads
+    tuner.share.close()
+    tuner.share = CoreShare(2, share_file)
+    tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
+    tuner._free = lambda: 2  # (however busy this machine is)
+    return tuner
+
+
 def test_an_embedding_read_claims_its_cores_as_a_step_does(smollm2_path, share_file):
     """A pooled read (an embedding's or a ranking's decodes) claims its cores while it runs:
     another process sees them held and takes none beside it; and it waits while another
@@ -420,11 +432,7 @@ def test_an_embedding_read_claims_its_cores_as_a_step_does(smollm2_path, share_f
 
     backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
     try:
-        tuner = backend.engine.threads
-        tuner.share.close()
-        tuner.share = CoreShare(2, share_file)
-        tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
-        tuner._free = lambda: 2  # (however busy this machine is)
+        tuner = _sharing_two_cores(backend, share_file)
         other = CoreShare(2, share_file)  # another process's view of the share
         assert backend.engine.call(other.others) == (2, 2)  # running, claimed: the read's
         assert other.others()[0] == 0  # (its claim ended with it)
@@ -466,12 +474,7 @@ def test_a_draft_models_guesses_claim_the_cores_as_a_step_does(smollm2_path, sha
     options = LoadOptions(n_ctx=512, draft_model=str(smollm2_path))  # (itself: same vocabulary)
     backend = LlamaCppBackend(smollm2_path, options, name="smollm2:135m")
     try:
-        tuner = backend.engine.threads
-        tuner.share.close()
-        tuner.share = CoreShare(2, share_file)
-        tuner.max_threads = tuner.prompt = tuner.current = tuner.at_load = 2
-        tuner._free = lambda: 2  # (however busy this machine is)
-        tuner.period = 10**9  # (no probe of one thread fewer while it runs)
+        _sharing_two_cores(backend, share_file).period = 10**9  # (no probe of fewer threads)
         other = CoreShare(2, share_file)  # another process's view of the share
         drafter = backend.engine.speculator.drafter
         propose, seen = drafter.propose, []
