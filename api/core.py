@@ -45,6 +45,7 @@ __all__ = ["Job", "Lenient", "OpenAISampling", "check_completes", "check_embeds"
 
 _T = TypeVar("_T")
 
+
 class Lenient(BaseModel):
     """A request body of either dialect: clients send fields we do not use, and that is fine."""
 
