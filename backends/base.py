@@ -34,11 +34,19 @@ __all__ = [
     "SamplingParams",
     "TokenEvent",
     "is_image",
+    "stopped",
 ]
 
 
 _INT32 = 2**31 - 1
 _FLOAT32 = 3.4028234663852886e38  # llama.cpp reads the samplers' numbers as 32-bit floats
+
+
+def stopped(stop: threading.Event | None) -> None:
+    """Cancelled once `stop` is set: the caller of a long read (embeddings, a ranking) has
+    gone, and the requests behind it should not wait for what nobody will read."""
+    if stop is not None and stop.is_set():
+        raise Cancelled("the caller went away: the read stopped")
 
 
 @dataclass(frozen=True)
@@ -513,8 +521,7 @@ class Backend(ABC):
         is cut to it (Ollama's default), not refused."""
         vectors, n_tokens = [], 0
         for text in texts:
-            if stop is not None and stop.is_set():
-                raise Cancelled("the caller went away: the read stopped")
+            stopped(stop)
             vector, n = self.embed(text)
             vectors.append(vector)
             n_tokens += n

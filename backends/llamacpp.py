@@ -314,12 +314,18 @@ class LlamaCppBackend(Backend):
     def embed_many(self, texts: Sequence[str], stop: threading.Event | None = None,
                    truncate: bool = False) -> tuple[list[list[float]], int]:
         inputs = [self.tokenize(text) for text in texts]
-        if truncate:  # (an end token the vocabulary adds stays last: a last-token pooling's)
-            n_ctx, end, adds_end = self.embedder.n_ctx, self.native.eos(), self.native.adds_eos()
-            inputs = [tokens if len(tokens) <= n_ctx
-                      else tokens[:n_ctx - 1] + tokens[-1:] if adds_end and tokens[-1] == end
-                      else tokens[:n_ctx] for tokens in inputs]
+        if truncate:
+            inputs = [self._cut(tokens, self.embedder.n_ctx) for tokens in inputs]
         return self.embedder.embed_many(inputs, stop), sum(len(tokens) for tokens in inputs)
+
+    def _cut(self, tokens: list[int], n_ctx: int) -> list[int]:
+        """An input cut to `n_ctx` tokens; an end token the vocabulary adds stays last (what a
+        last-token pooling reads)."""
+        if len(tokens) <= n_ctx:
+            return tokens
+        if self.native.adds_eos() and tokens[-1] == self.native.eos():
+            return tokens[:n_ctx - 1] + tokens[-1:]
+        return tokens[:n_ctx]
 
     def rerank(self, query: str, documents: Sequence[str], stop: threading.Event | None = None
                ) -> tuple[list[float], int]:

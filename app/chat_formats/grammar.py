@@ -135,9 +135,7 @@ def _integer_bounds(schema: Mapping[str, Any]) -> tuple[int, int]:
         value = schema.get(key)
         if value is None or (isinstance(value, bool) and key.startswith("exclusive")):
             continue  # (draft 4 wrote the exclusive ones as flags: below)
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or isinstance(value, float) and not math.isfinite(value)):
-            raise InvalidRequest(f"{key} in the JSON schema must be a number, not {value!r:.40}")
+        _number(key, value)
         exclusive = key.startswith("exclusive") or schema.get(f"exclusive{key.title()}") is True
         if key.endswith("inimum"):
             low = max(low, math.floor(value) + 1 if exclusive else math.ceil(value))
@@ -221,6 +219,13 @@ def _check_subschemas(key: str, value: Any) -> None:
             place = f"{where}{name!r}" if where else key
             raise InvalidRequest(f"{place.strip()} in the JSON schema must be a schema (an "
                                  f"object), not {subschema!r:.40}")
+
+
+def _number(key: str, value: Any) -> None:
+    """A keyword that takes a number has a finite one (not a bool, a string, NaN)."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or isinstance(value, float) and not math.isfinite(value)):
+        raise InvalidRequest(f"{key} in the JSON schema must be a number, not {value!r:.40}")
 
 
 def _check_object(schema: Any, what: str) -> None:
@@ -320,9 +325,7 @@ class _Budget:
         value = node.get(key)
         if value is None:
             return 0
-        if (isinstance(value, bool) or not isinstance(value, (int, float))
-                or isinstance(value, float) and not math.isfinite(value)):
-            raise InvalidRequest(f"{key} in the JSON schema must be a number, not {value!r:.40}")
+        _number(key, value)
         if value > MAX_REPEAT:
             raise InvalidRequest(f"{key} {str(value)[:20]} in the JSON schema is more than the "
                                  f"{MAX_REPEAT:,} that structured output allows")

@@ -21,12 +21,13 @@ from typing import Any
 import llama_cpp
 import numpy
 
+from localinfer.backends.base import stopped
 from localinfer.backends.native import ggml
 from localinfer.backends.native.model import NativeModel
 from localinfer.model_store.shape import POOLED_SEQUENCES, POOLED_UBATCH
-from localinfer.errors import Cancelled, EngineError, InvalidRequest, PromptTooLong
+from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 
-__all__ = ["Embedder", "FinalRows", "PooledContext", "groups", "stopped"]
+__all__ = ["Embedder", "FinalRows", "PooledContext", "groups"]
 
 _SEQUENCES = POOLED_SEQUENCES  # inputs in one decode at most (their tokens within the context)
 _DECODE_TOKENS = 256  # inputs share a decode up to this many tokens (a longer one alone)
@@ -377,13 +378,6 @@ def _decode(ctx: llama_cpp.llama_context_p, pieces: Sequence[tuple[int, int, Seq
 def _normalised(vector: list[float]) -> list[float]:
     norm = math.sqrt(sum(v * v for v in vector)) or 1.0
     return [v / norm for v in vector]
-
-
-def stopped(stop: threading.Event | None) -> None:
-    """Cancelled once `stop` is set: the caller of a long read has gone (its client hung up),
-    and the requests behind it should not wait for what nobody will read."""
-    if stop is not None and stop.is_set():
-        raise Cancelled("the caller went away: the read stopped")
 
 
 def groups(inputs: Sequence[Sequence[int]], n_ctx: int) -> list[list[Sequence[int]]]:

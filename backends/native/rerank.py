@@ -28,8 +28,9 @@ from typing import Any
 
 import llama_cpp
 
+from localinfer.backends.base import stopped
 from localinfer.backends.native.embeddings import (_MICRO_BATCH, _SEQUENCES, PooledContext,
-                                                    groups, stopped)
+                                                    groups)
 from localinfer.backends.native.model import NativeModel
 from localinfer.errors import EngineError, InvalidRequest, PromptTooLong
 

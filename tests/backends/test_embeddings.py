@@ -281,3 +281,19 @@ def test_rows_that_are_not_what_llama_cpp_pools_are_never_served(smollm2_path, m
                     assert backend.embedder.final is None
         finally:
             backend.close()
+
+
+def test_a_cut_input_keeps_the_end_token_its_vocabulary_adds():
+    """Ollama's truncate: cut to the context; a last-token pooling reads the end token, so
+    one the vocabulary adds stays last."""
+    import types
+
+    def cut(tokens, adds_eos):
+        backend = types.SimpleNamespace(native=types.SimpleNamespace(
+            adds_eos=lambda: adds_eos, eos=lambda: 2))
+        return LlamaCppBackend._cut(backend, tokens, 3)
+
+    assert cut([1, 5, 6, 7, 2], adds_eos=True) == [1, 5, 2]
+    assert cut([1, 5, 6, 7, 2], adds_eos=False) == [1, 5, 6]
+    assert cut([1, 5, 6, 7, 8], adds_eos=True) == [1, 5, 6]  # (no end token to keep)
+    assert cut([1, 5, 2], adds_eos=True) == [1, 5, 2]  # within the context: as it is
