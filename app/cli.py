@@ -271,7 +271,8 @@ def show(
     model: Annotated[Optional[str], typer.Argument(help="Model name or .gguf path.")] = None,
     ctx: Annotated[Optional[int], typer.Option(
         min=16, help="Context to plan for. [default: what `run` gives this model]")] = None,
-    parallel: Annotated[int, typer.Option(min=1, help="Concurrent sequences to plan for.")] = 1,
+    parallel: Annotated[int, typer.Option(help="Concurrent sequences to plan for.",
+                                          **flag_help("parallel")[1])] = 1,
     gpus: Annotated[Optional[str], _flag("gpus")] = None,
     workers: Annotated[Optional[str], _flag("workers")] = None,
     gpu: Annotated[Optional[list[str]], typer.Option(
@@ -311,6 +312,10 @@ def show(
                   f"an image's compute buffer, on the model's GPU or in RAM, kept free by "
                   f"the plan below")
         print(f"  plan{' (what-if)' if plan_dict['what_if'] else ''}: {plan_dict['reason']}")
+        if plan_dict.get("n_ctx"):
+            each = (f" for each of {plan_dict['n_slots']} sequences" if plan_dict["n_slots"] > 1
+                    else "")
+            print(f"  context: {plan_dict['n_ctx']:,} tokens{each}")
         if plan_dict.get("memory"):
             # (each in its own unit: a small model's output buffer read "0.00" in GiB)
             parts = " + ".join(f"{k.replace('_', ' ')} {_size(v)}"
@@ -533,6 +538,7 @@ def serve(
     _warm_runner()
     from localinfer.api.server import serve as run_server
     from localinfer.pool import parse_keep_alive
+    from localinfer.service import check_threads
 
     _setup_logging(verbose)
     with _user_errors():
@@ -551,6 +557,7 @@ def serve(
             "keep_alive": keep_alive, "max_loaded_models": max_loaded_models,
             "image_urls": image_urls})
         parse_keep_alive(settings.keep_alive, None)  # a bad value fails here, not later
+        check_threads(settings.threads)  # (and here, not at each load)
         # --ctx here is each model's context within what it was trained on (as Ollama caps
         # it): a server serves many models, and 32,768 must not break an 8K-trained one
         options = LoadOptions.from_settings(settings, n_slots=settings.parallel)
@@ -628,10 +635,12 @@ def worker(
 ) -> None:
     """Serve this machine's GPUs (or its CPU) to a head over llama.cpp's RPC: the head's
     `--workers host:port` then puts a share of each model's layers here."""
+    from localinfer.service import check_threads
     from localinfer.worker import start_worker
 
     _setup_logging(verbose)
     with _user_errors():
+        check_threads(threads)
         settings = Settings.read()
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)

@@ -97,7 +97,8 @@ class Settings(BaseSettings):
     # of junk
     max_tokens: int = Field(2048, ge=0, description="The longest reply when a client sets no "
                                                     "limit; 0: only a full context ends one.")
-    threads: int | None = Field(None, ge=1, description="CPU threads.", **_unset(
+    # (ggml's GGML_MAX_N_THREADS; service.check_threads holds it to this machine's CPUs)
+    threads: int | None = Field(None, ge=1, le=512, description="CPU threads.", **_unset(
         "the free cores, re-chosen as the load changes"))
     # on by default: two models' runners, 2 streams each on 2 cores, counting the cores alone
     # took 5.5 s to the last first token and 10.0 s to end every stream (medians); sharing,

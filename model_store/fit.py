@@ -13,7 +13,7 @@ from localinfer.model_store.gguf_info import GGUFInfo, ProjectorInfo
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, compute_buffer, output_buffers,
                                             pooled_bytes)
 
-__all__ = ["MemoryEstimate", "check_context", "estimate_memory", "max_context",
+__all__ = ["MemoryEstimate", "beyond_training", "check_context", "estimate_memory", "max_context",
            "projector_memory"]
 
 _MIB = 1024 * 1024
@@ -114,6 +114,15 @@ def max_context(info: GGUFInfo, available: int, n_slots: int = 1, n_ubatch: int 
     return low
 
 
+def beyond_training(info: GGUFInfo, n_ctx: int, name: str | None = None) -> str | None:
+    """What to say of a context longer than the model was trained for (None: it is not):
+    `run` and the server refuse one, and `show` plans none."""
+    if not info.n_ctx_train or n_ctx <= info.n_ctx_train:
+        return None
+    return (f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} "
+            f"'{name or info.name}' was trained for — use --ctx {info.n_ctx_train} or less")
+
+
 def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
                   n_ubatch: int = 512, name: str | None = None,
                   kv_type: str = "f16",
@@ -127,11 +136,9 @@ def check_context(info: GGUFInfo, n_ctx: int, n_slots: int, available: int,
     name = name or info.name
     taken, what = beside
     free = available - taken
-    if info.n_ctx_train and n_ctx > info.n_ctx_train:
-        raise ContextTooLarge(
-            f"a context of {n_ctx} tokens is more than the {info.n_ctx_train} '{name}' "
-            f"was trained for — use --ctx {info.n_ctx_train} or less"
-        )
+    beyond = beyond_training(info, n_ctx, name)
+    if beyond:
+        raise ContextTooLarge(beyond)
     also = dict(checkpoints=checkpoints, checkpoint_cap=checkpoint_cap, flash_attn=flash_attn)
     estimate = estimate_memory(info, n_ctx, n_slots, n_ubatch, kv_type, n_outputs,
                                swa_full, snapshots, **also)

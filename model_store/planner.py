@@ -279,6 +279,10 @@ def _in_ram(chosen: Plan, host: Mapping[str, int]) -> Plan:
     return replace(chosen, parts=parts, memory_bytes=chosen.memory_bytes + sum(host.values()))
 
 
+def _tokens(n_ctx: int, n_slots: int) -> str:
+    return f"{n_ctx} tokens" + (f" for each of {n_slots} sequences" if n_slots > 1 else "")
+
+
 def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_available: int,
           n_ctx: int, n_slots: int, kv_type: str, n_ubatch: int, n_outputs: int,
           swa_full: bool, snapshots: int, flash_attn: bool, host: int = 0) -> Plan:
@@ -344,7 +348,7 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
             on = "the GPU" if len(spread) == 1 else _names(spread)
             return _plan_on(quant, spread, shape, weights, context, compute, gpu.backend,
                             common, layers=layers,
-                            reason=f"no quant fits {_names(usable)} at {n_ctx} tokens; "
+                            reason=f"no quant fits {_names(usable)} at {_tokens(n_ctx, n_slots)}; "
                                    f"{quant} with {layers} of {shape.n_layer} layers on {on}, "
                                    f"the rest in RAM")
     for quant in capped:
@@ -365,8 +369,9 @@ def _plan(shape: ModelShape, files: Mapping[str, int], gpus: Sequence[GPU], ram_
     fixed = files[smallest] + compute + state
     fits_ctx = int((room * 0.95 - fixed - 256 * _MIB) // per_token) if per_token else 0
     hint = (f"a context of {fits_ctx} tokens would fit with {smallest}" if fits_ctx >= 512
+            else "fewer sequences at once (--parallel)" if n_slots > 1
             else "pick a smaller model")
-    raise WontFit(f"no quant fits at {n_ctx} tokens: the smallest, {smallest}, needs "
+    raise WontFit(f"no quant fits at {_tokens(n_ctx, n_slots)}: the smallest, {smallest}, needs "
                   f"{gib(fixed + kv)} and {gib(room)} is free — {hint}")
 
 

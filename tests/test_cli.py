@@ -72,6 +72,9 @@ def test_verbose_shows_llama_cpp_log():
     (["--ctx", "100000"], "more than the 8192 'smollm2:135m' was trained for"),
     (["--draft-model", "nope"], "model 'nope' not found"),
     (["--draft-model", "gemma3:270m"], "the draft model's vocabulary is not the model's"),
+    # (1,000 threads on 2 cores answered at 0.3 tokens/s, with no word of why)
+    (["--threads", str(len(os.sched_getaffinity(0)) + 1)],
+     f"is more than the {len(os.sched_getaffinity(0))} CPUs this machine runs at once"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, message):
     result = _run(*args, "-p", "hi")
@@ -177,6 +180,27 @@ def test_show_lists_the_plans_memory_part_by_part():
     base = subprocess.run([sys.executable, "-m", "localinfer", "show", "gemma3:270m"],
                           capture_output=True, text=True, timeout=60).stdout
     assert "likely a base model" in base  # its file carries no chat template
+
+
+def test_show_plans_the_context_run_would_load_and_says_it():
+    def show(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m",
+                               *args], capture_output=True, text=True, timeout=60)
+
+    text = show("--ctx", "2000", "--parallel", "4").stdout
+    assert "context: 2,000 tokens for each of 4 sequences" in text
+    # a context beyond the trained one: `run` refuses it, and `show` planned it quietly at 8192
+    beyond = show("--ctx", "100000")
+    assert beyond.returncode == 0 and "memory:" not in beyond.stdout
+    assert ("plan: a context of 100000 tokens is more than the 8192 'smollm2:135m' was trained "
+            "for — use --ctx 8192 or less") in beyond.stdout
+    # sequences past the server's bound (it planned 100,000 of them and said "no quant fits
+    # at 4096 tokens")
+    many = show("--parallel", "100000")
+    assert many.returncode == 2 and "--parallel" in many.stderr
+    squeezed = show("--parallel", "64", "--ram", "1GiB", "--ctx", "8192").stdout
+    assert "no quant fits at 8192 tokens for each of 64 sequences" in squeezed
+    assert "fewer sequences at once (--parallel)" in squeezed
 
 
 def test_piped_text_that_is_not_utf8_is_one_clear_line():

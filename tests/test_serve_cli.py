@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -46,6 +47,15 @@ def test_a_host_that_names_no_address_is_one_line_about_the_host(monkeypatch):
     _one_line_error(_serve("--host", ""), "--host is empty")
     # an address of another machine: the bind says so, with the key given
     _one_line_error(_serve("--host", "192.0.2.1", "--api-key", "secretsecret"), "check --host")
+
+
+def test_more_threads_than_cpus_is_refused_at_the_start():
+    """Not at each model's load, as a 400 to every client."""
+    cpus = len(os.sched_getaffinity(0))
+    _one_line_error(_serve("--threads", str(cpus + 1)), f"use --threads {cpus} or less")
+    worker = subprocess.run([sys.executable, "-m", "localinfer", "worker", "--threads",
+                             str(cpus + 1)], capture_output=True, text=True, timeout=60)
+    _one_line_error(worker, f"use --threads {cpus} or less")
 
 
 @pytest.mark.parametrize("value", ["soon", "5 minutes"])
