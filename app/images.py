@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 from pathlib import Path
 
 from localinfer.backends.base import Image
@@ -30,6 +31,9 @@ def decode(data: bytes) -> Image:
     """A picture file's pixels, bounded; InvalidRequest with one line when it is none."""
     from PIL import Image as Pil, ImageOps, UnidentifiedImageError
 
+    # Pillow's own bomb check warns from 89 million pixels and refuses from 179 million, at
+    # open: ours (MAX_PIXELS, below) is lower, so its warning is noise on a user's terminal
+    warnings.filterwarnings("ignore", category=Pil.DecompressionBombWarning)
     if len(data) > MAX_BYTES:
         raise InvalidRequest(f"an image is over {MAX_BYTES >> 20} MB — use a smaller one")
     try:
@@ -47,7 +51,10 @@ def decode(data: bytes) -> Image:
             return Image(picture.tobytes(), *picture.size)
     except InvalidRequest:
         raise
-    except (UnidentifiedImageError, Pil.DecompressionBombError):
+    except Pil.DecompressionBombError:  # (a 20,000×20,000 PNG was "not a picture")
+        raise InvalidRequest(f"an image is more than {MAX_PIXELS // 1_000_000} million pixels "
+                             f"— use a smaller one") from None
+    except UnidentifiedImageError:
         raise InvalidRequest("an image is not a picture localinfer reads (PNG, JPEG, WebP, "
                              "GIF, BMP)") from None
     except (OSError, ValueError, SyntaxError) as exc:

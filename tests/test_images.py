@@ -47,3 +47,32 @@ def test_a_large_picture_is_scaled_and_a_bad_one_is_one_line(tmp_path):
         read(tmp_path / "notes.png")
     with pytest.raises(InvalidRequest, match="no file at"):
         read(tmp_path / "gone.png")
+
+
+def _header_only_png(width: int, height: int) -> bytes:
+    """A PNG's header claiming this size, with no pixels: what a bomb looks like when
+    opened."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b""))
+            + chunk(b"IEND", b""))
+
+
+def test_a_huge_picture_is_called_too_large_and_prints_no_warning():
+    """Pillow refuses 179 million pixels itself at open, which read as "not a picture", and
+    warned on the terminal from 89 million, before our own bound said the real reason."""
+    import warnings
+
+    with pytest.raises(InvalidRequest, match="more than 50 million pixels — use a smaller one"):
+        decode(_header_only_png(20_000, 20_000))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(InvalidRequest, match="10000×10000 pixels is more than 50 million"):
+            decode(_header_only_png(10_000, 10_000))
+    assert not [w for w in caught if "decompression bomb" in str(w.message)]
