@@ -26,7 +26,7 @@ from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
 from localinfer.model_store.fit import (MemoryEstimate, beyond_training, check_context,
                                         estimate_memory, projector_memory)
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info, read_projector_info
-from localinfer.model_store.sources import ResolvedModel, is_embedded, resolve
+from localinfer.model_store.sources import ResolvedModel, catalog_names, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
 
@@ -432,7 +432,15 @@ def pull_model(ref: str, settings: Settings | None = None,
         return resolve(ref, settings.models_dir, allow_paths=False)
     hub_ref = parse_hub_ref(ref)
     if hub_ref is None:
-        resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found" with suggestions
+        try:
+            resolve(ref, settings.models_dir, allow_paths)  # a path, or "not found"
+        except ModelNotFound as missing:
+            if missing.suggestions:
+                raise
+            # (not the installed names, which `run` lists: they are what it need not pull)
+            families = ", ".join(sorted({n.split(":")[0] for n in catalog_names()}))
+            raise ModelNotFound(ref, hint=f"the catalog has {families}; any GGUF repo on the "
+                                          f"hub pulls as hf.co/OWNER/REPO[:QUANT]") from None
         raise InvalidRequest(f"'{ref}' is a local file — nothing to pull")
     def choose(ref: HubRef, files: Sequence[RemoteFile], projector: RemoteFile | None
                ) -> str:  # for the GPUs chosen

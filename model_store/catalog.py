@@ -20,7 +20,9 @@ from localinfer.errors import ModelNotFound
 __all__ = ["HubRef", "catalog_names", "parse_hub_ref"]
 
 _QUANT = re.compile(r"(?:I?Q\d(?:_[A-Z0-9]+)*|F16|BF16|F32)", re.IGNORECASE)
-_REPO = re.compile(r"(?:(?:hf\.co|huggingface\.co)/)?([\w.-]+/[\w.-]+)(?::([\w.-]+))?")
+# (the hub's names begin and end with a letter, digit or _: "./model.gguf" is a path)
+_PART = r"\w(?:[\w.-]*\w)?"
+_REPO = re.compile(rf"(?:(?:hf\.co|huggingface\.co)/)?({_PART}/{_PART})(?::([\w.-]+))?")
 
 
 @dataclass(frozen=True)

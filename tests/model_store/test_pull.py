@@ -227,6 +227,12 @@ def test_what_the_hub_does_not_have(hub):
     one_line_error(cli(hub, "pull", f"{REF}:Q3_K_M"), "Q8_0", "Q4_K_M", "Q4_1")
     one_line_error(cli(hub, "pull", "llama3.2:9b"), "llama3.2:1b", "llama3.2:3b")
     one_line_error(cli(hub, "pull", "lama3.2"), "llama3.2")
+    # a name like no other: what can be pulled, not the installed names (which `run` lists)
+    unknown = cli(hub, "pull", "nosuchthing")
+    one_line_error(unknown, "the catalog has ", "qwen3, ", "hf.co/OWNER/REPO[:QUANT]")
+    assert "smollm2:135m" not in unknown.stderr
+    # a path is not a hub repo named "./missing.gguf", asked of the hub (which said "not found")
+    one_line_error(cli(hub, "pull", "./missing.gguf"), "no model file at './missing.gguf'")
 
 
 def test_a_pull_goes_through_the_proxy_on_one_connection(hub, _private_home):
