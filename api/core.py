@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import functools
 import json
 import math
@@ -213,8 +214,11 @@ async def start(
     infill: Infill | None = None,
     images: Sequence[bytes | Remote] = (),
     think_budget: int | None = None,
+    truncate: bool = False,
 ) -> Job:
     """Load (or wait for) the model, build the prompt, queue the request.
+    truncate: a chat past the context loses its oldest messages rather than being refused
+    (Ollama's default: _drop_oldest)
     think_budget: the most tokens its reasoning block may take (backends/engine/think_budget.py),
     for a family that marks reasoning with tags.
     A request that sets no limit gets the model's reply cap (in its engine: SamplingParams.
@@ -256,7 +260,7 @@ async def start(
             params = dataclasses.replace(params, think=limit) if limit else params
         prompt_ids, generation, reasoning = await _queue(backend, params, messages, prompt,
                                                          tools, context, fmt, template_args,
-                                                         pictures)
+                                                         pictures, truncate)
         if pool.closing:  # a shutdown began as it was queued, after its engine was told
             generation.cancel()
             pool.check_open()
@@ -413,13 +417,14 @@ async def _queue(backend: Backend, params: SamplingParams,
                  messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
                  tools: ToolSpec | None, context: Sequence[int] | None,
                  fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
-                 images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
+                 images: Sequence[Image] = (), truncate: bool = False
+                 ) -> tuple[list[int], Generation, bool]:
     """The prompt's tokens, the request queued with it, and whether the prompt opened a
     reasoning block, in one trip off the loop. A caller cancelled meanwhile (a client gone)
     cancels the request once queued."""
     queued = asyncio.get_running_loop().run_in_executor(
         _STARTS, _start, backend, params, messages, prompt, tools, context, fmt, template_args,
-        images)
+        images, truncate)
     try:
         return await asyncio.shield(queued)
     except asyncio.CancelledError:
@@ -442,9 +447,17 @@ def _start(backend: Backend, params: SamplingParams,
            messages: Sequence[Mapping[str, Any]] | None, prompt: str | Sequence[int] | None,
            tools: ToolSpec | None, context: Sequence[int] | None = None,
            fmt: ChatFormat | None = None, template_args: Mapping[str, Any] | None = None,
-           images: Sequence[Image] = ()) -> tuple[list[int], Generation, bool]:
-    tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
-                                template_args, images)
+           images: Sequence[Image] = (), truncate: bool = False
+           ) -> tuple[list[int], Generation, bool]:
+    try:
+        tokens, generation = _begin(backend, params, messages, prompt, tools, context, fmt,
+                                    template_args, images)
+    except PromptTooLong as too_long:
+        fitted = truncate and not context and _drop_oldest(
+            too_long.n_ctx, backend, params, messages, tools, fmt, template_args, images)
+        if not fitted:
+            raise
+        tokens, generation = fitted
     try:
         return tokens, generation, opens_reasoning(backend, fmt, tokens)
     except BaseException:
@@ -477,6 +490,76 @@ def _begin(backend: Backend, params: SamplingParams,
         tokens = [*context, *more]
         return tokens, backend.generate(tokens, params)
     return backend.start(params, messages, prompt, template_args or None, images)
+
+
+def _drop_oldest(n_ctx: int, backend: Backend, params: SamplingParams,
+                 messages: Sequence[Mapping[str, Any]] | None, tools: ToolSpec | None,
+                 fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
+                 images: Sequence[Image]) -> tuple[list[int], Generation] | None:
+    """A chat past the context, cut to fit it as Ollama cuts one (its chatPrompt): the oldest
+    messages go first, but its system messages stay, and the last message, and a tool's
+    result stays with the call that asked for it. The reply then goes on with the context
+    shifting (SamplingParams.context_shift). A last message that does not fit alone is still
+    refused. Each try counts the tokens of the messages kept, as count_tokens does; the cut
+    is searched in halves among those whose text could fit at all (by its bytes, as
+    _refuse_by_size bounds a prompt): at most ~log2(messages) counts of at most a context's
+    text each. None: no cut fits."""
+    if messages is None or len(messages) < 2:
+        return None
+    pictures = _pictures_of(messages, images)
+    sizes = [sum(len(t.encode("utf-8", "surrogatepass")) for t in _texts(m.get("content")))
+             for m in messages]
+    per = backend.fewest_tokens(1 << 30)  # (linear in the bytes: one trip for the rate)
+
+    def kept(cut: int) -> list[int]:
+        return [i for i in range(cut) if messages[i].get("role") == "system"] + list(
+            range(cut, len(messages)))
+
+    def fits(cut: int) -> bool:
+        at = kept(cut)
+        turns, args = [messages[i] for i in at], with_thinking(fmt, template_args) or {}
+        if tools is not None:
+            turns, _, more = tools.prepare(turns, SamplingParams(), fmt or chat_format(
+                backend), bool(args.get("enable_thinking")))
+            args.update(more)
+        return len(backend.prompt_tokens(turns, args or None,
+                                         [p for i in at for p in pictures[i]])) < n_ctx
+
+    systems = list(itertools.accumulate(  # the bytes of the system messages before each
+        (sizes[i] * (messages[i].get("role") == "system") for i in range(len(messages))),
+        initial=0))
+    after = list(itertools.accumulate(reversed(sizes), initial=0))[::-1]  # from each on
+    cuts = [c for c in _cuts(messages) if (systems[c] + after[c]) * per < n_ctx << 30]
+    if not cuts or not fits(cuts[-1]):
+        return None
+    low, high = 0, len(cuts) - 1  # the fewest messages dropped that fit: cuts[low]
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(cuts[middle]) else (middle + 1, high)
+    at = kept(cuts[low])
+    return _begin(backend, params, [messages[i] for i in at], None, tools, None, fmt,
+                  template_args, [p for i in at for p in pictures[i]])
+
+
+def _cuts(messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Where a chat may begin once its oldest messages are dropped: at each message after
+    the first, but never between a call and a tool's result for it."""
+    cuts, call = [], None  # call: the message whose tool calls the results now follow
+    for i, message in enumerate(messages):
+        if message.get("role") != "tool":
+            call = i if message.get("role") == "assistant" and message.get("tool_calls") else None
+        start = i if call is None or i == call else call
+        if start > 0 and (not cuts or cuts[-1] < start):
+            cuts.append(start)
+    return cuts
+
+
+def _pictures_of(messages: Sequence[Mapping[str, Any]], images: Sequence[Image]
+                 ) -> list[list[Image]]:
+    """Each message's pictures: `images` are in the order of the messages' image parts."""
+    left = iter(images)
+    return [[next(left) for part in m.get("content") or () if isinstance(m.get("content"), list)
+             and isinstance(part, Mapping) and part.get("type") == "image"] for m in messages]
 
 
 def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | None,

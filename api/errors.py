@@ -108,6 +108,10 @@ def too_long_message(path: str, exc: PromptTooLong) -> tuple[str, str | None, st
                 f"{'at least ' if exc.at_least else ''}{n} tokens. Please reduce the length "
                 f"of the {'messages' if 'chat' in path else 'prompt'}.",
                 "context_length_exceeded", "messages" if "chat" in path else "prompt")
+    if path.startswith("/api/"):  # Ollama's words, which its clients look for
+        return (f"the input length exceeds the context length ({'at least ' * exc.at_least}"
+                f"{n} tokens > {limit}) — raise options.num_ctx or shorten the input",
+                None, None)
     return str(exc), None, None
 
 

@@ -153,6 +153,8 @@ class _Base(_Body):
 class ChatRequest(_Base):
     messages: list[ChatMessage] = Field(default_factory=list)
     tools: Optional[list[dict[str, Any]]] = None
+    # as Ollama: a chat past the context loses its oldest messages (false: a 400)
+    truncate: bool = True
 
 
 class GenerateRequest(_Base):
@@ -382,7 +384,7 @@ async def chat(body: ChatRequest, request: Request):
                            messages=messages, keep_alive=body.keep_alive, tools=tools,
                            images=files,
                            n_ctx=body.options.num_ctx, template_args=_template_args(body),
-                           think_budget=_think_budget(body))
+                           think_budget=_think_budget(body), truncate=body.truncate)
     return await _respond(job, body, "message")
 
 

@@ -134,6 +134,25 @@ def test_embed_truncates_an_input_past_the_context_unless_told_not_to(client, se
     assert reply.status_code == 400 and "576" in reply.json()["error"]
 
 
+def test_a_chat_past_the_context_loses_its_oldest_messages_unless_told_not_to(client, server):
+    """As Ollama's /api/chat: the oldest messages go (the server's context is 512 a slot),
+    and with truncate false a 400 in Ollama's words, which its clients look for."""
+    chat = [{"role": "system", "content": "You are terse."}]
+    for i in range(20):
+        chat += [{"role": "user", "content": f"Message {i}: " + "more words here " * 12},
+                 {"role": "assistant", "content": f"Noted {i}."}]
+    chat.append({"role": "user", "content": "Say hello."})
+    reply = client.chat(model="smollm2:135m", messages=chat,
+                        options={"temperature": 0, "num_predict": 4})
+    assert reply.done and 512 // 2 < reply.prompt_eval_count < 512
+    refused = httpx.post(server.url + "/api/chat", json={
+        "model": "smollm2:135m", "messages": chat, "stream": False, "truncate": False},
+        timeout=60)
+    assert refused.status_code == 400
+    assert refused.json()["error"].startswith("the input length exceeds the context length (")
+    assert "--ctx" not in refused.json()["error"]  # (a client sets options.num_ctx)
+
+
 def test_pull_of_an_embedded_model_succeeds(client):
     assert client.pull("smollm2:135m").status == "success"
     statuses = [p.status for p in client.pull("smollm2:135m", stream=True)]
