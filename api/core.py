@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import itertools
 import functools
+import itertools
 import json
 import math
 import re
@@ -302,18 +302,22 @@ async def count(pool: ModelPool, model: str | None, messages: Sequence[Mapping[s
         if pictures and not backend.info.vision:
             raise ApiError(400, f"{loaded.name} takes no images — send text only, or use a "
                                 f"vision model")
-        fmt = chat_format(backend)
+        return await asyncio.get_running_loop().run_in_executor(
+            _STARTS, _prompt_length, backend, chat_format(backend), messages, tools,
+            template_args, pictures)
 
-        def counted() -> int:
-            args = with_thinking(fmt, template_args) or {}
-            turns = messages
-            if tools is not None:
-                turns, _, more = tools.prepare(messages, SamplingParams(), fmt,
-                                               bool(args.get("enable_thinking")))
-                args.update(more)
-            return len(backend.prompt_tokens(turns, args or None, pictures))
 
-        return await asyncio.get_running_loop().run_in_executor(_STARTS, counted)
+def _prompt_length(backend: Backend, fmt: ChatFormat, messages: Sequence[Mapping[str, Any]],
+                   tools: ToolSpec | None, template_args: Mapping[str, Any] | None,
+                   pictures: Sequence[Image]) -> int:
+    """The tokens of the messages as a request's prompt, with its tools and thinking switch,
+    as `start` renders them (one trip to the runner)."""
+    args = with_thinking(fmt, template_args) or {}
+    if tools is not None:
+        messages, _, more = tools.prepare(messages, SamplingParams(), fmt,
+                                          bool(args.get("enable_thinking")))
+        args.update(more)
+    return len(backend.prompt_tokens(messages, args or None, pictures))
 
 
 class _Shown:
@@ -517,13 +521,8 @@ def _drop_oldest(n_ctx: int, backend: Backend, params: SamplingParams,
 
     def fits(cut: int) -> bool:
         at = kept(cut)
-        turns, args = [messages[i] for i in at], with_thinking(fmt, template_args) or {}
-        if tools is not None:
-            turns, _, more = tools.prepare(turns, SamplingParams(), fmt or chat_format(
-                backend), bool(args.get("enable_thinking")))
-            args.update(more)
-        return len(backend.prompt_tokens(turns, args or None,
-                                         [p for i in at for p in pictures[i]])) < n_ctx
+        return _prompt_length(backend, fmt or chat_format(backend), [messages[i] for i in at],
+                              tools, template_args, [p for i in at for p in pictures[i]]) < n_ctx
 
     systems = list(itertools.accumulate(  # the bytes of the system messages before each
         (sizes[i] * (messages[i].get("role") == "system") for i in range(len(messages))),
@@ -547,7 +546,8 @@ def _cuts(messages: Sequence[Mapping[str, Any]]) -> list[int]:
     cuts, call = [], None  # call: the message whose tool calls the results now follow
     for i, message in enumerate(messages):
         if message.get("role") != "tool":
-            call = i if message.get("role") == "assistant" and message.get("tool_calls") else None
+            calls = message.get("role") == "assistant" and message.get("tool_calls")
+            call = i if calls else None
         start = i if call is None or i == call else call
         if start > 0 and (not cuts or cuts[-1] < start):
             cuts.append(start)
