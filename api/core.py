@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import itertools
 import json
 import math
 import re
@@ -32,7 +31,8 @@ from localinfer.backends.base import (SAMPLING_BOUNDS, Backend, DoneEvent, Error
                                      Generation, Logprob, SamplingParams)
 from localinfer.chat_formats.detect import ChatFormat, detect
 from localinfer.chat_formats.parser import ReplyParser, parser
-from localinfer.chat_formats.prompt import opens_reasoning, think_limit, with_thinking
+from localinfer.chat_formats.prompt import (newest_that_fit, opens_reasoning, think_limit,
+                                            with_thinking)
 from localinfer.chat_formats.reply import Piece, Reply
 from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
@@ -500,58 +500,28 @@ def _drop_oldest(n_ctx: int, backend: Backend, params: SamplingParams,
                  messages: Sequence[Mapping[str, Any]] | None, tools: ToolSpec | None,
                  fmt: ChatFormat | None, template_args: Mapping[str, Any] | None,
                  images: Sequence[Image]) -> tuple[list[int], Generation] | None:
-    """A chat past the context, cut to fit it as Ollama cuts one (its chatPrompt): the oldest
-    messages go first, but its system messages stay, and the last message, and a tool's
-    result stays with the call that asked for it. The reply then goes on with the context
-    shifting (SamplingParams.context_shift). A last message that does not fit alone is still
-    refused. Each try counts the tokens of the messages kept, as count_tokens does; the cut
-    is searched in halves among those whose text could fit at all (by its bytes, as
-    _refuse_by_size bounds a prompt): at most ~log2(messages) counts of at most a context's
-    text each. None: no cut fits."""
+    """A chat past the context with its oldest messages left out until it fits, as Ollama
+    cuts one (newest_that_fit); the reply then goes on with the context shifting
+    (SamplingParams.context_shift). Each try is a count of tokens, as count_tokens makes;
+    only cuts whose text could fit by its bytes are tried (as _refuse_by_size bounds a
+    prompt). None: not even the last message fits."""
     if messages is None or len(messages) < 2:
         return None
     pictures = _pictures_of(messages, images)
     sizes = [sum(len(t.encode("utf-8", "surrogatepass")) for t in _texts(m.get("content")))
              for m in messages]
     per = backend.fewest_tokens(1 << 30)  # (linear in the bytes: one trip for the rate)
+    fmt = fmt or chat_format(backend)
 
-    def kept(cut: int) -> list[int]:
-        return [i for i in range(cut) if messages[i].get("role") == "system"] + list(
-            range(cut, len(messages)))
+    def fits(at: list[int]) -> bool:
+        return _prompt_length(backend, fmt, [messages[i] for i in at], tools, template_args,
+                              [p for i in at for p in pictures[i]]) < n_ctx
 
-    def fits(cut: int) -> bool:
-        at = kept(cut)
-        return _prompt_length(backend, fmt or chat_format(backend), [messages[i] for i in at],
-                              tools, template_args, [p for i in at for p in pictures[i]]) < n_ctx
-
-    systems = list(itertools.accumulate(  # the bytes of the system messages before each
-        (sizes[i] * (messages[i].get("role") == "system") for i in range(len(messages))),
-        initial=0))
-    after = list(itertools.accumulate(reversed(sizes), initial=0))[::-1]  # from each on
-    cuts = [c for c in _cuts(messages) if (systems[c] + after[c]) * per < n_ctx << 30]
-    if not cuts or not fits(cuts[-1]):
+    at = newest_that_fit(messages, fits, sizes, (n_ctx << 30) // per if per else None)
+    if at is None:
         return None
-    low, high = 0, len(cuts) - 1  # the fewest messages dropped that fit: cuts[low]
-    while low < high:
-        middle = (low + high) // 2
-        low, high = (low, middle) if fits(cuts[middle]) else (middle + 1, high)
-    at = kept(cuts[low])
     return _begin(backend, params, [messages[i] for i in at], None, tools, None, fmt,
                   template_args, [p for i in at for p in pictures[i]])
-
-
-def _cuts(messages: Sequence[Mapping[str, Any]]) -> list[int]:
-    """Where a chat may begin once its oldest messages are dropped: at each message after
-    the first, but never between a call and a tool's result for it."""
-    cuts, call = [], None  # call: the message whose tool calls the results now follow
-    for i, message in enumerate(messages):
-        if message.get("role") != "tool":
-            calls = message.get("role") == "assistant" and message.get("tool_calls")
-            call = i if calls else None
-        start = i if call is None or i == call else call
-        if start > 0 and (not cuts or cuts[-1] < start):
-            cuts.append(start)
-    return cuts
 
 
 def _pictures_of(messages: Sequence[Mapping[str, Any]], images: Sequence[Image]

@@ -12,7 +12,7 @@ from typing import Any, TextIO
 from rich.console import Console
 
 from localinfer.backends.base import Backend, ErrorEvent, SamplingParams, TokenEvent
-from localinfer.chat_formats.prompt import start_chat
+from localinfer.chat_formats.prompt import newest_that_fit, start_chat
 from localinfer.chat_formats.reply import Piece
 from localinfer.chat_formats.fim import Infill, infill_prompt
 from localinfer.backends.metrics import RequestStats
@@ -152,22 +152,23 @@ def stream_reply(backend: Backend, messages: list[dict[str, Any]], params: Sampl
 def fit_to_context(backend: Backend, messages: list[dict[str, Any]], reserve: int
                    ) -> tuple[list[dict[str, Any]], int]:
     """Leave out the oldest turns until the prompt leaves `reserve` tokens of the context for
-    the reply, as Ollama does; system messages and the newest message always stay (a
-    turn's pictures count with it and go with it). Returns the messages and how many were
-    left out."""
+    the reply, as Ollama does (newest_that_fit): system messages and the newest message
+    always stay (a turn's pictures count with it and go with it). Returns the messages and
+    how many were left out; a newest message too long alone stays, for the engine to refuse
+    it in words."""
     budget = backend.info.n_ctx - reserve
-    kept = list(messages)
-    dropped = 0
-    while True:
-        plain, images = split_pictures(kept)
-        if len(backend.prompt_tokens(plain, None, images)) <= budget:
-            break
-        oldest = next((i for i, m in enumerate(kept[:-1]) if m["role"] != "system"), None)
-        if oldest is None:  # only the newest message is left: the engine says it is too long
-            break
-        del kept[oldest]
-        dropped += 1
-    return kept, dropped
+
+    def fits(at: Sequence[int]) -> bool:
+        plain, images = split_pictures([messages[i] for i in at])
+        return len(backend.prompt_tokens(plain, None, images)) <= budget
+
+    if len(messages) < 2 or fits(range(len(messages))):
+        return list(messages), 0
+    at = newest_that_fit(messages, fits)
+    if at is None:  # only the newest message (and the system ones) left: too long alone
+        at = [i for i, m in enumerate(messages[:-1]) if m["role"] == "system"]
+        at.append(len(messages) - 1)
+    return [messages[i] for i in at], len(messages) - len(at)
 
 
 def reply_room(backend: Backend, params: SamplingParams) -> int:

@@ -68,3 +68,21 @@ def test_a_last_message_past_the_context_alone_is_refused(smollm2):
     chat = _chat(3) + [{"role": "user", "content": FILLER * 20}]
     with pytest.raises(PromptTooLong):
         _prompt(smollm2, chat)
+
+
+def test_the_tries_are_few_and_none_holds_more_than_could_fit():
+    """100,000 messages: a count of each cut would tokenize for minutes. Only cuts whose
+    bytes could fit are tried, in halves."""
+    from localinfer.chat_formats.prompt import newest_that_fit
+
+    chat = [{"role": "system", "content": "s"}] + [
+        {"role": "user" if i % 2 else "assistant", "content": "x" * 100} for i in range(100_000)]
+    tried = []
+
+    def fits(at: list[int]) -> bool:
+        tried.append(len(at))
+        return len(at) <= 1 + 37  # (the system message and the newest 37)
+
+    at = newest_that_fit(chat, fits, [len(m["content"]) for m in chat], most=100 * 60)
+    assert at == [0, *range(len(chat) - 37, len(chat))]
+    assert len(tried) <= 8 and max(tried) <= 61
