@@ -201,10 +201,10 @@ def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list]:
 
 def _stop(stats: RequestStats, called: bool = False) -> tuple[str, str | None]:
     """Anthropic's stop_reason, and the stop sequence that ended the reply, if one did."""
+    if stats.finish_reason == "length":  # (a call cut there is not whole: as Anthropic)
+        return "max_tokens", None
     if called:
         return "tool_use", None
-    if stats.finish_reason == "length":
-        return "max_tokens", None
     if stats.stop_string is not None:
         return "stop_sequence", stats.stop_string
     return "end_turn", None

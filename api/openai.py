@@ -288,7 +288,8 @@ class _ChatShape:
     def finish(self, stats: RequestStats) -> list[dict[str, Any]]:
         chunks = self._pieces(self.parser.close())
         last = self._chunk({} if self.sent_role else {"role": "assistant", "content": ""},
-                           "tool_calls" if self.called else _finish(stats))
+                           "tool_calls" if self.called and stats.finish_reason != "length"
+                           else _finish(stats))
         chunks = self._with_logprobs(chunks + [last])
         reasoning = self.parser.reasoning_tokens
         last["timings"] = timings(stats, reasoning)
@@ -344,7 +345,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         "choices": [{"index": 0, "message": _message(reply),
                      "logprobs": {"content": core.logprob_entries(job.logprobs),
                                   "refusal": None} if body.logprobs else None,
-                     "finish_reason": "tool_calls" if reply.calls else _finish(stats)}],
+                     "finish_reason": ("tool_calls" if reply.calls
+                                       and stats.finish_reason != "length" else _finish(stats))}],
         "usage": usage(stats, job.prompt_tokens, reasoning),
         "timings": timings(stats, reasoning),
     }

@@ -325,7 +325,9 @@ class _Output:
             item["content"].append({"type": "reasoning_text", "text": ""})
         return events
 
-    def _close(self) -> list[dict[str, Any]]:
+    def _close(self, status: str = "completed") -> list[dict[str, Any]]:
+        """The open item done; `incomplete` where the reply was cut in it (at its limit: a
+        call's arguments may then not be whole)."""
         item, self.open = self.open, None
         if item is None:
             return []
@@ -351,7 +353,7 @@ class _Output:
             events.append(self.event("response.function_call_arguments.done",
                                      item_id=item["id"], output_index=index,
                                      arguments=item["arguments"]))
-        item["status"] = "completed"
+        item["status"] = status
         events.append(self.event("response.output_item.done", output_index=index, item=item))
         return events
 
@@ -401,8 +403,8 @@ class _Output:
         return events
 
     def finish(self, stats: RequestStats, job: core.Job, reasoning: int) -> list[dict[str, Any]]:
-        events = self._close()
         incomplete = stats.finish_reason == "length"
+        events = self._close("incomplete" if incomplete else "completed")
         self.response.update({
             "status": "incomplete" if incomplete else "completed",
             "completed_at": int(time.time()),

@@ -230,7 +230,8 @@ def test_an_auto_call_the_model_opens_is_held_to_the_tools_schema(families, oai)
         model=names["qwen3"], messages=ASK, tools=[WEATHER], temperature=0, max_tokens=200,
         logit_bias={"151657": 100})
     message = reply.choices[0].message
-    assert reply.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    # (biased to open call after call, it may be cut at max_tokens in a later one: "length")
+    assert reply.choices[0].finish_reason in ("tool_calls", "length") and message.tool_calls
     first = message.tool_calls[0].function
     assert first.name == "get_weather" and isinstance(json.loads(first.arguments)["city"], str)
 
