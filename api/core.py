@@ -22,7 +22,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from localinfer.api.errors import ApiError
 from localinfer.api.images import Remote, decode_all
@@ -53,6 +53,19 @@ class Lenient(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class NullsUnsent(Lenient):
+    """A body where a field sent as null is as if unsent: OpenAI's spec marks its fields
+    nullable, and Go's JSON reader leaves Ollama's at their defaults, so a client that sends
+    its unset fields as null (LangChain's options) gets the defaults, not a 400 for each."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nulls_unsent(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
+
+
 def sampling_field(name: str, default: Any) -> Any:
     """A request's field for the sampling parameter `name`, under its one rule
     (`SAMPLING_BOUNDS`), the same in every dialect: out of it, a 400 naming the field."""
@@ -62,7 +75,7 @@ def sampling_field(name: str, default: Any) -> Any:
     return Field(default, le=bound.high, description=bound.means or None, **low, **finite)
 
 
-class OpenAISampling(Lenient):
+class OpenAISampling(NullsUnsent):
     """The sampling fields of an OpenAI-shaped request (chat, completions, responses):
     OpenAI's own, and llama-server's that it takes in each of them (top_k, min_p,
     repeat_penalty, logit_bias, grammar)."""

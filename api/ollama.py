@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from localinfer import __version__
 from localinfer.api import core, images
@@ -46,17 +46,8 @@ router = APIRouter(prefix="/api", tags=["ollama"])
 NDJSON = "application/x-ndjson"
 
 
-class _Body(core.Lenient):
-    """A part of a request as Ollama reads it: a null is as if the field were not sent (Go's
-    JSON reader leaves such a field at its default), so a client that sends every option,
-    its unset ones as null (LangChain's), gets the defaults rather than a 400."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _nulls_unsent(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            return {key: value for key, value in data.items() if value is not None}
-        return data
+class _Body(core.NullsUnsent):
+    """A part of a request as Ollama reads it (a null: the field's default)."""
 
 
 class Options(_Body):

@@ -308,3 +308,20 @@ def test_completions_logprobs_in_the_legacy_shape(client):
                                     for i in range(len(logprobs.tokens))]
     assert all(len(top) <= 2 and max(top.values()) == lp
                for top, lp in zip(logprobs.top_logprobs, logprobs.token_logprobs))
+
+
+def test_fields_sent_as_null_are_as_if_unsent(client):
+    """OpenAI's spec marks its fields nullable; a client writing its unset ones as null got a
+    400 for each (temperature: Input should be a valid number)."""
+    nulls = {"temperature": None, "top_p": None, "presence_penalty": None,
+             "frequency_penalty": None, "n": None, "stop": None, "seed": None}
+    reply = client.chat.completions.create(model="smollm2:135m", messages=QUESTION,
+                                           max_tokens=3, extra_body=nulls)
+    assert reply.choices[0].message.content
+    text = client.completions.create(model="smollm2:135m", prompt="Paris is", max_tokens=3,
+                                     extra_body=nulls)
+    assert text.choices[0].text
+    response = client.responses.create(model="smollm2:135m", input="Say hi.",
+                                       max_output_tokens=16,
+                                       extra_body={"temperature": None, "top_p": None})
+    assert response.status in ("completed", "incomplete")
