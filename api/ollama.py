@@ -578,9 +578,15 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
         return core.shortened(vectors, body.dimensions), n_tokens
 
 
+# the Ollama whose API this serves, by its version: clients check it before they connect
+# (VS Code's Copilot wants 0.6.4 or later) and by it know what they may send (`think` since
+# 0.9, embeddings' `dimensions`); localinfer's own version is beside it
+OLLAMA_API = "0.12.0"
+
+
 @router.get("/version")
 async def version() -> dict[str, str]:
-    return {"version": __version__}
+    return {"version": OLLAMA_API, "localinfer": __version__}
 
 
 root = APIRouter(tags=["ollama"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import httpx
+import localinfer
 import ollama
 import pytest
 
@@ -200,7 +201,10 @@ def test_unknown_model_raises_response_error(client):
 
 
 def test_version_and_root(server):
-    assert server.get("/api/version").json()["version"]
+    # as an Ollama of the API served: clients compare it (Copilot wants 0.6.4 or later)
+    answer = server.get("/api/version").json()
+    assert tuple(map(int, answer["version"].split("."))) >= (0, 9, 0)
+    assert answer["localinfer"] == localinfer.__version__
     assert server.get("/").status_code == 200
     assert httpx_head(server.url + "/").status_code == 200
 
