@@ -137,6 +137,7 @@ class Job:
     prompt_ids: list[int] = field(default_factory=list)  # (Ollama returns them: `context`)
     fmt: ChatFormat | None = None  # how the model writes calls and reasoning (a chat)
     reasoning: bool = False  # the prompt opened a reasoning block the reply continues
+    continued: bool = False  # the reply goes on from a prefix the request gave (_prefix)
     # TTFT as the client sees it (backends/metrics.py): the token of the last event read,
     # and the first token whose text, or a piece parsed from it, went out
     _token: int = 0
@@ -151,7 +152,7 @@ class Job:
         if self.fmt is None:
             return None
         return _Shown(parser(self.fmt, self.tools.by_name if self.tools else None,
-                             self.reasoning), self)
+                             self.reasoning, self.continued), self)
 
     def shown(self) -> None:
         """The client is shown something of the reply now (the first time counts)."""
@@ -282,7 +283,8 @@ async def start(
         raise
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
-               prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning)
+               prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning,
+               continued=not pictures and not context and _prefix(messages) is not None)
 
 
 def check_completes(loaded: LoadedModel) -> None:
@@ -324,13 +326,35 @@ def _prompt_length(backend: Backend, fmt: ChatFormat, messages: Sequence[Mapping
                    tools: ToolSpec | None, template_args: Mapping[str, Any] | None,
                    pictures: Sequence[Image]) -> int:
     """The tokens of the messages as a request's prompt, with its tools and thinking switch,
-    as `start` renders them (one trip to the runner)."""
+    as `start` renders them (one trip to the runner; a prefilled reply, two)."""
     args = with_thinking(fmt, template_args) or {}
     if tools is not None:
         messages, _, more = tools.prepare(messages, SamplingParams(), fmt,
                                           bool(args.get("enable_thinking")))
         args.update(more)
+    if not pictures and _prefix(messages) is not None:
+        return len(backend.tokenize(_prefilled(backend, messages, args or None)))
     return len(backend.prompt_tokens(messages, args or None, pictures))
+
+
+def _prefix(messages: Sequence[Mapping[str, Any]] | None) -> str | None:
+    """The start of the reply, where the last message is the assistant's marked `prefix`
+    (Mistral's and DeepSeek's word; the Anthropic and Ollama dialects mark a last assistant
+    message so, as those services continue one): the reply goes on from its text."""
+    last = messages[-1] if messages else None
+    if (last is None or last.get("role") != "assistant" or not last.get("prefix")
+            or last.get("tool_calls")):
+        return None
+    return "".join(_texts(last.get("content")))
+
+
+def _prefilled(backend: Backend, messages: Sequence[Mapping[str, Any]],
+               template_args: Mapping[str, Any] | None) -> str:
+    """The prompt of a reply that goes on from its prefix: the turns before it in the
+    template, the assistant's turn opened, then the prefix's text (as llama-server
+    prefills one)."""
+    return (backend.apply_chat_template(messages[:-1], True, template_args)
+            + (_prefix(messages) or ""))
 
 
 class _Shown:
@@ -493,6 +517,8 @@ def _begin(backend: Backend, params: SamplingParams,
         messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend),
                                                bool(template_args.get("enable_thinking")))
         template_args.update(more)
+    if not images and not context and _prefix(messages) is not None:
+        messages, prompt = None, _prefilled(backend, messages, template_args or None)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token
         if images:

@@ -370,6 +370,8 @@ async def chat(body: ChatRequest, request: Request):
         return await _load_only(request, body, "message")
     files: list[bytes] = []
     messages = [_message(m, files) for m in body.messages]
+    if messages[-1]["role"] == "assistant":  # the reply goes on from it, as Ollama's
+        messages[-1]["prefix"] = True
     tools = ToolSpec.from_request(body.tools, "auto")
     job = await core.start(request.app.state.pool, body.model, body.params(),
                            messages=messages, keep_alive=body.keep_alive, tools=tools,

@@ -157,6 +157,8 @@ def _text(message: Message, files: list[bytes | images.Remote]) -> dict[str, Any
     reasoning = (message.model_extra or {}).get("reasoning_content")
     if isinstance(reasoning, str) and reasoning:  # templates decide whether it is rendered
         out["reasoning_content"] = reasoning
+    if message.role == "assistant" and (message.model_extra or {}).get("prefix") is True:
+        out["prefix"] = True  # (Mistral's and DeepSeek's: the reply goes on from it)
     return out
 
 

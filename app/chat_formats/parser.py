@@ -20,9 +20,15 @@ from localinfer.chat_formats.scan import JsonScans, Parsed, Tools, held
 __all__ = ["ReplyParser", "parser"]
 
 
-def parser(fmt: ChatFormat, tools: Tools | None, reasoning: bool = False) -> ReplyParser:
-    """The parser of a reply in this format."""
-    return (_HarmonyParser if fmt is HARMONY else ReplyParser)(fmt, tools, reasoning)
+def parser(fmt: ChatFormat, tools: Tools | None, reasoning: bool = False,
+           continued: bool = False) -> ReplyParser:
+    """The parser of a reply in this format. continued: the reply goes on from a start the
+    request gave it (a prefix): it is content from its first character, its leading
+    whitespace kept."""
+    made = (_HarmonyParser if fmt is HARMONY else ReplyParser)(fmt, tools, reasoning)
+    if continued and fmt is not HARMONY:
+        made.state = "content"
+    return made
 
 
 class ReplyParser:
