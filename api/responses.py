@@ -30,9 +30,9 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
@@ -81,25 +81,26 @@ class ResponsesRequest(core.OpenAISampling):
 
 # ---------------------------------------------------------------------------- stored responses
 class _Store:
-    """Responses kept for previous_response_id: their conversation, as messages."""
+    """Responses kept for previous_response_id, and to be read back or deleted by their id
+    (GET and DELETE /v1/responses/{id}, its input_items): each one's conversation as
+    messages, the response object, and the items of its input."""
 
     def __init__(self) -> None:
-        self._items: collections.OrderedDict[str, tuple[list[dict[str, Any]], int]] = (
-            collections.OrderedDict())
+        self._items: collections.OrderedDict[str, tuple[_Kept, int]] = collections.OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def put(self, response_id: str, messages: list[dict[str, Any]]) -> None:
-        size = len(json.dumps(messages, ensure_ascii=False))
+    def put(self, response_id: str, kept: _Kept) -> None:
+        size = len(json.dumps(dataclasses.astuple(kept), ensure_ascii=False))
         with self._lock:
-            self._items[response_id] = (messages, size)
+            self._items[response_id] = (kept, size)
             self._bytes += size
             while self._items and (len(self._items) > MAX_STORED
                                    or self._bytes > MAX_STORED_BYTES):
                 _, (_, gone) = self._items.popitem(last=False)
                 self._bytes -= gone
 
-    def get(self, response_id: str) -> list[dict[str, Any]]:
+    def kept(self, response_id: str) -> _Kept:
         with self._lock:
             found = self._items.get(response_id)
             if found is None:
@@ -107,7 +108,25 @@ class _Store:
                                     f"kept while this server runs (the last {MAX_STORED}), and "
                                     f"only those created with store on")
             self._items.move_to_end(response_id)
-            return [dict(m) for m in found[0]]
+            return found[0]
+
+    def get(self, response_id: str) -> list[dict[str, Any]]:
+        """The conversation of a stored response, to continue."""
+        return [dict(m) for m in self.kept(response_id).messages]
+
+    def delete(self, response_id: str) -> None:
+        self.kept(response_id)  # (a 404 if it is not kept)
+        with self._lock:
+            gone = self._items.pop(response_id, None)
+            if gone is not None:
+                self._bytes -= gone[1]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Kept:
+    messages: list[dict[str, Any]]  # the conversation, the reply last
+    response: dict[str, Any]
+    inputs: list[dict[str, Any]]  # its input's items, each with an id
 
 
 def _store(request: Request) -> _Store:
@@ -481,7 +500,8 @@ async def responses(body: ResponsesRequest, request: Request):
 
     def keep() -> None:
         if body.store:
-            store.put(response_id, conversation + [output.message()])
+            store.put(response_id, _Kept(conversation + [output.message()],
+                                         copy.deepcopy(output.response), _input_items(body)))
 
     if body.stream:
         return StreamingResponse(_stream(job, output, keep), media_type="text/event-stream")
@@ -492,6 +512,47 @@ async def responses(body: ResponsesRequest, request: Request):
     output.finish(stats, job, reasoning)
     keep()
     return output.response
+
+
+@router.get("/responses/{response_id}")
+async def retrieve(response_id: str, request: Request) -> dict[str, Any]:
+    """A stored response, as it was answered."""
+    return _store(request).kept(response_id).response
+
+
+@router.delete("/responses/{response_id}")
+async def delete(response_id: str, request: Request) -> dict[str, Any]:
+    _store(request).delete(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+@router.get("/responses/{response_id}/input_items")
+async def input_items(response_id: str, request: Request, after: str | None = None,
+                      limit: int = Query(20, ge=1, le=100),
+                      order: Literal["asc", "desc"] = "desc") -> dict[str, Any]:
+    """A stored response's input items, a page at a time (OpenAI's list: newest first
+    unless `order` is asc, `after` an item's id)."""
+    items = _store(request).kept(response_id).inputs
+    items = items if order == "asc" else items[::-1]
+    if after is not None:
+        at = next((i for i, item in enumerate(items) if item["id"] == after), None)
+        if at is None:
+            raise ApiError(404, f"no input item '{after[:80]}' in response '{response_id[:80]}'")
+        items = items[at + 1:]
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def _input_items(body: ResponsesRequest) -> list[dict[str, Any]]:
+    """A request's input as the items a stored response lists: a string is a user message;
+    each item gets an id where it came without one."""
+    if isinstance(body.input, str):
+        items = [{"type": "message", "role": "user",
+                  "content": [{"type": "input_text", "text": body.input}]}]
+    else:
+        items = body.input
+    return [{"id": item.get("id") or f"msg_{uuid.uuid4().hex}", **item} for item in items]
 
 
 @router.post("/responses/input_tokens")

@@ -120,12 +120,46 @@ def test_stored_responses_are_bounded_oldest_first(monkeypatch):
     monkeypatch.setattr(responses, "MAX_STORED", 3)
     monkeypatch.setattr(responses, "MAX_STORED_BYTES", 400)
     store = responses._Store()
+
+    def kept(text: str) -> responses._Kept:
+        return responses._Kept([{"role": "user", "content": text}], {}, [])
+
     for i in range(4):
-        store.put(f"resp_{i}", [{"role": "user", "content": f"question {i}"}])
+        store.put(f"resp_{i}", kept(f"question {i}"))
     with pytest.raises(ApiError, match="no stored response 'resp_0'"):
         store.get("resp_0")
     assert store.get("resp_3") == [{"role": "user", "content": "question 3"}]
-    store.put("resp_big", [{"role": "user", "content": "x" * 300}])  # past the bytes
+    store.put("resp_big", kept("x" * 300))  # past the bytes
     with pytest.raises(ApiError):
         store.get("resp_1")
     assert store.get("resp_big")[0]["content"] == "x" * 300
+
+
+def test_a_stored_response_is_read_back_listed_and_deleted(client):
+    """GET /v1/responses/{id}, its input_items, DELETE: they were 404s while
+    previous_response_id found the same response."""
+    first = client.responses.create(model="smollm2:135m", input="Say hi.", max_output_tokens=4)
+    again = client.responses.retrieve(first.id)
+    assert (again.id, again.status, again.output_text) == (first.id, first.status,
+                                                           first.output_text)
+    turns = [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"},
+             {"role": "user", "content": "three"}]
+    streamed = client.responses.create(model="smollm2:135m", input=turns, max_output_tokens=4,
+                                       stream=True)
+    done = [e.response for e in streamed if e.type.startswith("response.")
+            and e.type.split(".")[1] in ("completed", "incomplete")][-1]
+    assert client.responses.retrieve(done.id).status == done.status
+    listed = client.responses.input_items.list(done.id, order="asc")
+    assert [item.content for item in listed.data] == ["one", "two", "three"]
+    assert [i.id for i in client.responses.input_items.list(done.id).data] == [
+        i.id for i in reversed(listed.data)]  # (newest first unless asked)
+    page = client.responses.input_items.list(done.id, order="asc", limit=2)
+    assert len(page.data) == 2 and page.has_more
+    rest = client.responses.input_items.list(done.id, order="asc", after=page.data[-1].id)
+    assert [item.content for item in rest.data] == ["three"] and not rest.has_more
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(model="smollm2:135m", input="More.", max_output_tokens=4,
+                                previous_response_id=first.id)
