@@ -28,6 +28,7 @@ from localinfer.api.metrics import observe
 from localinfer.api.pulling import PullJob
 from localinfer.api.tools import ToolSpec
 from localinfer.backends.base import MAX_LOGPROBS, DoneEvent, ErrorEvent, Logprob, SamplingParams
+from localinfer.chat_formats.detect import detect
 from localinfer.chat_formats.prompt import EFFORT_BUDGETS
 from localinfer.chat_formats.reply import Piece, arguments_object
 from localinfer.chat_formats.template import fallback_template
@@ -354,6 +355,18 @@ def _think_budget(body: _Base) -> int | None:
     return EFFORT_BUDGETS.get(body.think) if isinstance(body.think, str) else None
 
 
+async def _check_thinks(request: Request, body: _Base) -> None:
+    """`think` asked of a model whose template marks no reasoning: a 400 in Ollama's words
+    (its clients learn from it that the model does not think), as /api/show lists no
+    `thinking` for it. (think false, or a level on such a model, as Ollama: taken.)"""
+    if body.think is not True:
+        return
+    _, info = await asyncio.to_thread(request.app.state.pool.describe,
+                                      core.check_model_name(body.model))
+    if not info.embedding and not info.rerank and not detect(info.chat_template).think:
+        raise ApiError(400, f'"{body.model}" does not support thinking')
+
+
 def _template_args(body: _Base) -> dict[str, Any]:
     """Ollama's `think`: true or false turns a template's thinking on or off; "low",
     "medium" or "high" (gpt-oss) is its reasoning effort."""
@@ -368,6 +381,7 @@ def _template_args(body: _Base) -> dict[str, Any]:
 async def chat(body: ChatRequest, request: Request):
     if not body.messages:
         return await _load_only(request, body, "message")
+    await _check_thinks(request, body)
     files: list[bytes] = []
     messages = [_message(m, files) for m in body.messages]
     if messages[-1]["role"] == "assistant":  # the reply goes on from it, as Ollama's
@@ -388,6 +402,7 @@ async def generate(body: GenerateRequest, request: Request):
     if body.images and (body.suffix or body.raw or body.context):
         raise ApiError(400, "images go with a prompt in the model's template — not with raw, "
                             "suffix or context")
+    await _check_thinks(request, body)
     params = body.params()
     pool = request.app.state.pool
     if body.suffix:  # fill in the middle, as Ollama's `suffix` asks (editors' completion)

@@ -194,6 +194,18 @@ def test_logprobs_as_ollama_gives_them_streamed_and_whole(client):
     assert not plain.logprobs
 
 
+def test_think_asked_of_a_model_that_does_not_think_is_a_400_as_ollama_says(client):
+    """Its clients learn from it that the model does not think (it was taken silently)."""
+    with pytest.raises(ollama.ResponseError) as refused:
+        client.chat(model="smollm2:135m", messages=QUESTION, think=True, options=GREEDY)
+    assert refused.value.status_code == 400
+    assert refused.value.error == '"smollm2:135m" does not support thinking'
+    with pytest.raises(ollama.ResponseError):
+        client.generate(model="smollm2:135m", prompt="Hi", think=True, options=GREEDY)
+    assert client.chat(model="smollm2:135m", messages=QUESTION, think=False,
+                       options=GREEDY).message.content  # (off: taken)
+
+
 def test_unknown_model_raises_response_error(client):
     with pytest.raises(ollama.ResponseError) as err:
         client.chat(model="no-such-model", messages=QUESTION)
