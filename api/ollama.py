@@ -565,10 +565,9 @@ async def delete(body: NameRequest, request: Request):
 
 @router.post("/embed")
 async def embed(body: EmbedRequest, request: Request) -> dict[str, Any]:
-    inputs = [body.input] if isinstance(body.input, str) else list(body.input or [])
-    if not inputs:
-        raise ApiError(400, "input is required")
-    began = time.monotonic()
+    inputs = [body.input] if body.input and isinstance(body.input, str) else list(
+        body.input or [])
+    began = time.monotonic()  # (no input: the model loaded, as Ollama's empty request)
     vectors, n_tokens = await _embed_all(request, body, inputs)
     return {"model": body.model, "embeddings": vectors, "prompt_eval_count": n_tokens,
             "total_duration": _ns(time.monotonic() - began), "load_duration": 0}
@@ -576,10 +575,8 @@ async def embed(body: EmbedRequest, request: Request) -> dict[str, Any]:
 
 @router.post("/embeddings")
 async def embeddings(body: EmbedRequest, request: Request) -> dict[str, Any]:
-    if not body.prompt:
-        raise ApiError(400, "prompt is required")
-    vectors, _ = await _embed_all(request, body, [body.prompt])
-    return {"embedding": vectors[0]}
+    vectors, _ = await _embed_all(request, body, [body.prompt] if body.prompt else [])
+    return {"embedding": vectors[0] if vectors else []}  # (none: the model loaded)
 
 
 async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
@@ -587,6 +584,8 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
     async with pool.use(core.check_model_name(body.model), body.keep_alive,
                         body.options.num_ctx if body.options else None) as loaded:
         core.check_embeds(loaded)
+        if not inputs:
+            return [], 0
         try:  # one call for them all: short inputs share a decode
             vectors, n_tokens = await core.read_while_there(
                 request, partial(loaded.backend.embed_many, truncate=body.truncate), inputs)

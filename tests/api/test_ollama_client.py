@@ -115,6 +115,15 @@ def test_embed(client):
     assert math.isclose(sum(x * x for x in result.embeddings[0]), 1.0, rel_tol=1e-4)
 
 
+def test_an_embedding_request_with_no_input_loads_the_model(client, server):
+    """As Ollama's: empty embeddings, the model loaded (it was a 400, "input is required")."""
+    assert client.embed(model="smollm2:135m", input=[]).embeddings == []
+    assert client.embed(model="smollm2:135m", input="").embeddings == []
+    older = httpx.post(server.url + "/api/embeddings", json={"model": "smollm2:135m"})
+    assert older.status_code == 200 and older.json() == {"embedding": []}
+    assert "smollm2:135m" in [m.model for m in client.ps().models]
+
+
 def test_embed_truncates_an_input_past_the_context_unless_told_not_to(client, server):
     """Ollama's default: the input cut to the context (the server's is 512 a slot); with
     truncate false, a 400 that says why. dimensions: the first N, normalised again."""
