@@ -196,7 +196,8 @@ def _messages(body: MessagesRequest) -> tuple[list[dict[str, Any]], list]:
             turn["content"] = parts
         if turn["content"] or turn.get("tool_calls") or not results:
             out.append(turn)
-    if body.messages and body.messages[-1].role == "assistant" and out[-1]["role"] == "assistant":
+    last = body.messages[-1] if body.messages else None
+    if last is not None and last.role == "assistant" and out[-1]["role"] == "assistant":
         out[-1] = {**out[-1], "prefix": True}  # the reply goes on from it, as Anthropic's
     return out, files
 
