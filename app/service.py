@@ -71,12 +71,18 @@ def warm_runner(factory: BackendFactory) -> None:
         warm_spare()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the system has one)."""
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else os.cpu_count() or 1)
+
+
 def check_threads(n_threads: int | None) -> None:
     """More threads than the CPUs this process may run on only make llama.cpp's threads wait
     on each other (--threads 1000 on 2 cores: 0.3 tokens/s, against 85 with none given):
     refused before a load, as LM Studio's thread count stops at the cores."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    if n_threads and cpus and n_threads > cpus:
+    cpus = usable_cpus()
+    if n_threads and n_threads > cpus:
         raise InvalidRequest(f"{n_threads} threads is more than the {cpus} CPUs this machine "
                              f"runs at once, and llama.cpp's threads would wait on each other "
                              f"— use --threads {cpus} or less, or leave it out to follow the "

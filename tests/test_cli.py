@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from localinfer.service import usable_cpus
+
 RUN = [sys.executable, "-m", "localinfer", "run"]
 
 
@@ -73,8 +75,8 @@ def test_verbose_shows_llama_cpp_log():
     (["--draft-model", "nope"], "model 'nope' not found"),
     (["--draft-model", "gemma3:270m"], "the draft model's vocabulary is not the model's"),
     # (1,000 threads on 2 cores answered at 0.3 tokens/s, with no word of why)
-    (["--threads", str(len(os.sched_getaffinity(0)) + 1)],
-     f"is more than the {len(os.sched_getaffinity(0))} CPUs this machine runs at once"),
+    (["--threads", str(usable_cpus() + 1)],
+     f"is more than the {usable_cpus()} CPUs this machine runs at once"),
 ])
 def test_bad_input_is_one_line_and_exit_1(args, message):
     result = _run(*args, "-p", "hi")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 
 import pytest
+
+from localinfer.service import usable_cpus
 
 SERVE = [sys.executable, "-m", "localinfer", "serve"]
 
@@ -51,7 +52,7 @@ def test_a_host_that_names_no_address_is_one_line_about_the_host(monkeypatch):
 
 def test_more_threads_than_cpus_is_refused_at_the_start():
     """Not at each model's load, as a 400 to every client."""
-    cpus = len(os.sched_getaffinity(0))
+    cpus = usable_cpus()
     _one_line_error(_serve("--threads", str(cpus + 1)), f"use --threads {cpus} or less")
     worker = subprocess.run([sys.executable, "-m", "localinfer", "worker", "--threads",
                              str(cpus + 1)], capture_output=True, text=True, timeout=60)
