@@ -547,8 +547,7 @@ def _drop_oldest(n_ctx: int, backend: Backend, params: SamplingParams,
     if messages is None or len(messages) < 2:
         return None
     pictures = _pictures_of(messages, images)
-    sizes = [sum(len(t.encode("utf-8", "surrogatepass")) for t in _texts(m.get("content")))
-             for m in messages]
+    sizes = [_bytes(m.get("content")) for m in messages]
     per = backend.fewest_tokens(1 << 30)  # (linear in the bytes: one trip for the rate)
     fmt = fmt or chat_format(backend)
 
@@ -575,14 +574,18 @@ def _refuse_by_size(backend: Backend, messages: Sequence[Mapping[str, Any]] | No
                     prompt: str | Sequence[int] | None) -> None:
     """A text too big for the context is refused before it is templated and tokenized: 100,000
     messages (2.4 MB) kept a thread tokenizing for minutes after the client had gone."""
-    texts = [prompt] if isinstance(prompt, str) else [
-        text for m in messages or () for text in _texts(m.get("content"))]
-    size = sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+    size = (_bytes(prompt) if isinstance(prompt, str) else
+            sum(_bytes(m.get("content")) for m in messages or ()))
     n_ctx = backend.info.n_ctx
     if size > n_ctx:  # (fewest_tokens(size) <= size: a smaller text is never refused here)
         fewest = backend.fewest_tokens(size)
         if fewest > n_ctx:
             raise PromptTooLong(fewest, n_ctx, at_least=True)
+
+
+def _bytes(content: Any) -> int:
+    """A message's text (or a prompt) in UTF-8 bytes, what bounds its tokens from below."""
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in _texts(content))
 
 
 def _texts(content: Any) -> list[str]:
