@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, NoReturn, Optional, Union
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
@@ -102,11 +102,7 @@ class _Store:
 
     def kept(self, response_id: str) -> _Kept:
         with self._lock:
-            found = self._items.get(response_id)
-            if found is None:
-                raise ApiError(404, f"no stored response '{response_id[:80]}' — responses are "
-                                    f"kept while this server runs (the last {MAX_STORED}), and "
-                                    f"only those created with store on")
+            found = self._items.get(response_id) or _missing(response_id)
             self._items.move_to_end(response_id)
             return found[0]
 
@@ -115,11 +111,14 @@ class _Store:
         return [dict(m) for m in self.kept(response_id).messages]
 
     def delete(self, response_id: str) -> None:
-        self.kept(response_id)  # (a 404 if it is not kept)
         with self._lock:
-            gone = self._items.pop(response_id, None)
-            if gone is not None:
-                self._bytes -= gone[1]
+            self._bytes -= (self._items.pop(response_id, None) or _missing(response_id))[1]
+
+
+def _missing(response_id: str) -> NoReturn:
+    raise ApiError(404, f"no stored response '{response_id[:80]}' — responses are kept while "
+                        f"this server runs (the last {MAX_STORED}), and only those created "
+                        f"with store on")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -157,6 +157,8 @@ def test_a_stored_response_is_read_back_listed_and_deleted(client):
     assert len(page.data) == 2 and page.has_more
     rest = client.responses.input_items.list(done.id, order="asc", after=page.data[-1].id)
     assert [item.content for item in rest.data] == ["three"] and not rest.has_more
+    with pytest.raises(openai.NotFoundError):  # (an item it does not hold)
+        client.responses.input_items.list(done.id, after="msg_nosuch")
     client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(first.id)
