@@ -258,8 +258,12 @@ class ModelPool:
                        allow_paths)
 
     def describe(self, ref: str | None) -> tuple[ResolvedModel, GGUFInfo]:
-        """A model's file and header, loaded or not (blocking: call from a thread)."""
+        """A model's file and header, loaded or not (blocking: call from a thread); a loaded
+        model's header as its load read it, not read again."""
         resolved = self._resolve(ref)
+        loaded = self._loaded.get(resolved.name)
+        if loaded is not None and loaded.resolved.path == resolved.path:
+            return resolved, loaded.info
         return resolved, read_gguf_info(resolved.path)
 
     def check_open(self) -> None:
