@@ -284,7 +284,7 @@ async def start(
     load = 0.0 if loaded.name in was_loaded else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning,
-               continued=not pictures and not context and _prefix(messages) is not None)
+               continued=_continues(messages, pictures, context))
 
 
 def check_completes(loaded: LoadedModel) -> None:
@@ -332,7 +332,7 @@ def _prompt_length(backend: Backend, fmt: ChatFormat, messages: Sequence[Mapping
         messages, _, more = tools.prepare(messages, SamplingParams(), fmt,
                                           bool(args.get("enable_thinking")))
         args.update(more)
-    if not pictures and _prefix(messages) is not None:
+    if _continues(messages, pictures):
         return len(backend.tokenize(_prefilled(backend, messages, args or None)))
     return len(backend.prompt_tokens(messages, args or None, pictures))
 
@@ -346,6 +346,13 @@ def _prefix(messages: Sequence[Mapping[str, Any]] | None) -> str | None:
             or last.get("tool_calls")):
         return None
     return "".join(_texts(last.get("content")))
+
+
+def _continues(messages: Sequence[Mapping[str, Any]] | None, images: Sequence[Any],
+               context: Sequence[int] | None = None) -> bool:
+    """Whether the reply goes on from the last message's text (_prefilled): not with
+    pictures, whose places only the template's own turns hold, nor after a `context`."""
+    return not images and not context and _prefix(messages) is not None
 
 
 def _prefilled(backend: Backend, messages: Sequence[Mapping[str, Any]],
@@ -517,7 +524,7 @@ def _begin(backend: Backend, params: SamplingParams,
         messages, params, more = tools.prepare(messages, params, fmt or chat_format(backend),
                                                bool(template_args.get("enable_thinking")))
         template_args.update(more)
-    if not images and not context and _prefix(messages) is not None:
+    if _continues(messages, images, context):
         messages, prompt = None, _prefilled(backend, messages, template_args or None)
     if context:  # a conversation so far, as tokens (Ollama's /api/generate `context`): the
         # new text goes on after it without a beginning-of-text token
