@@ -569,7 +569,7 @@ def serve(
 def launch(
     context: typer.Context,
     agent: Annotated[str, typer.Argument(
-        help="claude (Claude Code), codex, opencode or qwen (Qwen Code); what follows "
+        help="claude (Claude Code), codex, opencode, qwen (Qwen Code) or aider; what follows "
              "(after --) goes to the agent.")],
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="The model it uses [the largest installed one whose template "

@@ -4,13 +4,15 @@ As `ollama launch` does: find the local server (or start one in this process for
 agent's run), pick a model that can serve the agent — its chat template writes tools, and
 its context holds the agent's first request (Claude Code's is ~19,000 tokens with its tools,
 Codex's ~10,000) — write the agent's configuration for this run only (its environment and
-command-line overrides: never the user's files), and run the agent. A server started here
-listens on loopback with a key made for this launch, which only the agent is given, and
-stops when the agent ends.
+command-line overrides, and for aider a file of the model's context window in localinfer's
+own home: never the user's files), and run the agent. A server started here listens on
+loopback with a key made for this launch, which only the agent is given, and stops when the
+agent ends.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -20,12 +22,14 @@ import signal
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
+from localinfer.files import write_atomically
 from localinfer.settings import Settings
 
 __all__ = ["AGENTS", "Agent", "Candidate", "Server", "agent_command", "choose_model", "find",
@@ -45,11 +49,13 @@ class Server:
 class Agent:
     name: str  # what `launch` calls it
     program: str  # its command
-    package: str  # where npm has it
+    install: str  # the command that installs it
     title: str  # as people call it
     prompt_tokens: int  # about how long its first request is, tools and all
-    # (its environment and its arguments for a server, a model and that model's context)
-    configure: Callable[[Server, str, int], tuple[dict[str, str], list[str]]]
+    # (its environment and its arguments for a server, a model, that model's context and
+    # a folder of localinfer's own for files the run needs)
+    configure: Callable[[Server, str, int, Path], tuple[dict[str, str], list[str]]]
+    tools: bool = True  # it calls tools, so its model's template must write them
 
     @property
     def context(self) -> int:
@@ -61,7 +67,8 @@ class Agent:
 _QUIET = {"DISABLE_TELEMETRY": "1", "DISABLE_ERROR_REPORTING": "1", "DISABLE_AUTOUPDATER": "1"}
 
 
-def _claude(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], list[str]]:
+def _claude(server: Server, model: str, n_ctx: int, folder: Path
+            ) -> tuple[dict[str, str], list[str]]:
     """Claude Code reads its endpoint, key and models from its environment; the one
     model stands for each of its tiers."""
     env = {"ANTHROPIC_BASE_URL": server.url, "ANTHROPIC_AUTH_TOKEN": server.key or "localinfer",
@@ -74,7 +81,8 @@ def _claude(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], lis
     return env, []
 
 
-def _codex(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], list[str]]:
+def _codex(server: Server, model: str, n_ctx: int, folder: Path
+           ) -> tuple[dict[str, str], list[str]]:
     """Codex takes a provider of its own by `-c` overrides of its config (the Responses
     API, its only wire API); the key goes by the environment variable it names."""
     provider = (f'{{name="localinfer",base_url="{server.url}/v1",wire_api="responses",'
@@ -87,7 +95,8 @@ def _codex(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], list
     return {"LOCALINFER_AGENT_KEY": server.key or "localinfer"}, args
 
 
-def _opencode(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], list[str]]:
+def _opencode(server: Server, model: str, n_ctx: int, folder: Path
+              ) -> tuple[dict[str, str], list[str]]:
     """OpenCode takes a whole config in OPENCODE_CONFIG_CONTENT, over the user's own."""
     config = {"$schema": "https://opencode.ai/config.json", "model": f"localinfer/{model}",
               "small_model": f"localinfer/{model}", "autoupdate": False, "share": "disabled",
@@ -102,17 +111,46 @@ def _opencode(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], l
     return env, []
 
 
-def _qwen(server: Server, model: str, n_ctx: int) -> tuple[dict[str, str], list[str]]:
+def _qwen(server: Server, model: str, n_ctx: int, folder: Path
+          ) -> tuple[dict[str, str], list[str]]:
     """Qwen Code speaks OpenAI's chat completions, configured by its environment."""
     return {"OPENAI_BASE_URL": f"{server.url}/v1", "OPENAI_API_KEY": server.key or "localinfer",
             "OPENAI_MODEL": model, **_QUIET}, []
 
 
+def _aider(server: Server, model: str, n_ctx: int, folder: Path
+           ) -> tuple[dict[str, str], list[str]]:
+    """aider takes OpenAI's chat completions through its environment (AIDER_* are its
+    options, so the user's own flags still win). It knows no local model's window: a
+    metadata file says it, or it warns of an unknown model and reports a prompt past the
+    window as "of 0" tokens. Its window in that file is the one the server gives."""
+    name = f"openai/{model}"
+    facts = {name: {"max_input_tokens": n_ctx, "max_tokens": n_ctx,
+                    "max_output_tokens": min(8192, n_ctx // 4), "input_cost_per_token": 0.0,
+                    "output_cost_per_token": 0.0, "litellm_provider": "openai", "mode": "chat"}}
+    # one file per model and window (launches side by side do not write each other's)
+    digest = hashlib.sha256(f"{model}\0{n_ctx}".encode()).hexdigest()[:16]
+    path = folder / f"aider-{digest}.json"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, json.dumps(facts, indent=1))
+    return {"OPENAI_API_BASE": f"{server.url}/v1", "OPENAI_API_KEY": server.key or "localinfer",
+            "AIDER_MODEL": name, "AIDER_MODEL_METADATA_FILE": str(path),
+            "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false"}, []
+
+
+def _npm(package: str) -> str:
+    return f"npm install -g {package}"
+
+
 AGENTS = {agent.name: agent for agent in (
-    Agent("claude", "claude", "@anthropic-ai/claude-code", "Claude Code", 19_000, _claude),
-    Agent("codex", "codex", "@openai/codex", "Codex", 10_000, _codex),
-    Agent("opencode", "opencode", "opencode-ai", "OpenCode", 9_000, _opencode),
-    Agent("qwen", "qwen", "@qwen-code/qwen-code", "Qwen Code", 12_000, _qwen),
+    Agent("claude", "claude", _npm("@anthropic-ai/claude-code"), "Claude Code", 19_000,
+          _claude),
+    Agent("codex", "codex", _npm("@openai/codex"), "Codex", 10_000, _codex),
+    Agent("opencode", "opencode", _npm("opencode-ai"), "OpenCode", 9_000, _opencode),
+    Agent("qwen", "qwen", _npm("@qwen-code/qwen-code"), "Qwen Code", 12_000, _qwen),
+    # (its prompt without files: ~1,500 tokens, its map of the repository 1,000 more)
+    Agent("aider", "aider", "python3 -m pip install aider-install && aider-install", "aider",
+          4_000, _aider, tools=False),
 )}
 
 
@@ -127,15 +165,16 @@ def find(agent: str) -> Agent:
 def _program(agent: Agent) -> str:
     program = shutil.which(agent.program)
     if program is None:
-        raise LocalinferError(f"{agent.title} is not installed — install it with `npm install "
-                              f"-g {agent.package}`")
+        raise LocalinferError(f"{agent.title} is not installed — install it with "
+                              f"`{agent.install}`")
     return program
 
 
-def agent_command(agent: Agent, server: Server, model: str, n_ctx: int,
-                  args: Sequence[str]) -> tuple[list[str], dict[str, str]]:
-    """The agent's command line and its whole environment for this run."""
-    env, config = agent.configure(server, model, n_ctx)
+def agent_command(agent: Agent, server: Server, model: str, n_ctx: int, args: Sequence[str],
+                  folder: Path) -> tuple[list[str], dict[str, str]]:
+    """The agent's command line and its whole environment for this run (`folder`:
+    localinfer's own, for the files it needs)."""
+    env, config = agent.configure(server, model, n_ctx, folder)
     return [_program(agent), *config, *args], {**os.environ, **env}
 
 
@@ -163,14 +202,16 @@ def _candidates(client: httpx.Client) -> list[Candidate]:
 
 
 def choose_model(candidates: Sequence[Candidate], agent: Agent) -> Candidate:
-    """The largest installed model whose template writes tools and whose trained context
-    holds what the agent needs; one line saying what to pull when none does."""
-    fit = [c for c in candidates if c.tools and c.trained >= agent.context]
+    """The largest installed model whose template writes tools (where the agent calls
+    them) and whose trained context holds what the agent needs; one line saying what to
+    pull when none does."""
+    fit = [c for c in candidates if (c.tools or not agent.tools) and c.trained >= agent.context]
     if not fit:
+        needs = "one whose chat template takes tools, with" if agent.tools else "one with"
         raise LocalinferError(
-            f"no installed model can serve {agent.title}: it needs one whose chat template "
-            f"takes tools, with a {agent.context:,}-token context — pull one (e.g. `localinfer "
-            f"pull qwen3:8b`) or name one with --model")
+            f"no installed model can serve {agent.title}: it needs {needs} a "
+            f"{agent.context:,}-token context — pull one (e.g. `localinfer pull qwen3:8b`) or "
+            f"name one with --model")
     return max(fit, key=lambda c: c.size)
 
 
@@ -239,7 +280,8 @@ def launch(agent: Agent, settings: Settings, model: str | None, args: Sequence[s
                         agent.title, agent.prompt_tokens, agent.context)
         log.info("%s on %s with %s, a %d-token context", agent.title, server.url, model,
                  window)
-        command, env = agent_command(agent, server, model, window, args)
+        command, env = agent_command(agent, server, model, window, args,
+                                     settings.home / "launch")
         if started is None:  # the server lives on without us: the agent takes our place
             os.execvpe(command[0], command, env)
         return _run_beside(command, env)

@@ -1,7 +1,9 @@
 """The coding agents themselves, unmodified, on `localinfer launch`: Claude Code 2.1, Codex
 0.169, OpenCode 1.18 and Qwen Code 0.24 (from npm; Qwen Code on Node.js 22, which npm also
-has), each run non-interactively for one turn against a real server; every request answered
-2xx, the model's text printed, the server healthy after.
+has) and aider 0.86 (from PyPI, in a virtual environment of its own), each run
+non-interactively for one turn against a real server; every request answered 2xx, the
+model's text printed, the server healthy after. aider also on the server's Ollama API, and
+with a file past the model's window (it says so, with the window launch told it).
 
 Their first requests are 8,000 to 19,000 tokens (their system prompts and tools), past
 what the embedded models were trained on, and a real model reads that slowly on two
@@ -12,8 +14,8 @@ that the agents' requests are taken and answered and their replies read; it cann
 that a model uses their tools well.
 
 .ci/run installs the agents and Node.js 22 (LOCALINFER_AGENTS names the folder of their
-commands, `node` among them) and sets
-LOCALINFER_REQUIRE_AGENTS, so there they run rather than skip.
+commands, `node` among them) and aider (LOCALINFER_AIDER, its environment's `bin`), and
+sets LOCALINFER_REQUIRE_AGENTS, so there they run rather than skip.
 """
 
 from __future__ import annotations
@@ -74,8 +76,29 @@ def home(tmp_path_factory) -> Path:
 TALKER = "hf.co/testorg/talker:Q8_0"  # (as a pulled model is named)
 
 
+@pytest.fixture(scope="module")
+def aider() -> str:
+    """The folder of aider's command: LOCALINFER_AIDER, else where the PATH has it."""
+    folder = os.environ.get("LOCALINFER_AIDER")
+    if not (folder and Path(folder, "aider").exists()):
+        found = shutil.which("aider")
+        folder = str(Path(found).parent) if found else None
+    if folder is None:
+        why = ("aider is not installed: python3 -m venv ENV && ENV/bin/pip install "
+               "aider-chat==0.86.2, and name ENV/bin in LOCALINFER_AIDER")
+        if os.environ.get("LOCALINFER_REQUIRE_AGENTS"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return folder
+
+
+# one turn of aider's, non-interactively (--yes-always: its questions, such as whether to
+# send a prompt it counts past the window, are answered yes), and its own folder of files
+AIDER_TURN = ["--message", "Say hello.", "--yes-always", "--no-git", "--no-pretty"]
+
+
 def _launch(agent: str, home: Path, folder: str, tmp_path: Path, port: int,
-            *extra: str) -> subprocess.CompletedProcess:
+            *extra: str, turn: list[str] | None = None) -> subprocess.CompletedProcess:
     project = tmp_path / "project"
     project.mkdir(exist_ok=True)
     (tmp_path / "user").mkdir(exist_ok=True)
@@ -84,7 +107,7 @@ def _launch(agent: str, home: Path, folder: str, tmp_path: Path, port: int,
            "NO_COLOR": "1"}
     env.pop("LOCALINFER_API_KEY", None)
     return subprocess.run([sys.executable, "-m", "localinfer", "launch", agent, *extra, "--",
-                           *TURN[agent]], cwd=project, env=env, capture_output=True,
+                           *(turn or TURN[agent])], cwd=project, env=env, capture_output=True,
                           text=True, timeout=600, stdin=subprocess.DEVNULL)
 
 
@@ -142,3 +165,58 @@ def test_an_agent_not_installed_is_one_line_naming_its_package(home, tmp_path):
     assert done.returncode == 1
     assert done.stderr.strip() == ("Error: Claude Code is not installed — install it with "
                                    "`npm install -g @anthropic-ai/claude-code`")
+
+
+def _answered(server, before: int, output: str, ok: range = range(200, 300)) -> None:
+    statuses = _statuses(server.log.read_text())[before:]
+    assert statuses and all(s in ok for s in statuses), (statuses, output)
+    assert httpx.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_aider_takes_a_turn_through_launch_knowing_the_models_window(aider, home, server,
+                                                                       tmp_path):
+    before = len(_statuses(server.log.read_text()))
+    port = int(server.url.rsplit(":", 1)[1])
+    done = _launch("aider", home, aider, tmp_path, port, "--model", TALKER, turn=AIDER_TURN)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert f"Model: openai/{TALKER}" in output and _said(done.stdout), output
+    # told the window (launch's metadata file), it does not warn of an unknown model
+    assert "Unknown context window" not in output, output
+    _answered(server, before, output)
+
+
+def test_aider_is_told_when_its_files_pass_the_window(aider, home, server, tmp_path):
+    """A file past the model's 32,768 tokens: the server's 400 in OpenAI's words, which
+    aider reads as the window's limit (and says what to do), the limit being the one launch
+    gave it; nothing is a 5xx."""
+    project = tmp_path / "project"
+    project.mkdir()
+    line = "# the keeper of the lighthouse walks the stone stair by the sea\n"
+    (project / "notes.py").write_text(line * 3000)  # ~40,000 tokens
+    before = len(_statuses(server.log.read_text()))
+    port = int(server.url.rsplit(":", 1)[1])
+    done = _launch("aider", home, aider, tmp_path, port, "--model", TALKER,
+                   turn=["notes.py", *AIDER_TURN])
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "has hit a token limit" in output and "of 32,768" in output, output
+    _answered(server, before, output, ok=range(200, 500))
+    assert 400 in _statuses(server.log.read_text())[before:]
+
+
+def test_aider_on_the_ollama_api(aider, server, tmp_path):
+    """aider's Ollama mode, pointed at the server as at Ollama: it reads the model's window
+    from /api/show and sends num_ctx with its chat."""
+    before = len(_statuses(server.log.read_text()))
+    (tmp_path / "user").mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "user"), "OLLAMA_API_BASE": server.url,
+           "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false", "NO_COLOR": "1"}
+    done = subprocess.run([str(Path(aider, "aider")), "--model", f"ollama_chat/{TALKER}",
+                           *AIDER_TURN], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    assert "Unknown context window" not in output, output  # (read from /api/show)
+    _answered(server, before, output)
