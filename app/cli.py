@@ -569,8 +569,8 @@ def serve(
 def launch(
     context: typer.Context,
     agent: Annotated[str, typer.Argument(
-        help="claude (Claude Code), codex, opencode, qwen (Qwen Code) or aider; what follows "
-             "(after --) goes to the agent.")],
+        help="claude (Claude Code), codex, opencode, qwen (Qwen Code), aider or continue "
+             "(Continue's CLI); what follows (after --) goes to the agent.")],
     model: Annotated[Optional[str], typer.Option(
         "--model", "-m", help="The model it uses [the largest installed one whose template "
                               "takes tools, with the context the agent needs].")] = None,

@@ -4,10 +4,10 @@ As `ollama launch` does: find the local server (or start one in this process for
 agent's run), pick a model that can serve the agent — its chat template writes tools, and
 its context holds the agent's first request (Claude Code's is ~19,000 tokens with its tools,
 Codex's ~10,000) — write the agent's configuration for this run only (its environment and
-command-line overrides, and for aider a file of the model's context window in localinfer's
-own home: never the user's files), and run the agent. A server started here listens on
-loopback with a key made for this launch, which only the agent is given, and stops when the
-agent ends.
+command-line overrides, and for aider and Continue's CLI a file in localinfer's own home
+naming the model's window: never the user's files), and run the agent. A server started
+here listens on loopback with a key made for this launch, which only the agent is given,
+and stops when the agent ends.
 """
 
 from __future__ import annotations
@@ -128,14 +128,35 @@ def _aider(server: Server, model: str, n_ctx: int, folder: Path
     facts = {name: {"max_input_tokens": n_ctx, "max_tokens": n_ctx,
                     "max_output_tokens": min(8192, n_ctx // 4), "input_cost_per_token": 0.0,
                     "output_cost_per_token": 0.0, "litellm_provider": "openai", "mode": "chat"}}
-    # one file per model and window (launches side by side do not write each other's)
-    digest = hashlib.sha256(f"{model}\0{n_ctx}".encode()).hexdigest()[:16]
-    path = folder / f"aider-{digest}.json"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps(facts, indent=1))
+    path = _run_file(folder, "aider", ".json", json.dumps(facts, indent=1))
     return {"OPENAI_API_BASE": f"{server.url}/v1", "OPENAI_API_KEY": server.key or "localinfer",
             "AIDER_MODEL": name, "AIDER_MODEL_METADATA_FILE": str(path),
             "AIDER_CHECK_UPDATE": "false", "AIDER_ANALYTICS": "false"}, []
+
+
+def _continue(server: Server, model: str, n_ctx: int, folder: Path
+              ) -> tuple[dict[str, str], list[str]]:
+    """Continue's CLI (`cn`) reads its models from a config file it is given; the key is
+    not written there but named as a secret, which it reads from its environment."""
+    config = {"name": "localinfer", "version": "1.0.0", "schema": "v1", "models": [{
+        "name": model, "provider": "openai", "model": model, "apiBase": f"{server.url}/v1",
+        "apiKey": "${{ secrets.LOCALINFER_AGENT_KEY }}", "roles": ["chat", "edit", "apply"],
+        "defaultCompletionOptions": {"contextLength": n_ctx,
+                                     "maxTokens": min(8192, n_ctx // 4)}}]}
+    # (JSON is YAML: the file needs no YAML writer)
+    path = _run_file(folder, "continue", ".yaml", json.dumps(config, indent=1))
+    return {"LOCALINFER_AGENT_KEY": server.key or "localinfer"}, ["--config", str(path)]
+
+
+def _run_file(folder: Path, agent: str, suffix: str, text: str) -> Path:
+    """A file an agent reads for this run, in localinfer's folder for them, named by what
+    it holds (a model, its window, a server's address): launches side by side do not
+    write each other's."""
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    path = folder / f"{agent}-{digest}{suffix}"
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomically(path, text)
+    return path
 
 
 def _npm(package: str) -> str:
@@ -151,6 +172,7 @@ AGENTS = {agent.name: agent for agent in (
     # (its prompt without files: ~1,500 tokens, its map of the repository 1,000 more)
     Agent("aider", "aider", "python3 -m pip install aider-install && aider-install", "aider",
           4_000, _aider, tools=False),
+    Agent("continue", "cn", _npm("@continuedev/cli"), "Continue's CLI", 4_000, _continue),
 )}
 
 

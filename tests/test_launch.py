@@ -39,7 +39,7 @@ def test_aider_needs_no_tools_only_the_context():
 
 def test_an_unknown_agent_is_one_line_naming_the_ones_there_are():
     with pytest.raises(LocalinferError,
-                       match="launch one of: claude, codex, opencode, qwen, aider"):
+                       match="launch one of: claude, codex, opencode, qwen, aider, continue"):
         find("cursor")
 
 
@@ -65,3 +65,10 @@ def test_each_agents_settings_name_the_server_the_model_and_its_window(tmp_path)
     assert facts["openai/qwen3:8b"]["max_input_tokens"] == 32768
     again, _ = AGENTS["aider"].configure(server, "qwen3:8b", 8192, tmp_path / "launch")
     assert again["AIDER_MODEL_METADATA_FILE"] != env["AIDER_MODEL_METADATA_FILE"]  # its own
+    env, args = AGENTS["continue"].configure(server, "qwen3:8b", 32768, tmp_path / "launch")
+    assert args[0] == "--config" and env == {"LOCALINFER_AGENT_KEY": "k3y"}
+    text = Path(args[1]).read_text()
+    assert "k3y" not in text  # the key is read from the environment, not written down
+    model, = json.loads(text)["models"]  # (JSON: a YAML file)
+    assert (model["apiBase"], model["model"], model["defaultCompletionOptions"]["contextLength"]
+            ) == ("http://127.0.0.1:4321/v1", "qwen3:8b", 32768)

@@ -1,9 +1,10 @@
 """The coding agents themselves, unmodified, on `localinfer launch`: Claude Code 2.1, Codex
 0.169, OpenCode 1.18 and Qwen Code 0.24 (from npm; Qwen Code on Node.js 22, which npm also
-has) and aider 0.86 (from PyPI, in a virtual environment of its own), each run
-non-interactively for one turn against a real server; every request answered 2xx, the
-model's text printed, the server healthy after. aider also on the server's Ollama API, and
-with a file past the model's window (it says so, with the window launch told it).
+has), aider 0.86 (from PyPI, in a virtual environment of its own) and Continue's CLI 1.5
+(npm), each run non-interactively for one turn against a real server; every request
+answered 2xx, the model's text printed, the server healthy after. aider also on the server's
+Ollama API, and with a file past the model's window (it says so, with the window launch told
+it); Continue's CLI also on a server launch starts, whose key it reads from its environment.
 
 Their first requests are 8,000 to 19,000 tokens (their system prompts and tools), past
 what the embedded models were trained on, and a real model reads that slowly on two
@@ -14,8 +15,9 @@ that the agents' requests are taken and answered and their replies read; it cann
 that a model uses their tools well.
 
 .ci/run installs the agents and Node.js 22 (LOCALINFER_AGENTS names the folder of their
-commands, `node` among them) and aider (LOCALINFER_AIDER, its environment's `bin`), and
-sets LOCALINFER_REQUIRE_AGENTS, so there they run rather than skip.
+commands, `node` among them), aider (LOCALINFER_AIDER, its environment's `bin`) and
+Continue's CLI (LOCALINFER_CONTINUE, its `.bin`), and sets LOCALINFER_REQUIRE_AGENTS, so
+there they run rather than skip.
 """
 
 from __future__ import annotations
@@ -76,20 +78,33 @@ def home(tmp_path_factory) -> Path:
 TALKER = "hf.co/testorg/talker:Q8_0"  # (as a pulled model is named)
 
 
-@pytest.fixture(scope="module")
-def aider() -> str:
-    """The folder of aider's command: LOCALINFER_AIDER, else where the PATH has it."""
-    folder = os.environ.get("LOCALINFER_AIDER")
-    if not (folder and Path(folder, "aider").exists()):
-        found = shutil.which("aider")
+def _command_folder(variable: str, command: str, how: str) -> str:
+    """The folder of an agent's command: the one `variable` names, else where the PATH has
+    it; missing, a skip (a failure where LOCALINFER_REQUIRE_AGENTS is set) saying `how` to
+    install it."""
+    folder = os.environ.get(variable)
+    if not (folder and Path(folder, command).exists()):
+        found = shutil.which(command)
         folder = str(Path(found).parent) if found else None
     if folder is None:
-        why = ("aider is not installed: python3 -m venv ENV && ENV/bin/pip install "
-               "aider-chat==0.86.2, and name ENV/bin in LOCALINFER_AIDER")
+        why = f"{command} is not installed: {how}, and name that folder in {variable}"
         if os.environ.get("LOCALINFER_REQUIRE_AGENTS"):
             pytest.fail(why)
         pytest.skip(why)
     return folder
+
+
+@pytest.fixture(scope="module")
+def aider() -> str:
+    return _command_folder("LOCALINFER_AIDER", "aider", "python3 -m venv ENV && ENV/bin/pip "
+                                                        "install aider-chat==0.86.2 (ENV/bin)")
+
+
+@pytest.fixture(scope="module")
+def continue_cli() -> str:
+    return _command_folder("LOCALINFER_CONTINUE", "cn", "npm install --prefix DIR "
+                                                        "@continuedev/cli@1.5.47 (DIR/"
+                                                        "node_modules/.bin)")
 
 
 # one turn of aider's, non-interactively (--yes-always: its questions, such as whether to
@@ -220,3 +235,33 @@ def test_aider_on_the_ollama_api(aider, server, tmp_path):
     assert _said(done.stdout), output
     assert "Unknown context window" not in output, output  # (read from /api/show)
     _answered(server, before, output)
+
+
+CONTINUE_TURN = ["-p", "Say hello."]
+
+
+def test_continues_cli_takes_a_turn_through_launch(continue_cli, home, server, tmp_path):
+    """Continue's CLI with its tools (it sends nine) on the running server, from the
+    config file launch writes for it."""
+    before = len(_statuses(server.log.read_text()))
+    port = int(server.url.rsplit(":", 1)[1])
+    done = _launch("continue", home, continue_cli, tmp_path, port, "--model", TALKER,
+                   turn=CONTINUE_TURN)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    _answered(server, before, output)
+
+
+def test_continues_cli_on_a_server_launch_starts_reads_its_key(continue_cli, home, tmp_path):
+    """No server running: launch serves the run with a key of its own, which the config
+    file names as a secret and the CLI reads from its environment (a key it did not send
+    would be a 401 and no reply)."""
+    port = free_port()
+    done = _launch("continue", home, continue_cli, tmp_path, port, "--model", TALKER,
+                   turn=CONTINUE_TURN)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    written = list((home / "launch").glob("continue-*.yaml"))
+    assert written and all("secrets.LOCALINFER_AGENT_KEY" in f.read_text() for f in written)
