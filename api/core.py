@@ -246,7 +246,7 @@ async def start(
     pictures = await decode_all(images, pool.settings.image_urls)
     stack = contextlib.AsyncExitStack()
     try:
-        was_loaded = {m.name for m in pool.loaded()}
+        was_loaded = pool.loaded()  # (the models themselves: one loaded again is new)
         loaded = await stack.enter_async_context(pool.use(check_model_name(model), keep_alive,
                                                           n_ctx))
         check_completes(loaded)
@@ -281,7 +281,7 @@ async def start(
     except BaseException:
         await stack.aclose()
         raise
-    load = 0.0 if loaded.name in was_loaded else loaded.load_duration
+    load = 0.0 if any(m is loaded for m in was_loaded) else loaded.load_duration
     return Job(loaded, generation, len(prompt_ids), began, load, tools, stack,
                prompt_ids=prompt_ids, fmt=fmt, reasoning=reasoning,
                continued=_continues(messages, pictures, context))

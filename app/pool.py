@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from localinfer.backends.base import Backend, LoadOptions
-from localinfer.errors import ContextTooLarge, EngineBusy, EngineClosed, InvalidRequest
+from localinfer.errors import (ContextTooLarge, EngineBusy, EngineClosed, InvalidRequest,
+                               LocalinferError)
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info
 from localinfer.backends.native.machine import detect
 from localinfer.backends.runner.replicas import Replicas
@@ -125,6 +126,12 @@ class LoadedModel:
         if self.keep_alive is None or self.active:
             return None
         return max(0.0, self.last_used + self.keep_alive - time.monotonic())
+
+
+def _placed(options: LoadOptions) -> tuple[int, int]:
+    """How much of a model a plan puts on the GPUs, to compare: its layers there, then
+    fewer layers' experts left in RAM."""
+    return options.n_gpu_layers or 0, -len(options.cpu_experts)
 
 
 class ModelPool:
@@ -225,8 +232,8 @@ class ModelPool:
     async def use(self, ref: str | None, keep_alive: str | float | None = None,
                   n_ctx: int | None = None) -> AsyncIterator[LoadedModel]:
         """The loaded model for `ref`, kept loaded while the block runs. n_ctx: the context
-        per request a client asks for (Ollama's num_ctx): a model loaded with another is
-        loaded again with it once its requests are done, as Ollama does."""
+        per request a client asks for (Ollama's num_ctx): a model loaded with less is
+        loaded again once its requests are done (see `get` for when a larger one stays)."""
         seconds = parse_keep_alive(keep_alive, self.default_keep_alive)  # bad value: fail first
         model = await self.get(ref, n_ctx=n_ctx)
         model.active += 1
@@ -292,21 +299,30 @@ class ModelPool:
                   n_ctx: int | None = None) -> LoadedModel:
         """The loaded model for `ref`, loading it if need be. prepared: its plan, when the
         caller has just made it (`plan`), not to read the header twice. n_ctx: as `use`.
-        EngineClosed where a shutdown begins before it is loaded."""
+        EngineClosed where a shutdown begins before it is loaded.
+
+        The context a request gets (`_context`: its num_ctx, else the server's) is a floor,
+        not an order to load again: a model loaded with a larger one serves it as it is,
+        unless the smaller context would put more of it on the GPUs. Ollama loads again
+        whenever num_ctx differs, and aider sends a new one with every message (its prompt's
+        tokens × 1.25 + 8,192), so each turn there pays a load and reads the whole chat
+        again. A context that has to grow for a client's num_ctx grows with room to spare
+        (`_plan_with_room`)."""
         self.check_open()
         self._loop = asyncio.get_running_loop()
         ref = ref or self.default
         known = self._loaded.get(self._names.get(ref or "", ""))
         if known is not None and not known.backend.ended:
             wanted = self._context(known.info, n_ctx)
-            if known.options.n_ctx != wanted:
+            if known.options.n_ctx < wanted or await self._faster_smaller(ref, known, wanted):
                 while known.active and not known.backend.ended:  # its requests finish first
                     await asyncio.sleep(0.05)
                 if self._loaded.get(known.name) is known:
                     log.info("%s: loading again with a %d-token context", known.name, wanted)
                     await self.unload(known.name)
                 known = None
-                prepared = prepared or await self._unless_closing(self.plan(ref, wanted))
+                prepared = prepared or await self._unless_closing(
+                    self._plan_with_room(ref, wanted, n_ctx))
         if known is not None and known.backend.ended:
             # its runner died (a copy's, at least) and freed its memory, which another load
             # may have taken since: loaded again through the plan, once the requests still
@@ -320,7 +336,8 @@ class ModelPool:
             known.last_used, known.claimed = time.monotonic(), True
             return known
         planned_at = self._changes
-        prepared = prepared or await self._unless_closing(self.plan(ref, n_ctx))
+        prepared = prepared or await self._unless_closing(
+            self._plan_with_room(ref, n_ctx, n_ctx) if n_ctx else self.plan(ref))
         name = prepared.model.name
         self._names[ref or ""] = name
         async with self._lock:
@@ -337,10 +354,46 @@ class ModelPool:
         model.claimed = True  # (use() marks it busy before anything else runs)
         return model
 
+    async def _faster_smaller(self, ref: str | None, known: LoadedModel, wanted: int) -> bool:
+        """Whether `known`, loaded with more context than `wanted`, would have more of its
+        layers (or experts) on the GPUs with `wanted`: then it is loaded again with it, as
+        a request that asks for less should not decode slower for a context it does not
+        use. On the CPU alone, or with every layer offloaded, nothing is asked."""
+        if known.options.n_ctx <= wanted or not known.options.n_gpu_layers:
+            return False
+        if (known.options.n_gpu_layers > known.info.n_layer
+                and not known.options.cpu_experts):
+            return False  # (all of it on the GPUs already)
+        try:
+            smaller = await self.plan(ref, wanted)
+        except LocalinferError:
+            return False
+        return _placed(smaller.options) > _placed(known.options)
+
+    async def _plan_with_room(self, ref: str | None, wanted: int | None,
+                              asked: int | None) -> Prepared:
+        """The plan for a context `wanted` (None: the server's). Where a client asked for
+        it (`asked`: Ollama's num_ctx), the next power of two, within what the model was
+        trained on, when that places as much on the GPUs and fits: a client whose prompt
+        grows asks a little more each time (aider), and each would be a load."""
+        exact = await self.plan(ref, wanted)
+        if not asked or not wanted:
+            return exact
+        roomy = 1 << (wanted - 1).bit_length()
+        trained = exact.info.n_ctx_train or roomy
+        if min(roomy, trained) <= exact.options.n_ctx:
+            return exact
+        try:
+            grown = await self.plan(ref, min(roomy, trained))
+        except LocalinferError:
+            return exact
+        return grown if _placed(grown.options) >= _placed(exact.options) else exact
+
     def _context(self, info: GGUFInfo, n_ctx: int | None) -> int:
-        """The context a request gets: what it asks for (Ollama's num_ctx) within what the
-        model was trained on, else the server's own — not what the last client asked for,
-        which would hold for every client after it (as Ollama goes back to its default)."""
+        """The context a request needs: what it asks for (Ollama's num_ctx) within what the
+        model was trained on, else the server's own — not what the last client asked for:
+        a smaller one would hold for every client after it (a model loaded with less is
+        loaded again with this, as Ollama goes back to its default)."""
         if n_ctx:
             return min(n_ctx, info.n_ctx_train or n_ctx)
         return self.options.n_ctx or default_context(info, self.settings)

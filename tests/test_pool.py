@@ -438,3 +438,64 @@ def test_after_an_unload_the_pool_waits_for_the_memory_to_come_back(settings):
         finally:
             await pool.close()
     asyncio.run(scenario())
+
+
+def test_a_larger_context_loaded_serves_a_smaller_one_unless_the_gpu_would_hold_more(settings):
+    """What a request's context needs is a floor: a model loaded with more serves it as it
+    is (no load) while a smaller context would put no more of it on the GPU; where the
+    smaller one would (the larger left layers in RAM), it is loaded again with it."""
+    from localinfer.service import prepare
+
+    def alone(n_ctx: int):
+        return prepare("smollm2", LoadOptions(n_ctx=n_ctx), settings,
+                       hardware=lambda: _machine(24 * 2**30))
+
+    small, large = alone(256), alone(8192)
+    layers = small.info.n_layer + 1
+    assert small.options.n_gpu_layers == large.options.n_gpu_layers == layers
+
+    async def scenario(free: int) -> tuple[list[str], list]:
+        factory = CountingFactory()
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=factory,
+                         hardware=_machine(free))
+        try:
+            first = await pool.get("smollm2", n_ctx=8192)
+            then = await pool.get("smollm2")  # the server's 256
+            return factory.loads, [(m.options.n_ctx, m.options.n_gpu_layers, m is first)
+                                   for m in (first, then)]
+        finally:
+            await pool.close()
+
+    loads, models = asyncio.run(scenario(large.gpu_bytes + 2**20))  # all of it fits at 8,192
+    assert loads == ["smollm2:135m"] and models[1] == (8192, layers, True)
+    between = (small.gpu_bytes + large.gpu_bytes) // 2  # at 8,192 some layers stay in RAM
+    loads, models = asyncio.run(scenario(between))
+    assert models[0][0] == 8192 and models[0][1] < layers
+    assert len(loads) == 2 and models[1] == (256, layers, False)
+
+
+def test_a_context_grown_for_a_client_takes_room_only_where_it_places_as_much(settings):
+    """A client's num_ctx past what is loaded: the next power of two where that keeps every
+    layer on the GPU, else what was asked (as the planner rounds it)."""
+    from localinfer.service import prepare
+
+    def alone(n_ctx: int):
+        return prepare("smollm2", LoadOptions(n_ctx=n_ctx), settings,
+                       hardware=lambda: _machine(24 * 2**30))
+
+    asked, roomy = alone(1100), alone(2048)
+    layers = asked.info.n_layer + 1
+    assert asked.options.n_ctx < 2048
+
+    async def scenario(free: int) -> tuple[int, int]:
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=llama_cpp_backend,
+                         hardware=_machine(free))
+        try:
+            model = await pool.get("smollm2", n_ctx=1100)
+            return model.options.n_ctx, model.options.n_gpu_layers
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario(roomy.gpu_bytes + 2**20)) == (2048, layers)
+    tight = (asked.gpu_bytes + roomy.gpu_bytes) // 2
+    assert asyncio.run(scenario(tight)) == (asked.options.n_ctx, layers)

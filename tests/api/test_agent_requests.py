@@ -224,19 +224,26 @@ def test_a_streamed_item_is_added_empty_and_a_cut_reply_ends_incomplete(server):
 
 @pytest.mark.slow
 def test_one_clients_num_ctx_does_not_hold_for_the_next(tmp_path):
-    """aider sends num_ctx with each request; Claude Code sends none and gets the server's
-    context again, not aider's (as Ollama goes back to its default)."""
-    server = start_server(tmp_path / "home", "--model", MODEL, "--ctx", "1024",
-                          "--parallel", "1")
+    """aider sends num_ctx with each request; Claude Code sends none and gets at least the
+    server's context, not aider's smaller one; aider's next request is served in that
+    context as it is, not loaded again to shrink it."""
+    server = start_server(tmp_path / "home", "--ctx", "1024", "--parallel", "1")
     try:
         aider = ollama.Client(host=server.url)
-        aider.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
-                   options={"num_ctx": 256, "num_predict": 1})
+
+        def ask_as_aider() -> bool:
+            reply = aider.chat(model=MODEL, messages=[{"role": "user", "content": "Hi"}],
+                               options={"num_ctx": 256, "num_predict": 1})
+            return reply.load_duration > 0
+
+        assert ask_as_aider()  # (nothing was loaded: loaded for it, with its 256)
         assert [m.context_length for m in aider.ps().models] == [256]
         prompt = "Tell me about the sea. " * 60  # ~360 tokens: past aider's 256
         reply = _anthropic(server).messages.create(
             model=MODEL, max_tokens=1, messages=[{"role": "user", "content": prompt}])
         assert reply.usage.input_tokens > 256
+        assert [m.context_length for m in aider.ps().models] == [1024]
+        assert not ask_as_aider()
         assert [m.context_length for m in aider.ps().models] == [1024]
     finally:
         stop_server(server)

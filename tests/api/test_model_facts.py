@@ -67,8 +67,39 @@ def test_capabilities_say_what_each_model_does_and_num_ctx_reloads_it(tmp_path):
         client.generate(model="smollm2:135m", prompt="Hi",
                         options={"num_predict": 1, "num_ctx": 1 << 20})
         assert [m.context_length for m in client.ps().models] == [8192]
-        client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 1})
-        # none asked: the server's own again, not the last client's (as Ollama)
-        assert [m.context_length for m in client.ps().models] == [256]
+        # none asked: the server's own is less, and the larger one loaded serves it as it is
+        again = client.generate(model="smollm2:135m", prompt="Hi", options={"num_predict": 1})
+        assert [m.context_length for m in client.ps().models] == [8192]
+        assert again.load_duration == 0
+    finally:
+        stop_server(server)
+
+
+@pytest.mark.slow
+def test_a_num_ctx_that_grows_each_turn_is_not_a_load_each_turn(tmp_path):
+    """aider sends num_ctx with every message, its prompt's tokens × 1.25 + 8,192: a little
+    more each turn. Ollama loads the model again for each; here a context that must grow
+    for a client grows to the next power of two, and what the loaded context holds is
+    served as it is, so only a context past it is a load. A smaller one asked later (or
+    none) never shrinks it. On the CPU, where a smaller context would put no more of the
+    model on a GPU."""
+    server = start_server(tmp_path / "home", "--model", "smollm2:135m", "--ctx", "256",
+                          "--parallel", "1")
+    try:
+        client = ollama.Client(host=server.url)
+
+        def turn(num_ctx: int | None) -> tuple[int, bool]:
+            options = {"num_predict": 1} | ({"num_ctx": num_ctx} if num_ctx else {})
+            reply = client.chat(model="smollm2:135m", options=options,
+                                messages=[{"role": "user", "content": "Hi"}])
+            context, = [m.context_length for m in client.ps().models]
+            return context, reply.load_duration > 0
+
+        assert turn(None) == (256, False)  # the server's own, loaded as it started
+        assert turn(1100) == (2048, True)  # grown past it: with room to spare
+        assert [turn(n) for n in (1400, 2048, 300, None)] == [(2048, False)] * 4
+        assert turn(2049) == (4096, True)
+        assert turn(6000) == (8192, True)  # (the next power of two is what it was trained on)
+        assert turn(1 << 20) == (8192, False)
     finally:
         stop_server(server)
