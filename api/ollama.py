@@ -595,9 +595,11 @@ async def _embed_all(request: Request, body: EmbedRequest, inputs: list[str]):
 
 
 # the Ollama whose API this serves, by its version: clients check it before they connect
-# (VS Code's Copilot wants 0.6.4 or later) and by it know what they may send (`think` since
-# 0.9, embeddings' `dimensions`); localinfer's own version is beside it
-OLLAMA_API = "0.12.0"
+# (VS Code's Copilot wants 0.6.4 or later; Codex's --oss 0.13.4, Ollama's first with
+# /v1/responses) and by it know what they may send (`think` since 0.9, embeddings'
+# `dimensions`); 0.14.0 was Ollama's first with Anthropic's /v1/messages, which is served
+# here too. localinfer's own version is beside it
+OLLAMA_API = "0.14.0"
 
 
 @router.get("/version")

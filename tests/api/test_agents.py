@@ -265,3 +265,22 @@ def test_continues_cli_on_a_server_launch_starts_reads_its_key(continue_cli, hom
     assert _said(done.stdout), output
     written = list((home / "launch").glob("continue-*.yaml"))
     assert written and all("secrets.LOCALINFER_AGENT_KEY" in f.read_text() for f in written)
+
+
+@pytest.mark.parametrize("provider", ["ollama", "lmstudio"])
+def test_codex_takes_the_server_for_a_local_provider(provider, agents, server, tmp_path):
+    """`codex --oss --local-provider ollama|lmstudio`, pointed at the server as at Ollama
+    or LM Studio: it checks Ollama's version (0.13.4 or later: the first with
+    /v1/responses), lists the models, and speaks the Responses API."""
+    before, seen = len(_statuses(server.log.read_text())), len(server.log.read_text())
+    (tmp_path / "user").mkdir()
+    env = {**os.environ, "HOME": str(tmp_path / "user"), "CODEX_OSS_BASE_URL": f"{server.url}/v1",
+           "PATH": f"{agents}{os.pathsep}{os.environ['PATH']}", "NO_COLOR": "1"}
+    done = subprocess.run(["codex", "exec", "--skip-git-repo-check", "--oss", "--local-provider",
+                           provider, "-m", TALKER, "Say hello."], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert _said(done.stdout), output
+    _answered(server, before, output)
+    assert '"POST /v1/responses HTTP/1.1" 200' in server.log.read_text()[seen:]
