@@ -111,6 +111,9 @@ class LoadedModel:
     # or a request could find the model it waited for gone before it starts
     claimed: bool = False
     loaded_at: float = field(default_factory=time.monotonic)
+    # a smaller context → whether it would put more of this model on the GPUs (planned
+    # once each: pool._faster_smaller)
+    faster_smaller: dict[int, bool] = field(default_factory=dict)
 
     @property
     def gpu_bytes(self) -> int:
@@ -323,6 +326,8 @@ class ModelPool:
                 known = None
                 prepared = prepared or await self._unless_closing(
                     self._plan_with_room(ref, wanted, n_ctx))
+            elif self._loaded.get(known.name) is not known:  # unloaded while it was checked
+                return await self.get(ref, prepared, n_ctx)
         if known is not None and known.backend.ended:
             # its runner died (a copy's, at least) and freed its memory, which another load
             # may have taken since: loaded again through the plan, once the requests still
@@ -347,7 +352,7 @@ class ModelPool:
                 return model
             task = self._loading.get(name)
             if task is None:
-                task = asyncio.create_task(self._load(ref, prepared, planned_at))
+                task = asyncio.create_task(self._load(ref, prepared, planned_at, n_ctx))
                 self._loading[name] = task
         # shield: one caller giving up (a disconnect) must not cancel the load others wait for
         model = await self._unless_closing(asyncio.shield(task))
@@ -364,11 +369,13 @@ class ModelPool:
         if (known.options.n_gpu_layers > known.info.n_layer
                 and not known.options.cpu_experts):
             return False  # (all of it on the GPUs already)
-        try:
-            smaller = await self.plan(ref, wanted)
-        except LocalinferError:
-            return False
-        return _placed(smaller.options) > _placed(known.options)
+        if wanted not in known.faster_smaller:
+            try:
+                smaller = await self.plan(ref, wanted)
+                known.faster_smaller[wanted] = _placed(smaller.options) > _placed(known.options)
+            except LocalinferError:
+                known.faster_smaller[wanted] = False
+        return known.faster_smaller[wanted]
 
     async def _plan_with_room(self, ref: str | None, wanted: int | None,
                               asked: int | None) -> Prepared:
@@ -387,7 +394,20 @@ class ModelPool:
             grown = await self.plan(ref, min(roomy, trained))
         except LocalinferError:
             return exact
-        return grown if _placed(grown.options) >= _placed(exact.options) else exact
+        same = (_placed(grown.options) >= _placed(exact.options)
+                and len(grown.copies) == len(exact.copies)
+                and grown.options.workers == exact.options.workers)
+        # room to spare is taken from what is free now, never by unloading other models
+        return grown if same and await self._fits_now(grown) else exact
+
+    async def _fits_now(self, prepared: Prepared) -> bool:
+        """Whether `prepared` fits in the RAM and on the GPUs free now, beside every model
+        loaded (none unloaded for it)."""
+        asked = await asyncio.to_thread(self._ask_driver)
+        gpu_free = self._gpu_room(asked)
+        return (prepared.ram_bytes <= self._available()
+                and all(need <= gpu_free.get(i, 0) for i, need in prepared.gpu_use.items()
+                        if need))
 
     def _context(self, info: GGUFInfo, n_ctx: int | None) -> int:
         """The context a request needs: what it asks for (Ollama's num_ctx) within what the
@@ -432,12 +452,20 @@ class ModelPool:
 
         return await asyncio.to_thread(planned)
 
-    async def _load(self, ref: str | None, prepared: Prepared, planned_at: int) -> LoadedModel:
+    async def _load(self, ref: str | None, prepared: Prepared, planned_at: int,
+                    asked: int | None = None) -> LoadedModel:
+        """`asked`: the context a client asked for, where `prepared` took more of it
+        (`_plan_with_room`): what the load falls back to if that no longer fits."""
         resolved = prepared.model
         try:
             async with self._turn:  # two loads checked at once would both find the same room
                 if self._changes != planned_at:  # planned beside models since (un)loaded
-                    prepared = await self.plan(ref, prepared.options.n_ctx)
+                    try:
+                        prepared = await self.plan(ref, prepared.options.n_ctx)
+                    except ContextTooLarge:
+                        if not asked or asked >= (prepared.options.n_ctx or 0):
+                            raise
+                        prepared = await self.plan(ref, asked)
                 await self._make_room(prepared)
                 started = time.monotonic()
                 backend = await asyncio.to_thread(self._start_copies, prepared,

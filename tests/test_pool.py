@@ -499,3 +499,29 @@ def test_a_context_grown_for_a_client_takes_room_only_where_it_places_as_much(se
     assert asyncio.run(scenario(roomy.gpu_bytes + 2**20)) == (2048, layers)
     tight = (asked.gpu_bytes + roomy.gpu_bytes) // 2
     assert asyncio.run(scenario(tight)) == (asked.options.n_ctx, layers)
+
+
+def test_room_to_grow_is_never_made_by_unloading_another_model(settings):
+    """The power of two is taken from what is free beside the loaded models: where only
+    unloading an idle one would make room for it, the context asked for is loaded, and the
+    idle model stays."""
+    from localinfer.service import prepare
+
+    def alone(name: str, n_ctx: int):
+        return prepare(name, LoadOptions(n_ctx=n_ctx), settings,
+                       hardware=lambda: _machine(24 * 2**30))
+
+    other, asked, roomy = alone("gemma3", 256), alone("smollm2", 1100), alone("smollm2", 2048)
+    free = other.gpu_bytes + (asked.gpu_bytes + roomy.gpu_bytes) // 2
+
+    async def scenario():
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=llama_cpp_backend,
+                         hardware=_machine(free))
+        try:
+            await pool.get("gemma3")
+            model = await pool.get("smollm2", n_ctx=1100)
+            return model.options.n_ctx, {m.name for m in pool.loaded()}
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) == (asked.options.n_ctx, {"gemma3:270m", "smollm2:135m"})
