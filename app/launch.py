@@ -138,6 +138,8 @@ def _continue(server: Server, model: str, n_ctx: int, folder: Path
               ) -> tuple[dict[str, str], list[str]]:
     """Continue's CLI (`cn`) reads its models from a config file it is given; the key is
     not written there but named as a secret, which it reads from its environment."""
+    if "${{" in model:  # (the CLI would read it as a secret's name)
+        raise LocalinferError(f"Continue's CLI cannot be given a model named {model!r}")
     config = {"name": "localinfer", "version": "1.0.0", "schema": "v1", "models": [{
         "name": model, "provider": "openai", "model": model, "apiBase": f"{server.url}/v1",
         "apiKey": "${{ secrets.LOCALINFER_AGENT_KEY }}", "roles": ["chat", "edit", "apply"],
