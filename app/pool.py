@@ -398,16 +398,17 @@ class ModelPool:
                 and len(grown.copies) == len(exact.copies)
                 and grown.options.workers == exact.options.workers)
         # room to spare is taken from what is free now, never by unloading other models
-        return grown if same and await self._fits_now(grown) else exact
+        return grown if same and (await self._fits_now(grown))[0] else exact
 
-    async def _fits_now(self, prepared: Prepared) -> bool:
+    async def _fits_now(self, prepared: Prepared) -> tuple[bool, Mapping[int, int]]:
         """Whether `prepared` fits in the RAM and on the GPUs free now, beside every model
-        loaded (none unloaded for it)."""
+        loaded (none unloaded for it), as each GPU's driver says now (where it says
+        nothing, as the plans count it); and what the drivers said."""
         asked = await asyncio.to_thread(self._ask_driver)
         gpu_free = self._gpu_room(asked)
         return (prepared.ram_bytes <= self._available()
                 and all(need <= gpu_free.get(i, 0) for i, need in prepared.gpu_use.items()
-                        if need))
+                        if need)), asked
 
     def _context(self, info: GGUFInfo, n_ctx: int | None) -> int:
         """The context a request needs: what it asks for (Ollama's num_ctx) within what the
@@ -492,13 +493,8 @@ class ModelPool:
         for model in [m for m in self._loaded.values() if m.backend.ended]:
             await self.unload(model.name)  # holds nothing now
         while True:
-            asked = await asyncio.to_thread(self._ask_driver)
-            gpu_free = self._gpu_room(asked)
-            fits = (len(self._loaded) < self.max_loaded
-                    and prepared.ram_bytes <= self._available()
-                    and all(need <= gpu_free.get(i, 0)
-                            for i, need in prepared.gpu_use.items() if need))
-            if fits:
+            in_memory, asked = await self._fits_now(prepared)
+            if len(self._loaded) < self.max_loaded and in_memory:
                 return
             victim = min(self._idle(), key=lambda m: m.last_used, default=None)
             if victim is None:
