@@ -525,3 +525,31 @@ def test_room_to_grow_is_never_made_by_unloading_another_model(settings):
             await pool.close()
 
     assert asyncio.run(scenario()) == (asked.options.n_ctx, {"gemma3:270m", "smollm2:135m"})
+
+
+def test_a_grown_context_that_no_longer_fits_at_load_falls_back_to_the_one_asked(settings):
+    """Re-planned at load (other models came or went since), the room to grow no longer
+    fits: the model loads with the context the client asked for, not a refusal; a context
+    that was asked for exactly is refused as before."""
+    from localinfer.errors import ContextTooLarge
+
+    async def scenario(asked: int | None):
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=llama_cpp_backend)
+        grown = await pool.plan("smollm2", 2048)
+        real = pool.plan
+
+        async def tighter(ref, n_ctx=None):
+            if n_ctx == 2048:
+                raise ContextTooLarge("2,048 tokens do not fit now")
+            return await real(ref, n_ctx)
+
+        pool.plan = tighter
+        try:  # (planned_at -1: as if models were loaded since it was planned)
+            model = await pool._load("smollm2", grown, -1, asked)
+            return model.options.n_ctx
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario(1100)) == 1100
+    with pytest.raises(ContextTooLarge):
+        asyncio.run(scenario(None))
