@@ -401,7 +401,7 @@ class Engine:
         try:
             if self.threads is not None:  # (decode steps: the tuned count; prompt steps:
                 # threads.py; either, no more than other localinfer processes leave now)
-                count = self.threads.begin(n_prompt)
+                count = self.threads.begin(n_prompt, n_decode)
                 # (a wait for a core, here or for a draft model's guesses, is not the step's)
                 started += self.threads.waited_s + self._waited_s
                 if count != self.native.threads():

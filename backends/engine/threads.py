@@ -14,6 +14,11 @@ llama.cpp and Ollama, is right only on an idle machine.
   processes leave now (`OthersLoad`, since the last probe) where that differs from the
   current count by more than one — a neighbour started, or one busy at load stopped — else
   one thread fewer.
+- The count is chosen per number of streams (1, 2-3, 4-7, 8-15, ...), each first probed a
+  few steps after it appears: one stream on 2 cores decodes faster with 1 thread (the other
+  core runs what comes between steps), 8 streams with 2. One count for all carried the
+  solo choice into the next burst of clients: 8 clients ran at 147-150 tok/s in 2 of 4
+  rounds against 232-258 at a fixed 2 threads (bench/serve_speed.py, 2-core EPYC).
 - A step that reads prompt tokens runs with the count chosen at load (or the tuned one where
   it is higher): its matrix products keep every thread busy between barriers, so the light
   load of the server's own parent and clients costs it little, while one thread fewer
@@ -58,7 +63,13 @@ _ALPHA = 0.25  # weight of the newest step in a moving average
 _SLOWDOWN = 1.35  # steps this much slower than the count's best: the load changed, probe
 _PROBE_STEPS = 5  # decode-only steps timed at the other count (the first is not counted)
 _BETTER = 0.92  # a count must be this much faster to replace the current one
+_FIRST_PROBE = 8  # decode-only steps of a number of streams not yet probed before its probe
 _RECHECK_S = 5.0  # how often a prompt step may raise its count to the cores free now
+
+
+def _bucket(streams: int) -> int:
+    """Numbers of streams that share a thread count: 1, 2-3, 4-7, 8-15, ..."""
+    return streams.bit_length()
 
 
 def physical_cores() -> int:
@@ -276,6 +287,8 @@ class ThreadTuner:
         self._probe: tuple[int, int, list[float]] | None = None  # (from, streams, times)
         self._probe_steps = 0  # steps since the probe began, of any number of streams
         self.switches = 0
+        self._chosen: dict[int, int] = {}  # streams' bucket (_bucket) → the count kept for it
+        self._unprobed: dict[int, int] = {}  # a bucket not yet probed → its steps so far
         # the cores free of other processes now (None: only one thread fewer is tried)
         self._free = free if free is not None else (OthersLoad() if max_threads > 1 else None)
         self._checked = time.monotonic()  # when the prompt count last looked for free cores
@@ -284,10 +297,10 @@ class ThreadTuner:
         self._capped = False  # this step runs with fewer threads than the tuner chose
         self._pooled = 0  # the count a pooled read claimed (begin_pooled), until release
 
-    def begin(self, n_prompt: int) -> int:
+    def begin(self, n_prompt: int, n_decode: int = 0) -> int:
         """The count a step starting now runs with: `for_step`'s, no more than the cores the
         other localinfer processes' steps leave (claimed in the share until `end`)."""
-        wanted = self.for_step(n_prompt)
+        wanted = self.for_step(n_prompt, n_decode)
         if self.share is None:
             return wanted
         count = self.share.begin(wanted)
@@ -322,12 +335,15 @@ class ThreadTuner:
         wanted = self.for_step(1)
         return wanted if self.share is None else self.share.allowed(wanted)
 
-    def for_step(self, n_prompt: int) -> int:
-        """The count a step runs with: the tuned one, or for a step that reads prompt tokens
-        (or a pooled decode) the count at load where that is higher — or, looked at every
-        _RECHECK_S, the cores other processes leave now where that is higher still: a runner
-        loaded while the machine was busy, that only embeds or ranks, has no decode steps to
-        tune on."""
+    def for_step(self, n_prompt: int, n_decode: int = 0) -> int:
+        """The count a step runs with: the one tuned for its `n_decode` streams (the count at
+        load for a number not yet probed; a probe's own count while it runs), or for a step
+        that reads prompt tokens (or a pooled decode) the count at load where that is higher
+        — or, looked at every _RECHECK_S, the cores other processes leave now where that is
+        higher still: a runner loaded while the machine was busy, that only embeds or ranks,
+        has no decode steps to tune on."""
+        if n_decode and self._probe is None:
+            self.current = self._chosen.get(_bucket(n_decode), self.at_load)
         if not n_prompt:
             return self.current
         if self._free is not None:
@@ -350,6 +366,11 @@ class ThreadTuner:
             self._avg[key] + _ALPHA * (seconds - self._avg[key]))
         self._best[key] = min(self._best.get(key, seconds), self._avg[key])
         self._since_probe += 1
+        bucket = _bucket(n_decode)
+        if bucket not in self._chosen:
+            self._unprobed[bucket] = steps = self._unprobed.get(bucket, 0) + 1
+            if steps >= _FIRST_PROBE:
+                return self._start_probe(n_decode)
         slowed = self._avg[key] > _SLOWDOWN * self._best[key]
         if (slowed and self._since_probe >= _PROBE_STEPS) or self._since_probe >= self.period:
             return self._start_probe(n_decode)
@@ -377,7 +398,11 @@ class ThreadTuner:
                 return None
             self._probe = None  # the streams changed under the probe: give up, go back
             self.current = came_from
+            if _bucket(streams) in self._unprobed:
+                self._unprobed[_bucket(streams)] = 0  # (tried again after _FIRST_PROBE)
             return came_from
+        self._chosen[_bucket(streams)] = self.current  # (a probe that ends goes on below)
+        self._unprobed.pop(_bucket(streams), None)
         self._probe = None
         trial = sum(times[1:]) / (len(times) - 1)
         before = self._avg[(came_from, streams)]
@@ -387,5 +412,5 @@ class ThreadTuner:
         if trial < _BETTER * before:  # keep the new count
             self.switches += 1
             return None
-        self.current = came_from
+        self.current = self._chosen[_bucket(streams)] = came_from
         return came_from

@@ -9,6 +9,7 @@ import types
 
 import pytest
 
+from localinfer.backends.engine import threads
 from localinfer.backends.engine.threads import OthersLoad, ThreadTuner, free_cores
 
 IDLE = {2: 0.008, 1: 0.011}
@@ -16,9 +17,11 @@ BUSY = {2: 0.025, 1: 0.013}
 
 
 def _run(tuner: ThreadTuner, speeds: dict[int, float], steps: int, streams: int = 1) -> list[int]:
-    """Feed `steps` decode-only steps at the speed of the tuner's current count."""
+    """Feed `steps` decode-only steps of `streams` at the speed of the count the tuner gives
+    them, as the engine does."""
     counts = []
     for _ in range(steps):
+        tuner.for_step(0, streams)
         tuner.observe(speeds[tuner.current], streams, 0)
         counts.append(tuner.current)
     return counts
@@ -34,11 +37,27 @@ def test_a_busy_neighbour_moves_decoding_to_fewer_threads_and_back_when_it_stops
     assert back[-1] == 2  # the periodic probe finds the machine idle again
 
 
+def test_each_number_of_streams_keeps_a_count_of_its_own():
+    """On 2 cores one stream decodes faster with 1 thread (the other core runs what comes
+    between steps), 8 streams with 2: a burst of 8 clients after a solo chat runs at 2 threads
+    once its first probe is over, and the next solo reply at 1 from its first step."""
+    solo, eight = {1: 0.0065, 2: 0.0075}, {1: 0.040, 2: 0.025}
+    tuner = ThreadTuner(start=2, max_threads=2, period=10_000)
+    assert _run(tuner, solo, 50)[-1] == 1
+    burst = _run(tuner, eight, 100, streams=8)
+    assert burst.count(1) == threads._PROBE_STEPS and burst[-1] == 2  # (a probe of 1 thread)
+    assert set(_run(tuner, solo, 20)) == {1}
+    assert set(_run(tuner, eight, 20, streams=9)) == {2}  # 8-15 streams share a count
+
+
 def test_prompt_steps_and_steady_speed_change_nothing():
     tuner = ThreadTuner(start=2, max_threads=2, period=10_000)
     for _ in range(50):
         assert tuner.observe(0.5, 1, 512) is None  # a prompt chunk is not a slowdown
-    assert set(_run(tuner, IDLE, 500)) == {2} and tuner.switches == 0
+    counts = _run(tuner, IDLE, 500)
+    # the first probe of one stream tries one thread for a few steps, and keeps two
+    assert counts.count(1) == threads._PROBE_STEPS and set(counts[20:]) == {2}
+    assert tuner.switches == 0
 
 
 def test_a_probe_abandoned_when_the_streams_change_goes_back():
@@ -155,7 +174,8 @@ def test_the_engine_switches_counts_between_prompt_and_decode_steps(smollm2_path
     try:
         tuner = backend.engine.threads
         assert tuner is not None  # no --threads: the tuner chooses
-        tuner.prompt, tuner.current, tuner.period = 2, 1, 10_000  # as a busy neighbour leaves it
+        tuner.prompt, tuner.period = 2, 10_000
+        tuner._chosen[threads._bucket(1)] = 1  # one stream: as a busy neighbour leaves it
         tuner.at_load, tuner._free = 2, lambda: 1  # (and keeps it, however long this takes)
         seen = []
         backend.engine.on_step = lambda s, d, p: seen.append((p > 0, backend.native.threads()))
