@@ -7,13 +7,14 @@ settings its defaults; localinfer's its defaults), and take the load in turns, r
 round, so the machine's noise hits both. The load is bench/serve_load.py's raw-socket client
 in a process of its own (greedy, --tokens a reply, --requests per client). Reported per
 level: each round's localinfer ÷ llama-server streamed tokens/s (their median and the lowest
-round), and TTFT p50 of both.
+round), and TTFT p50 of both; each --variant (localinfer with other flags) beside them.
 
 Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
     python3 bench/serve_speed.py --llama-server PATH [--reps 5] [--levels 1,8]
                                  [--tokens 128] [--requests 2]
                                  [--shape llama3.2-1b --tokenizer TOKENIZER.gguf]
+                                 [--variant=--flash-attn]...
 
 --shape takes another of random_gguf.py's llama shapes (a GPU's: llama3.2-1b, llama3.1-8b),
 --tokenizer a GGUF to take the vocabulary from where the embedded smollm2 is not installed
@@ -33,7 +34,6 @@ from clients import level_in_subprocess
 from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
 CTX = 1024  # per slot
-SERVERS = ("llama-server", "localinfer")
 
 
 def main() -> None:
@@ -44,7 +44,10 @@ def main() -> None:
     parser.add_argument("--shape", default="smollm2-135m", choices=sorted(SHAPES))
     parser.add_argument("--tokenizer", type=Path, help="a GGUF whose vocabulary to use "
                                                        "[the embedded smollm2's]")
+    parser.add_argument("--variant", action="append", default=[],
+                        help="also localinfer with these flags (repeatable)")
     args = parser.parse_args()
+    servers_named = ("llama-server", "localinfer", *(f"localinfer {v}" for v in args.variant))
     name = f"{args.shape}-random"  # the file's stem: localinfer's name for it
     levels = [int(x) for x in args.levels.split(",")]
     slots = max(levels)
@@ -58,24 +61,27 @@ def main() -> None:
             "llama-server": lambda: harness.start_server(
                 [str(args.llama_server)],
                 ["-m", str(model), "-np", str(slots), "-c", str(CTX * slots)]),
-            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home)})
+            "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home),
+            **{f"localinfer {v}": lambda v=v: harness.start_serve(
+                [*harness.SERVE, *v.split()], str(model), slots, CTX, home)
+               for v in args.variant}})
         try:
             for rep in range(args.reps):
                 for clients in levels:
-                    order = SERVERS if rep % 2 == 0 else SERVERS[::-1]
+                    order = servers_named if rep % 2 == 0 else servers_named[::-1]
                     for server in order:
                         row = level_in_subprocess(servers[server][1], name, clients,
                                                   args.requests, args.tokens)
                         rows.append({"server": server, "rep": rep, **row})
-                        print(f"{rep} {server:12s} {clients:2d} clients: "
+                        print(f"{rep} {server:24s} {clients:2d} clients: "
                               f"{row['output_tps']:6.1f} tok/s, TTFT p50 "
                               f"{row['ttft_p50_s']:.3f} s", flush=True)
         finally:
             harness.stop_servers(servers)
-    report(args, levels, rows)
+    report(args, levels, rows, servers_named[1:])
 
 
-def report(args, levels: list[int], rows: list[dict]) -> None:
+def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...]) -> None:
     med = statistics.median
 
     def pick(server: str, clients: int) -> list[dict]:
@@ -85,35 +91,43 @@ def report(args, levels: list[int], rows: list[dict]) -> None:
     summary, table = {}, []
     fig, axes = harness.figure(len(levels))
     for column, clients in enumerate(levels):
-        ours, theirs = pick("localinfer", clients), pick("llama-server", clients)
-        ratios = [a["output_tps"] / b["output_tps"] for a, b in zip(ours, theirs)]
-        ttft = [a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in zip(ours, theirs)]
-        summary[clients] = {"ratio_median": med(ratios), "ratio_min": min(ratios),
-                            "ratios": ratios, "ttft_ratio_median": med(ttft),
-                            "localinfer_tps": med(r["output_tps"] for r in ours),
-                            "llama_server_tps": med(r["output_tps"] for r in theirs)}
-        table.append([clients, f"{summary[clients]['llama_server_tps']:.1f}",
-                      f"{summary[clients]['localinfer_tps']:.1f}",
-                      f"**{med(ratios):.2f}** (lowest {min(ratios):.2f})",
-                      " ".join(f"{x:.2f}" for x in ratios),
-                      f"{med(r['ttft_p50_s'] for r in theirs):.3f} / "
-                      f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})"])
+        theirs = pick("llama-server", clients)
         ax = axes[0][column]
-        ax.plot(range(1, len(ratios) + 1), ratios, "o-")
+        for name in ours_named:
+            ours = pick(name, clients)
+            ratios = [a["output_tps"] / b["output_tps"] for a, b in zip(ours, theirs)]
+            ttft = [a["ttft_p50_s"] / b["ttft_p50_s"] for a, b in zip(ours, theirs)]
+            facts = {"ratio_median": med(ratios), "ratio_min": min(ratios), "ratios": ratios,
+                     "ttft_ratio_median": med(ttft),
+                     "localinfer_tps": med(r["output_tps"] for r in ours),
+                     "llama_server_tps": med(r["output_tps"] for r in theirs)}
+            if name == "localinfer":
+                summary[clients] = facts
+            else:
+                summary.setdefault("variants", {}).setdefault(name, {})[clients] = facts
+            table.append([clients, name, f"{facts['llama_server_tps']:.1f}",
+                          f"{facts['localinfer_tps']:.1f}",
+                          f"**{med(ratios):.2f}** (lowest {min(ratios):.2f})",
+                          " ".join(f"{x:.2f}" for x in ratios),
+                          f"{med(r['ttft_p50_s'] for r in theirs):.3f} / "
+                          f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})"])
+            ax.plot(range(1, len(ratios) + 1), ratios, "o-", label=name)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{clients} client(s)", xlabel="round",
                ylabel="localinfer ÷ llama-server tok/s")
+        if len(ours_named) > 1:
+            ax.legend(fontsize=7)
     lines = ["# Solo decode and 8 clients: localinfer against llama-server", "",
              f"The {args.shape} shape, random Q8_0 weights; both servers with {max(levels)} "
              f"slots of {CTX} tokens; greedy, {args.tokens} tokens a reply, {args.requests} "
              f"requests per client, the raw-socket client in a process of its own; "
              f"{args.reps} rounds with the servers in turns.", "",
              *harness.markdown_table(
-                 ["clients", "llama-server tok/s (median)", "localinfer tok/s (median)",
-                  "localinfer ÷ llama-server", "each round", "TTFT p50 llama-server / "
-                  "localinfer s (ratio)"], table)]
+                 ["clients", "server", "llama-server tok/s (median)", "its tok/s (median)",
+                  "÷ llama-server", "each round", "TTFT p50 llama-server / "
+                  "it, s (ratio)"], table)]
     meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
-                             requests=args.requests, ctx=CTX,
+                             requests=args.requests, ctx=CTX, variants=args.variant,
                              llama_server=str(args.llama_server))
     harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
                   args.results)
