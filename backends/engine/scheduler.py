@@ -136,6 +136,9 @@ class Engine:
         # their difference is what the engine itself costs on top of llama.cpp
         self._seconds = {"decode": 0.0, "step": 0.0}
         self._waited_s = 0.0  # how long this step's draft waited for a core (_cores)
+        # the last step, for the thread tuner: (when it began, its decode and prompt tokens);
+        # None when the engine has waited or run other work since
+        self._last_step: tuple[float, int, int] | None = None
         self.batch = StepBatch(native, self.n_batch)  # the step being filled (batch.py)
         # called on the engine thread after each step with (seconds, decode tokens, prompt
         # tokens): for tracing and benchmarks
@@ -277,10 +280,13 @@ class Engine:
         self.after_pass()
         idle = ((not self.queue.waiting and not any(s.task for s in self.slots))
                 or self._waiting_for_images())
+        if idle:
+            self._last_step = None
         for signal in self.queue.arrivals(block=idle):
             if signal is CLOSE:
                 return False
             if isinstance(signal, Job):
+                self._last_step = None
                 self._run_job(signal)
                 continue
             if signal is CANCEL_ALL:  # every request so far ends now, with what it has
@@ -394,6 +400,13 @@ class Engine:
 
     def _step(self) -> None:
         started = time.perf_counter()
+        if self.threads is not None and self._last_step is not None:
+            # the tuner times a step from its start to the next one's: what runs between
+            # steps (sampling, the events, the parent and the clients on the same cores)
+            # slows with the threads llama.cpp keeps spinning beside it
+            began, decoded, read = self._last_step
+            self.threads.observe(started - began, decoded, read)
+        self._last_step = None
         self._waited_s = 0.0
         n_decode, n_prompt, depth = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
@@ -441,8 +454,7 @@ class Engine:
         seconds = time.perf_counter() - started
         self._seconds["step"] += seconds
         self.budget.observe(seconds, n_decode, n_prompt, depth)
-        if self.threads is not None:
-            self.threads.observe(seconds, n_decode, n_prompt)  # (set at the next step)
+        self._last_step = started, n_decode, n_prompt
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 

@@ -8,7 +8,12 @@ llama.cpp and Ollama, is right only on an idle machine.
 
 - At load: as many threads as the physical cores other processes leave free (`free_cores`).
 - While running (`ThreadTuner`): decode-only steps are timed per thread count and per number
-  of streams (moving averages). When the steps of the current count slow down by a third
+  of streams (moving averages), each from its start to the next step's: what runs between
+  steps (sampling, the events, the server's parent and its clients) slows down beside a
+  llama.cpp thread that spins on the other core. Timed by their own length, 1 thread and 2
+  looked alike on a fast-step model on 2 cores, where the whole cycle ran 1.23x as fast
+  at 1 (bench/runner_cost.py's fast-step, a runner at 2,608-3,039 tok/s against
+  1,784-2,660). When the steps of the current count slow down by a third
   against the best it has shown — a neighbour started — or every `period` steps, the tuner
   runs a few steps with another count and keeps whichever was faster: the cores other
   processes leave now (`OthersLoad`, since the last probe) where that differs from the
@@ -354,7 +359,8 @@ class ThreadTuner:
         return max(self.current, self.prompt)
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> int | None:
-        """Feed one step's time; returns a thread count to change to, or None."""
+        """Feed one step's time (from its start to the next step's start); returns a thread
+        count to change to, or None."""
         if n_prompt or not n_decode or self.max_threads == 1:
             return None  # prompt steps vary with their chunk: only decode steps are compared
         if self._capped:

@@ -187,6 +187,41 @@ def test_the_engine_switches_counts_between_prompt_and_decode_steps(smollm2_path
         backend.close()
 
 
+def test_the_tuner_times_a_step_to_the_next_one_never_across_a_wait(smollm2_path):
+    """What runs between steps is part of what the thread count costs: each step is timed
+    from its start to the next step's start; a request's last step, which the engine follows
+    by waiting for work, is not timed."""
+    import time
+
+    from localinfer.backends.base import LoadOptions, SamplingParams
+    from localinfer.backends.llamacpp import LlamaCppBackend
+
+    backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512), name="smollm2:135m")
+    try:
+        tuner = backend.engine.threads
+        assert tuner is not None
+        events: list[tuple[str, float]] = []
+        observe = tuner.observe
+
+        def timed(seconds: float, n_decode: int, n_prompt: int) -> int | None:
+            events.append(("timed", seconds))
+            return observe(seconds, n_decode, n_prompt)
+
+        tuner.observe = timed
+        backend.engine.on_step = lambda seconds, d, p: events.append(("step", seconds))
+        for _ in range(2):
+            backend.generate(backend.tokenize("The lighthouse keeper"),
+                             SamplingParams(temperature=0, max_tokens=6)).text()
+            time.sleep(0.3)
+        kinds = [kind for kind, _ in events]
+        assert kinds.count("step") >= 12 and kinds.count("timed") == kinds.count("step") - 2
+        for (before, step_s), (kind, cycle_s) in zip(events, events[1:]):
+            if kind == "timed":  # right after the step it times, and no shorter
+                assert before == "step" and step_s <= cycle_s < 0.3
+    finally:
+        backend.close()
+
+
 def test_embeddings_run_with_the_count_prompt_steps_have_now(smollm2_path):
     """A pooled context is made once; its decodes follow the tuner, as prompt steps do."""
     import llama_cpp
