@@ -11,9 +11,9 @@ llama.cpp and Ollama, is right only on an idle machine.
   of streams (moving averages), each from its start to the next step's: what runs between
   steps (sampling, the events, the server's parent and its clients) slows down beside a
   llama.cpp thread that spins on the other core. Timed by their own length, 1 thread and 2
-  looked alike on a fast-step model on 2 cores, where the whole cycle ran 1.23x as fast
-  at 1 (bench/runner_cost.py's fast-step, a runner at 2,608-3,039 tok/s against
-  1,784-2,660). When the steps of the current count slow down by a third
+  looked alike on bench/random_gguf.py's fast-step model through a runner on 2 cores,
+  where timing the whole cycle took one stream from 1,784-2,660 tok/s to 2,608-3,039
+  (4 alternating rounds, bench/clients.py's load). When the steps of the current count slow down by a third
   against the best it has shown — a neighbour started — or every `period` steps, the tuner
   runs a few steps with another count and keeps whichever was faster: the cores other
   processes leave now (`OthersLoad`, since the last probe) where that differs from the
@@ -22,8 +22,8 @@ llama.cpp and Ollama, is right only on an idle machine.
 - The count is chosen per number of streams (1, 2-3, 4-7, 8-15, ...), each first probed a
   few steps after it appears: one stream on 2 cores decodes faster with 1 thread (the other
   core runs what comes between steps), 8 streams with 2. One count for all carried the
-  solo choice into the next burst of clients: 8 clients ran at 147-150 tok/s in 2 of 4
-  rounds against 232-258 at a fixed 2 threads (bench/serve_speed.py, 2-core EPYC).
+  solo choice into the next burst of clients: on bench/serve_speed.py's load (2-core EPYC),
+  8 clients ran at 147-149 tok/s in 2 of 4 rounds against 232-258 at a fixed 2 threads.
 - A step that reads prompt tokens runs with the count chosen at load (or the tuned one where
   it is higher): its matrix products keep every thread busy between barriers, so the light
   load of the server's own parent and clients costs it little, while one thread fewer
