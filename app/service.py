@@ -209,7 +209,10 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
     planner.PLAIN_ATTENTION_OUTPUTS outputs), and its compute buffer holds no scores
     (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB more without; an 8B at 32K,
     2 GiB). A chat reads a turn and decodes deep, so off wins there; --flash-attn is for
-    long prompts with short replies."""
+    long prompts with short replies. Not on every CPU: on a 2-core EPYC, with it, SmolLM2's
+    shape decoded 1.01-1.07x as fast from 128 to 3,072 tokens deep and read a 3,072-token
+    prompt 1.4x as fast (bench/results/epyc_2core/deep_decode.md); off stays the default,
+    since on costs the Xeon 2x."""
     if (options.flash_attn is not None or options.n_gpu_layers or options.workers
             or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
         return options
