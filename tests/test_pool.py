@@ -474,6 +474,42 @@ def test_a_larger_context_loaded_serves_a_smaller_one_unless_the_gpu_would_hold_
     assert len(loads) == 2 and models[1] == (256, layers, False)
 
 
+def test_a_smaller_context_that_cannot_be_planned_leaves_the_loaded_model_serving(settings):
+    """The model is loaded at 8,192 with some layers in RAM; planning the request's smaller
+    context fails (a model file gone, say): the loaded model serves it as it is, and the
+    answer is kept, not planned again for the next request."""
+    from localinfer.service import prepare
+
+    def alone(n_ctx: int):
+        return prepare("smollm2", LoadOptions(n_ctx=n_ctx), settings,
+                       hardware=lambda: _machine(24 * 2**30))
+
+    between = (alone(256).gpu_bytes + alone(8192).gpu_bytes) // 2
+
+    async def scenario():
+        factory = CountingFactory()
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=factory,
+                         hardware=_machine(between))
+        real, refused = pool.plan, []
+
+        async def failing(ref, n_ctx=None):
+            if n_ctx == 256:
+                refused.append(n_ctx)
+                raise LocalinferError("the model file cannot be read")
+            return await real(ref, n_ctx)
+
+        try:
+            first = await pool.get("smollm2", n_ctx=8192)
+            assert first.options.n_gpu_layers <= first.info.n_layer  # (partly offloaded)
+            pool.plan = failing
+            served = [await pool.get("smollm2") for _ in range(2)]
+            return factory.loads, all(m is first for m in served), refused
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) == (["smollm2:135m"], True, [256])
+
+
 def test_a_context_grown_for_a_client_takes_room_only_where_it_places_as_much(settings):
     """A client's num_ctx past what is loaded: the next power of two where that keeps every
     layer on the GPU, else what was asked (as the planner rounds it)."""
