@@ -73,7 +73,8 @@ _RECHECK_S = 5.0  # how often a prompt step may raise its count to the cores fre
 
 
 def _bucket(streams: int) -> int:
-    """Numbers of streams that share a thread count: 1, 2-3, 4-7, 8-15, ..."""
+    """Numbers of streams that share a thread count: 1, 2-3, 4-7, 8-15, ... (counted as a
+    step's decode tokens, so a lone stream's speculative guesses count as streams)."""
     return streams.bit_length()
 
 

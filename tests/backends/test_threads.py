@@ -209,15 +209,16 @@ def test_the_tuner_times_a_step_to_the_next_one_never_across_a_wait(smollm2_path
 
         tuner.observe = timed
         backend.engine.on_step = lambda seconds, d, p: events.append(("step", seconds))
-        for _ in range(2):
+        for _ in range(2):  # (ignore_eos: every reply runs to its limit on any CPU)
             backend.generate(backend.tokenize("The lighthouse keeper"),
-                             SamplingParams(temperature=0, max_tokens=6)).text()
-            time.sleep(0.3)
+                             SamplingParams(temperature=0, max_tokens=6,
+                                            ignore_eos=True)).text()
+            time.sleep(1.0)
         kinds = [kind for kind, _ in events]
-        assert kinds.count("step") >= 12 and kinds.count("timed") == kinds.count("step") - 2
+        assert kinds.count("step") >= 4 and kinds.count("timed") == kinds.count("step") - 2
         for (before, step_s), (kind, cycle_s) in zip(events, events[1:]):
             if kind == "timed":  # right after the step it times, and no shorter
-                assert before == "step" and step_s <= cycle_s < 0.3
+                assert before == "step" and step_s <= cycle_s < 1.0
     finally:
         backend.close()
 
