@@ -321,6 +321,8 @@ def show(
             parts = " + ".join(f"{k.replace('_', ' ')} {_size(v)}"
                                for k, v in plan_dict["memory"].items() if v)
             print(f"  memory: {parts} = {_size(plan_dict['memory_bytes'])}")
+        if plan_dict.get("attention"):
+            print(f"  attention: {plan_dict['attention']}")
         for place in plan_dict.get("placement") or []:
             if place["index"] is None and not (place["layers"] or place["experts"]
                                                or place["kv_cache"]):

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -29,6 +30,9 @@ from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info, read_proj
 from localinfer.model_store.sources import ResolvedModel, catalog_names, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
 from localinfer.settings import Settings
+
+if TYPE_CHECKING:
+    from localinfer.backends.native.attention_probe import AttentionShape, Verdict
 
 __all__ = ["Prepared", "check_writes_text", "checkpoints_of", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
            "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
@@ -193,28 +197,33 @@ def prepare(
 
 
 def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshots: int,
-                  held: Mapping[str, int | None]) -> LoadOptions:
-    """The options with flash attention off for a model wholly on the CPU, unless the user
-    set it (--flash-attn, --no-flash-attn), its KV cache is quantised (which needs it), it
-    pools (an embedder or reranker only reads prompts) or the attention scores its compute
-    buffer then holds leave no room in `available` bytes.
+                  held: Mapping[str, int | None],
+                  kernel: Callable[[GGUFInfo, LoadOptions], Verdict | None] | None = None
+                  ) -> LoadOptions:
+    """The options with flash attention off for a model wholly on the CPU where it is the
+    slower kernel on this CPU for the model's attention shape (`kernel`: measured once, see
+    backends/native/attention_probe.py; a shape it cannot measure, or a probe that failed,
+    counts as slower), unless the user set it (--flash-attn, --no-flash-attn), its KV
+    cache is quantised (which needs it), it pools (an embedder or reranker only reads
+    prompts) or the attention scores its compute buffer then holds leave no room in
+    `available` bytes.
 
-    llama.cpp turns it on wherever a device has it, a CPU included. There its kernel reads a
-    decode step's cache one cell at a time: on a 2-core Xeon, 2,048 tokens deep, SmolLM2's
-    shape decoded 21.1 tok/s with it and 41.5 without (llama-server 23.4), 4,096 deep 13.3
-    and 31.3 (bench/results/deep_decode.md); a Llama 3.2 1B shape 3.7 and 7.9 at 4,096
-    (llama.cpp's own decode loop). A prompt read beside running streams may then be cut into
-    pieces of 16 tokens, not 65 (step_budget.py), so a step target holds. With it a long
-    prompt alone is read 1.3-1.4x faster on 2 cores (without it the context reserves at least
-    planner.PLAIN_ATTENTION_OUTPUTS outputs), and its compute buffer holds no scores
-    (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB more without; an 8B at 32K,
-    2 GiB). A chat reads a turn and decodes deep, so off wins there; --flash-attn is for
-    long prompts with short replies. Not on every CPU: on a 2-core EPYC, with it, SmolLM2's
-    shape decoded 1.01-1.07x as fast from 128 to 3,072 tokens deep and read a 3,072-token
-    prompt 1.4x as fast (bench/results/epyc_2core/deep_decode.md); off stays the default,
-    since on costs the Xeon 2x."""
+    llama.cpp turns it on wherever a device has it, a CPU included. Whether it is faster
+    there depends on the CPU: on a 2-core Xeon, 2,048 tokens deep, SmolLM2's shape decoded
+    21.1 tok/s with it and 41.5 without (llama-server 23.4), 4,096 deep 13.3 and 31.3
+    (bench/results/deep_decode.md); on a 2-core EPYC it decoded 1.01-1.07x as fast with it
+    from 128 to 3,072 tokens deep and read a 3,072-token prompt 1.4x as fast
+    (bench/results/epyc_2core/deep_decode.md). Without it a prompt read beside running
+    streams may be cut into pieces of 16 tokens, not 65 (step_budget.py), the context
+    reserves at least planner.PLAIN_ATTENTION_OUTPUTS outputs, and its compute buffer holds
+    a layer's attention scores (planner.attention_scores: smollm2 at 8,192 tokens 145 MiB
+    more; an 8B at 32K, 2 GiB)."""
     if (options.flash_attn is not None or options.n_gpu_layers or options.workers
             or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
+        return options
+    found = (kernel or cpu_kernel)(info, options)
+    if found is not None and found.flash:
+        log.info("%s: %s", info.name, found.says())
         return options
     plain = estimate_memory(info, options.n_ctx or 0, options.n_slots, options.n_batch,
                             options.kv_type, options.n_outputs, options.swa_full, snapshots,
@@ -224,6 +233,33 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
                  "fit", info.name)
         return options
     return dataclasses.replace(options, flash_attn=False)
+
+
+def attention_shape(info: GGUFInfo) -> AttentionShape | None:
+    """The attention the probe measures for a model: its query heads, its attention layers'
+    most common KV head count and its head size; None for a model without attention layers,
+    or whose keys and values differ in size (the probe's llama layers cannot have that)."""
+    from localinfer.backends.native.attention_probe import AttentionShape
+
+    heads = [layer.n_head_kv for layer in info.shape().per_layer() if layer.n_head_kv]
+    if not heads or info.head_dim_k != info.head_dim_v or not info.head_dim_k:
+        return None
+    return AttentionShape(info.n_head or max(heads), max(set(heads), key=heads.count),
+                          info.head_dim_k)
+
+
+def cpu_kernel(info: GGUFInfo, options: LoadOptions, measure: bool = True) -> Verdict | None:
+    """Whether flash attention is the faster kernel for `info` on this CPU at the load's
+    threads (all the cores where it sets none): the probe's verdict, measured now where
+    none is kept and `measure`; None where the shape cannot be measured (or is not yet)."""
+    from localinfer.backends.engine.threads import physical_cores
+    from localinfer.backends.native.attention_probe import cached, verdict
+
+    shape = attention_shape(info)
+    if shape is None:
+        return None
+    threads = options.n_threads or physical_cores()
+    return verdict(shape, threads) if measure else cached(shape, threads)
 
 
 def rollback_snapshots(info: GGUFInfo, options: LoadOptions) -> int:
@@ -521,6 +557,13 @@ def describe(model: str | None, settings: Settings, *, ctx: int | None = None, p
                      "cpu_experts": chosen.cpu_experts, "what_if": bool(gpu or ram)}
     except WontFit as exc:
         plan_dict = {"device": None, "reason": str(exc), "what_if": bool(gpu or ram)}
+    if plan_dict["device"] == "cpu" and not gpu and load.flash_attn is None:
+        # what this CPU's attention kernels measured for the model's shape (a load measures
+        # them; show only says what was kept)
+        found = cpu_kernel(info, load, measure=False) if attention_shape(info) else None
+        plan_dict["attention"] = (found.says() if found else
+                                  "flash attention on or off: measured at the first load on this CPU"
+                                  if attention_shape(info) else None)
     facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
              "architecture": info.architecture,
              "quant": chosen.quant if remote and plan_dict["device"] else info.quant,

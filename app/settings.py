@@ -161,12 +161,14 @@ class Settings(BaseSettings):
         "Keep every cell of a sliding-window model's windowed layers (Gemma 3, gpt-oss), so "
         "a cached prefix is kept however a prompt ends, and the context can shift; off: "
         "only their window, far less memory."))
-    # off on a CPU: llama.cpp's CPU kernel decodes deep in a context at half the speed
-    # (bench/results/deep_decode.md; service.cpu_attention)
+    # on a CPU, measured: llama.cpp's CPU kernel decodes deep in a context at half the speed
+    # on some CPUs and is the faster one on others (service.cpu_attention, attention_probe)
     flash_attn: bool | None = Field(None, description=(
         "Force flash attention on (long prompts with short replies read faster on a CPU) or "
-        "off."), **_unset("off where the model runs on the CPU alone, with an f16 KV cache "
-                          "and room for its attention scores; llama.cpp's choice elsewhere"))
+        "off."), **_unset("where the model runs on the CPU alone, with an f16 KV cache, the "
+                          "kernel measured faster on this CPU for its attention (once, at "
+                          "its first load), off only where its attention scores have room; "
+                          "llama.cpp's choice elsewhere"))
     gpus: str | None = Field(None, description=(
         "GPUs to use: indexes or names as `localinfer hw` shows them, comma-separated "
         "(0,2), or none for the CPU alone."), **_unset("all"))

@@ -322,6 +322,11 @@ def _cpu_info(run: Runner, system: str, machine: str) -> CPU:
                psutil.cpu_count() or os.cpu_count() or 1, tuple(features))
 
 
+def cpu_model() -> str:
+    """This machine's CPU model, as `localinfer hw` names it."""
+    return _cpu_info(run_tool, platform.system(), platform.machine()).model
+
+
 def parse_system_info(text: str) -> tuple[str, ...]:
     """Backend names from llama_print_system_info(): "CUDA : ARCHS = 890 | ... | CPU : AVX = 1"."""
     return tuple(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][\w-]*) : ", text)))

@@ -14,6 +14,10 @@ if __name__ == "__main__":
 
         runner_main()
         sys.exit(0)
+    if sys.argv[1:2] == ["__attention_probe__"]:  # backends/native/attention_probe.py
+        from localinfer.backends.native.attention_probe import main as probe_main
+
+        sys.exit(probe_main(sys.argv[2:]))
     if len(sys.argv) == 1 and not (sys.stdin and sys.stdin.isatty()):
         sys.argv.append("app")
     main()

@@ -250,3 +250,32 @@ def test_code_completion_from_the_terminal(tmp_path):
     (tmp_path / "latin1.py").write_bytes(b"caf\xe9 = 1\n")
     binary = _run("smollm2:135m", "--prefix", str(tmp_path / "latin1.py"))
     assert binary.returncode == 1 and "is not UTF-8 text" in binary.stderr
+
+
+def test_show_says_which_attention_kernel_this_cpu_measured_faster(tmp_path, monkeypatch):
+    """A model on the CPU: `show` says what the attention probe measured for its shape at
+    its first load, and that it will be measured before one."""
+    import json
+
+    from localinfer.backends.base import LoadOptions
+    from localinfer.model_store.gguf_info import read_gguf_info
+    from localinfer.model_store.sources import resolve
+    from localinfer.service import cpu_kernel
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+    def show() -> str:
+        done = subprocess.run([sys.executable, "-m", "localinfer", "show", "smollm2:135m",
+                               "--ctx", "2048"], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    assert "attention: flash attention on or off: measured at the first load" in show()
+    info = read_gguf_info(resolve("smollm2:135m", tmp_path / "store").path)
+    found = cpu_kernel(info, LoadOptions())  # as a load measures it, in a probe process
+    assert isinstance(found.flash, bool)
+    line = next(line for line in show().splitlines() if "attention: " in line)
+    assert line == f"  attention: {found.says()}"
+    assert f"flash attention {'on' if found.flash else 'off'} (measured on this CPU" in line
+    kept = json.loads((tmp_path / "cache" / "localinfer" / "attention.json").read_text())
+    assert len(kept) == 1 and "|9/3x64" in next(iter(kept))

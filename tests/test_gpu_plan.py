@@ -18,7 +18,9 @@ from localinfer.errors import ContextTooLarge, InvalidRequest
 from localinfer.model_store.hardware import CPU, GPU, Hardware
 from localinfer.model_store.fit import estimate_memory
 from localinfer.model_store.planner import attention_scores
-from localinfer.service import prepare
+from localinfer import service
+from localinfer.backends.native.attention_probe import AttentionShape, Verdict
+from localinfer.service import attention_shape, prepare
 from localinfer.settings import Settings
 
 CPU_X86 = CPU("AMD Ryzen 9 7950X", 16, 32, ("avx", "avx2", "avx512f", "fma", "f16c"))
@@ -124,31 +126,54 @@ def test_a_draft_model_counts_in_the_ram_check():
                 Settings(), available_memory=room)
 
 
-def test_a_model_wholly_on_the_cpu_runs_without_flash_attention_where_its_scores_fit():
-    """llama.cpp's CPU flash attention decodes deep in a context at half the speed
-    (service.cpu_attention): a model all in RAM loads without it, its compute buffer counted
-    with one layer's attention scores. The user's choice, a quantised KV cache (which needs
-    it) and a GPU's layers keep theirs (None: llama.cpp's own choice); where the scores
-    would not fit beside the rest, it stays on."""
+# the probe's verdicts as measured (attention_probe.measure, smollm2's shape, 2 threads):
+# on a 2-core EPYC; a Xeon's, shaped as that Xeon's deep decode (2x as slow with it); a
+# probe that failed
+EPYC = Verdict(True, 57.844, 60.641, {"on": [22.752, 85.703], "off": [37.97, 105.917]},
+               {"on": [0.2613, 0.6991], "off": [0.2465, 0.5244]})
+XEON = Verdict(False, 121.4, 58.2, {"on": [25.1, 90.3], "off": [36.8, 104.2]},
+               {"on": [0.52, 1.61], "off": [0.26, 0.52]})
+FAILED = Verdict(None, error="the probe ended with killed by SIGABRT: GGML_ASSERT failed")
+
+
+@pytest.mark.parametrize("measured, expected", [(XEON, False), (FAILED, False), (EPYC, None)])
+def test_a_model_wholly_on_the_cpu_runs_with_the_attention_kernel_measured_faster(
+        monkeypatch, measured, expected):
+    """llama.cpp's CPU flash attention decodes deep in a context at half the speed on some
+    CPUs and is the faster kernel on others (service.cpu_attention): a model all in RAM
+    loads with the one the probe measured faster for its shape (None: llama.cpp's own
+    choice, on), without it where the probe failed, its compute buffer then counted with
+    one layer's attention scores. The user's choice, a quantised KV cache (which needs it)
+    and a GPU's layers keep theirs, unasked; where the scores would not fit beside the
+    rest, it stays on."""
+    asked = []
+    monkeypatch.setattr(service, "cpu_kernel", lambda info, options: asked.append(
+        (attention_shape(info), options.n_threads)) or measured)
+
     def flash(hw, **options):
         room = options.pop("room", None)
         kw = {"available_memory": lambda: room} if room else {}
         return prepare("smollm2:135m", LoadOptions(n_ctx=2048, **options), Settings(),
                        hardware=lambda: hw, **kw).options.flash_attn
 
-    assert flash(None) is False
-    assert flash(machine(23000, offload=False)) is False  # a CPU-only build
-    assert flash(machine(23000), n_gpu_layers=0) is False
+    assert flash(None) is expected
+    assert asked == [(AttentionShape(9, 3, 64), None)]
+    assert flash(machine(23000, offload=False)) is expected  # a CPU-only build
+    assert flash(machine(23000), n_gpu_layers=0, n_threads=1) is expected
+    assert asked[-1] == (AttentionShape(9, 3, 64), 1)
+    asked.clear()
     assert flash(None, flash_attn=True) is True
+    assert flash(None, flash_attn=False) is False
     assert flash(None, kv_type="q8_0") is None
     assert flash(machine(23000)) is None  # on the GPU
+    assert asked == []  # none of them asks the probe
     info = prepare("smollm2:135m", LoadOptions(n_ctx=2048, n_gpu_layers=0), Settings()).info
     with_it, without = estimate_memory(info, 2048), estimate_memory(info, 2048, flash_attn=False)
     assert (without.compute - with_it.compute == attention_scores(info.shape(), 2048)
             == 512 * 2048 * 9 * 4)  # micro-batch × cells × query heads × f32
     with_it, without = with_it.ram, without.ram
     assert flash(None, room=(with_it + without) // 2) is None
-    assert flash(None, room=without) is False
+    assert flash(None, room=without) is expected
 
 
 def test_bench_runs_on_the_device_the_planner_picks(smollm2_path):

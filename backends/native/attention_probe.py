@@ -1,0 +1,299 @@
+"""Whether llama.cpp's flash attention is the faster kernel on this CPU for a model's
+attention shape: measured once by llama.cpp itself, in a process of its own, and kept.
+
+llama.cpp turns flash attention on wherever a device has it, a CPU included. On a CPU it is
+not the faster kernel everywhere: on a 2-core Xeon, SmolLM2's shape decoded 2,048 tokens
+deep at half the speed with it (bench/results/deep_decode.md); on a 2-core EPYC the same
+build was as fast or faster with it at every depth, and read prompts 1.3x as fast
+(bench/results/epyc_2core/deep_decode.md). A rule cannot serve both, so it is measured.
+
+The probe runs a proxy of the model: a few llama layers with its query heads, KV heads and
+head size, and nothing else of weight (a 64-wide residual stream, a 32-wide FFN, a vocabulary
+of 256), so that what the two kernels do differently is nearly all that its step time holds.
+With each kernel, alternately, it reads a 512-token chunk ending 512 and `DEPTH` tokens deep
+and decodes one token there `REPS` times: a chat turn at each depth is the chunk and
+`REPLY` decode steps. The faster turn in all wins. It takes ~0.5-2 s, once per CPU model,
+llama.cpp version, thread count and attention shape (the cache is a JSON file in the user's
+cache folder). A probe that fails says so and decides nothing.
+
+    python -m localinfer.backends.native.attention_probe HEADS KV_HEADS HEAD_DIM THREADS
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import platformdirs
+
+from localinfer.files import write_atomically
+from localinfer.model_store.hardware import cpu_model
+
+__all__ = ["AttentionShape", "Verdict", "cached", "measure", "probe_command", "verdict"]
+
+log = logging.getLogger(__name__)
+
+DEPTH = 2048  # the deep turn's depth: a chat some turns in
+CHUNK = 512  # a prompt's micro-batch
+REPLY = 128  # a turn's reply, in decode steps
+REPS = 9  # decode steps timed per kernel and depth (their median counts)
+LAYERS = 8
+TIMEOUT_S = 120.0
+_VERSION = 1  # of the measurement: a cache written by another is measured again
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+
+    def key(self) -> str:
+        return f"{self.n_head}/{self.n_head_kv}x{self.head_dim}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """flash: whether flash attention won (None: the probe failed, `error` says why);
+    on_ms, off_ms: a turn at each depth (a chunk read, REPLY decode steps) with each kernel,
+    per proxy layer; reads and steps: each kernel's chunk and decode-step times, ms, per depth."""
+    flash: bool | None
+    on_ms: float = 0.0
+    off_ms: float = 0.0
+    reads: dict[str, list[float]] | None = None
+    steps: dict[str, list[float]] | None = None
+    error: str = ""
+
+    def says(self) -> str:
+        """The verdict in words, for the log and `show`."""
+        if self.flash is None:
+            return f"flash attention off (not measured: {self.error})"
+        if self.flash:
+            ratio, other = (self.off_ms / self.on_ms if self.on_ms else 0.0), "without"
+        else:
+            ratio, other = (self.on_ms / self.off_ms if self.off_ms else 0.0), "with"
+        return (f"flash attention {'on' if self.flash else 'off'} (measured on this CPU: a "
+                f"turn's attention takes {ratio:.2f}x as long {other} it)")
+
+
+def _cache_path() -> Path:
+    return platformdirs.user_cache_path("localinfer") / "attention.json"
+
+
+def _key(shape: AttentionShape, threads: int) -> str:
+    from importlib.metadata import version
+
+    return (f"v{_VERSION}|{cpu_model()}|llama.cpp {version('llama_cpp_python')}|"
+            f"{threads} threads|{shape.key()}")
+
+
+def _read_cache() -> dict:
+    try:
+        data = json.loads(_cache_path().read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cached(shape: AttentionShape, threads: int) -> Verdict | None:
+    """The verdict measured before on this machine, None if none was."""
+    found = _read_cache().get(_key(shape, threads))
+    try:
+        return Verdict(**found) if isinstance(found, dict) else None
+    except TypeError:  # another layout: measured again
+        return None
+
+
+def verdict(shape: AttentionShape, threads: int) -> Verdict:
+    """The cached verdict, else one measured now in a process of its own and cached."""
+    found = cached(shape, threads)
+    if found is not None:
+        return found
+    command = probe_command() + [str(shape.n_head), str(shape.n_head_kv), str(shape.head_dim),
+                                 str(threads)]
+    env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=TIMEOUT_S, env=env,
+                              stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            last = done.stderr.decode("utf-8", "replace").strip().splitlines()[-1:] or [""]
+            from localinfer.backends.runner.spawn import how
+
+            result = Verdict(None, error=f"the probe ended with {how(done.returncode)}: "
+                                         f"{last[0][:200]}")
+        else:
+            result = Verdict(**json.loads(done.stdout))
+    except subprocess.TimeoutExpired:
+        result = Verdict(None, error=f"the probe took over {TIMEOUT_S:.0f} s")
+    except (OSError, ValueError, TypeError) as exc:
+        result = Verdict(None, error=f"the probe could not run: {exc}")
+    log.info("attention kernel for %s heads at %d threads: %s", shape.key(), threads,
+             result.says())
+    try:  # a failure is kept too: it would fail, and cost its time, at every load
+        path = _cache_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = _read_cache()
+        data[_key(shape, threads)] = asdict(result)
+        write_atomically(path, json.dumps(data, indent=1))
+    except OSError as exc:
+        log.warning("could not keep the attention probe's result in %s: %s", _cache_path(), exc)
+    return result
+
+
+def probe_command() -> list[str]:
+    """The probe's command: the bundled app's own executable, or this module."""
+    if getattr(sys, "frozen", False):
+        return [sys.executable, "__attention_probe__"]
+    return [sys.executable, "-m", "localinfer.backends.native.attention_probe"]
+
+
+def write_proxy(path: Path, shape: AttentionShape, layers: int = LAYERS) -> None:
+    """A GGUF of `layers` llama layers with `shape`'s attention and little else, random Q8_0
+    weights (what they say does not change what a step costs)."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n_embd, n_ff, n_vocab = 64, 32, 256
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_name("attention probe")
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_block_count(layers)
+    writer.add_context_length(1 << 17)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_head_count(shape.n_head)
+    writer.add_head_count_kv(shape.n_head_kv)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
+    writer.add_rope_dimension_count(shape.head_dim)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_tokenizer_model("llama")
+    # (a byte token for "\n": llama.cpp's SPM vocabulary looks for one)
+    writer.add_token_list([b"<unk>", b"<s>", b"</s>", b"<0x0A>"]
+                          + [b"t%d" % i for i in range(n_vocab - 4)])
+    writer.add_token_scores([0.0] * n_vocab)
+    writer.add_token_types([2, 3, 3, 6] + [1] * (n_vocab - 4))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+
+    def matrix(name: str, rows: int, cols: int) -> None:
+        blocks = rng.integers(-127, 128, size=(rows * cols // 32, 34), dtype=np.int8).view(np.uint8)
+        blocks[:, :2] = np.frombuffer(np.float16(0.0003).tobytes(), dtype=np.uint8)
+        writer.add_tensor(name, blocks.reshape(rows, cols // 32 * 34), raw_dtype=q8)
+
+    def norm(name: str) -> None:
+        writer.add_tensor(name, np.ones(n_embd, dtype=np.float32))
+
+    q, kv = shape.n_head * shape.head_dim, shape.n_head_kv * shape.head_dim
+    matrix("token_embd.weight", n_vocab, n_embd)
+    for i in range(layers):
+        norm(f"blk.{i}.attn_norm.weight")
+        matrix(f"blk.{i}.attn_q.weight", q, n_embd)
+        matrix(f"blk.{i}.attn_k.weight", kv, n_embd)
+        matrix(f"blk.{i}.attn_v.weight", kv, n_embd)
+        matrix(f"blk.{i}.attn_output.weight", n_embd, q)
+        norm(f"blk.{i}.ffn_norm.weight")
+        matrix(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        matrix(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        matrix(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    norm("output_norm.weight")
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def measure(shape: AttentionShape, threads: int, depth: int = DEPTH, reps: int = REPS,
+            layers: int = LAYERS) -> Verdict:
+    """Both kernels measured here, alternately, on a proxy of `shape` (see the module)."""
+    from localinfer.backends.native.model import ModelLoadFailed, NativeModel
+
+    if depth % CHUNK or depth < 2 * CHUNK:
+        raise ValueError(f"depth must be a multiple of {CHUNK}, at least {2 * CHUNK}")
+    with tempfile.TemporaryDirectory(prefix="localinfer-probe-") as folder:
+        path = Path(folder) / "proxy.gguf"
+        write_proxy(path, shape, layers)
+        models = {}
+        try:
+            for name, flash in (("on", True), ("off", False)):
+                models[name] = NativeModel(str(path), depth + 64, 1, CHUNK, threads,
+                                           flash_attn=flash)
+            return _timed(models, depth, reps, layers)
+        except ModelLoadFailed as exc:
+            return Verdict(None, error=str(exc))
+        finally:
+            for model in models.values():
+                model.close()
+
+
+def _timed(models: dict, depth: int, reps: int, layers: int) -> Verdict:
+    batch = models["on"].batch(CHUNK)
+    reads: dict[str, list[float]] = {name: [] for name in models}
+    steps: dict[str, list[float]] = {name: [] for name in models}
+    try:
+        def run(model, start: int, n: int) -> float:
+            batch.n_tokens = n
+            for i in range(n):
+                batch.token[i] = 4 + (start + i) % 250
+                batch.pos[i] = start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == n - 1
+            began = time.perf_counter()
+            rc = model.decode(batch)
+            took = (time.perf_counter() - began) * 1000
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+            return took
+
+        for end in range(CHUNK, depth + 1, CHUNK):
+            for name, model in models.items():
+                took = run(model, end - CHUNK, CHUNK)
+                if end in (CHUNK, depth):
+                    reads[name].append(took)
+            if end not in (CHUNK, depth):
+                continue
+            times: dict[str, list[float]] = {name: [] for name in models}
+            for _ in range(reps):
+                for name, model in models.items():
+                    times[name].append(run(model, end, 1))
+                    if not model.forget(0, end, -1):
+                        raise RuntimeError("llama.cpp kept a decoded token it was asked to drop")
+            for name in models:
+                steps[name].append(statistics.median(times[name]))
+    finally:
+        models["on"].free_batch(batch)
+    turn = {name: (sum(reads[name]) + REPLY * sum(steps[name])) / layers for name in models}
+    return Verdict(turn["on"] <= turn["off"], round(turn["on"], 3), round(turn["off"], 3),
+                   {k: [round(t, 3) for t in v] for k, v in reads.items()},
+                   {k: [round(t, 4) for t in v] for k, v in steps.items()})
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The probe's process: the verdict as JSON on stdout."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        n_head, n_head_kv, head_dim, threads = (int(a) for a in args)
+    except ValueError:
+        print("usage: attention_probe HEADS KV_HEADS HEAD_DIM THREADS", file=sys.stderr)
+        return 2
+    try:
+        result = measure(AttentionShape(n_head, n_head_kv, head_dim), threads)
+    except RuntimeError as exc:
+        result = Verdict(None, error=str(exc))
+    print(json.dumps(asdict(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The attention probe: llama.cpp's two CPU attention kernels timed on a proxy of a model's
+attention shape, in a process of its own, once per machine and shape."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from localinfer.backends.native import attention_probe
+from localinfer.backends.native.attention_probe import (CHUNK, REPLY, AttentionShape, Verdict,
+                                                        measure, verdict, write_proxy)
+from localinfer.model_store.gguf_info import read_gguf_info
+
+TINY = AttentionShape(n_head=4, n_head_kv=2, head_dim=32)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user cache folder of the test's own (platformdirs follows XDG_CACHE_HOME)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "localinfer" / "attention.json"
+
+
+def test_the_proxy_has_the_shape_it_stands_for(tmp_path: Path):
+    path = tmp_path / "proxy.gguf"
+    write_proxy(path, AttentionShape(9, 3, 64), layers=3)
+    info = read_gguf_info(path)
+    assert (info.n_head, info.n_head_kv, info.head_dim_k, info.head_dim_v, info.n_layer) == (
+        9, 3, 64, 64, 3)
+
+
+def test_both_kernels_are_timed_a_turn_deep_and_the_faster_wins():
+    """Real llama.cpp, both kernels: a chunk read and decode steps at each of two depths;
+    a turn is the chunk and REPLY steps, per layer."""
+    found = measure(TINY, threads=1, depth=2 * CHUNK, reps=3, layers=2)
+    assert found.error == "" and isinstance(found.flash, bool), found
+    for kernel in ("on", "off"):
+        assert len(found.reads[kernel]) == 2 and len(found.steps[kernel]) == 2
+        assert all(t > 0 for t in found.reads[kernel] + found.steps[kernel])
+        turn = (sum(found.reads[kernel]) + REPLY * sum(found.steps[kernel])) / 2
+        assert getattr(found, f"{kernel}_ms") == pytest.approx(turn, rel=1e-3)
+    assert found.flash == (found.on_ms <= found.off_ms)
+    assert ("flash attention on" if found.flash else "flash attention off") in found.says()
+
+
+def test_a_verdict_is_measured_once_in_a_process_of_its_own_and_kept(cache: Path,
+                                                                      monkeypatch, tmp_path):
+    found = verdict(TINY, 1)
+    assert isinstance(found.flash, bool) and found.on_ms > 0 and found.off_ms > 0, found
+    kept = json.loads(cache.read_text())
+    assert [Verdict(**v) for v in kept.values()] == [found]
+    # asked again, it is not measured again: a probe that would now fail is never run
+    ran = tmp_path / "ran"
+    monkeypatch.setattr(attention_probe, "probe_command",
+                        lambda: [sys.executable, "-c", f"open({str(ran)!r}, 'w'); exit(3)"])
+    assert verdict(TINY, 1) == found and not ran.exists()
+    # another thread count, or another shape, is another question
+    assert verdict(TINY, 2).flash is None and ran.exists()
+
+
+def test_a_probe_that_fails_decides_nothing_says_why_and_is_not_run_again(cache: Path,
+                                                                          monkeypatch, tmp_path):
+    runs = tmp_path / "runs"
+    crash = ("import sys; open(sys.argv[1], 'a').write('x'); "
+             "sys.stderr.write('GGML_ASSERT(kq) failed\\n'); sys.exit(134)")
+    monkeypatch.setattr(attention_probe, "probe_command",
+                        lambda: [sys.executable, "-c", crash, str(runs)])
+    found = verdict(TINY, 1)
+    assert found.flash is None and "exit status 134: GGML_ASSERT(kq) failed" in found.error
+    assert found.says().startswith("flash attention off (not measured: the probe ended with")
+    assert verdict(TINY, 1) == found and runs.read_text() == "x"
+
+
+def test_a_probe_that_hangs_is_ended(cache: Path, monkeypatch):
+    monkeypatch.setattr(attention_probe, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(attention_probe, "probe_command",
+                        lambda: [sys.executable, "-c", "import time; time.sleep(30)"])
+    found = verdict(TINY, 1)
+    assert found.flash is None and found.error == "the probe took over 0 s"
+
+
+def test_a_cache_of_another_layout_is_measured_again(cache: Path, monkeypatch):
+    cache.parent.mkdir(parents=True)
+    key = attention_probe._key(TINY, 1)
+    cache.write_text(json.dumps({key: {"flash": True, "faster": 2}}))
+    monkeypatch.setattr(attention_probe, "probe_command",
+                        lambda: [sys.executable, "-c", "exit(1)"])
+    assert attention_probe.cached(TINY, 1) is None
+    assert verdict(TINY, 1).flash is None
+    assert json.loads(cache.read_text())[key]["flash"] is None
