@@ -88,11 +88,23 @@ def _cache_path() -> Path:
     return platformdirs.user_cache_path("localinfer") / "attention.json"
 
 
-def _key(shape: AttentionShape, threads: int) -> str:
+def _build() -> str:
+    """llama.cpp's version and a digest of what its build says it uses (SIMD, OpenMP,
+    repacking): another build of the same version has other kernels."""
+    import hashlib
     from importlib.metadata import version
 
-    return (f"v{_VERSION}|{cpu_model()}|llama.cpp {version('llama_cpp_python')}|"
-            f"{threads} threads|{shape.key()}")
+    import llama_cpp
+
+    from localinfer.backends.native.ggml import ensure_loaded
+
+    ensure_loaded()
+    said = llama_cpp.llama_print_system_info()
+    return f"llama.cpp {version('llama_cpp_python')} ({hashlib.sha1(said).hexdigest()[:10]})"
+
+
+def _key(shape: AttentionShape, threads: int) -> str:
+    return f"v{_VERSION}|{cpu_model()}|{_build()}|{threads} threads|{shape.key()}"
 
 
 def _read_cache() -> dict:
