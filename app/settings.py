@@ -111,17 +111,16 @@ class Settings(BaseSettings):
     prefill_chunk: int | None = Field(None, ge=1, description=(
         "Prompt tokens per request per step: smaller keeps other streams smoother while a "
         "long prompt is read."), **_unset("512"))
-    # on by default: while a 4,000-token prompt is read beside a running stream (2 cores,
-    # Xeon), that stream's longest pause is 0.25 s without flash attention (a CPU's default;
-    # 250 ms), the prompt read 1.13x the time of reading it alone; with --flash-attn 0.85 s
-    # (500 ms), 1.52x (llama-server: 9.1 s); a GPU reads a chunk within it and is never cut
-    # (bench/results/long_prompt_gap.md)
+    # on by default: while a 4,000-token prompt is read beside a running stream (2 cores),
+    # that stream's longest pause is 0.25 s without flash attention on a Xeon, the prompt
+    # read 1.13x the time of reading it alone (llama-server: 9.1 s); 0.33 s with it on an
+    # EPYC, 1.46x (llama-server: 5.8 s); a GPU reads a chunk within it and is never cut
+    # (bench/results/long_prompt_gap.md, epyc_2core/; step_budget.DEFAULT_STEP_MS)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step within this many milliseconds by reading "
         "a prompt in smaller pieces: the longest pause a running stream sees while another "
         "prompt is read (lower: smoother streams, slower long prompts). 0: whole chunks."),
-        **_unset("250 without flash attention (a CPU's default), whose small pieces cost no "
-                 "more; 500 with it"))
+        **_unset("250"))
     # off by default: a bound relative to a decode step, it slows a long prompt and,
     # under load, short prompts' TTFT (bench/results/engine_mixed.md)
     step_budget: float | None = Field(None, ge=0, description=(

@@ -202,8 +202,8 @@ class LoadOptions:
     step_budget: float | None = None
     # while streams generate, a step may take about this many milliseconds (the longest
     # pause a running stream sees while a prompt is read; step_budget.py); 0: off; None:
-    # what the attention kernel's smallest pieces hold (step_budget.default_step_ms). Where
-    # a whole chunk is read faster (a GPU) it never cuts
+    # step_budget.DEFAULT_STEP_MS (250). Where a whole chunk is read faster (a GPU) it
+    # never cuts
     step_ms: int | None = None
     # speculative decoding for a lone stream: decode up to this many prompt-lookup guesses
     # with each token and keep those the sampler agrees with (same output); 0 turns it off

@@ -5,7 +5,7 @@ prompt. Measured at the clients: the running stream's longest gap between two to
 the long prompt is read (from its send to its first token), the long prompt's TTFT, and its
 TTFT read alone (a fresh prompt of the same length, nothing else running). Servers, side by
 side and in turns: llama-server (its defaults, -np 2), `localinfer serve` (its defaults: a
-step held to ~250 ms while streams run on a CPU, without flash attention; 500 with it) and `localinfer serve` with each --variant's flags
+step held to ~250 ms while streams run) and `localinfer serve` with each --variant's flags
 (by default --step-ms 0, prompts in whole 512-token chunks, and --step-ms 250). The model is
 SmolLM2-135M's shape with random Q8_0 weights (bench/random_gguf.py's "smollm2-135m",
 smollm2's tokenizer, one token a prompt word): a real small model's costs, and a reply that

@@ -33,7 +33,7 @@ from localinfer.backends.engine.speculator import Speculator
 from localinfer.backends.engine.think_budget import ThinkBudget
 from localinfer.backends.engine.task_queue import (CANCEL_ALL, CLOSE, WAKE, Job, TaskQueue,
                                                   check_request)
-from localinfer.backends.engine.step_budget import StepBudget, default_step_ms, piece_floor
+from localinfer.backends.engine.step_budget import DEFAULT_STEP_MS, StepBudget, piece_floor
 from localinfer.backends.engine.stop import StopMatcher
 from localinfer.backends.engine.threads import ThreadTuner
 from localinfer.backends.base import is_image
@@ -92,8 +92,8 @@ class Engine:
         # while streams generate, prompt tokens per step are held to what keeps a step within
         # `step_ms` milliseconds or `step_budget` decode-only steps' time (step_budget.py);
         # neither: chunks only
-        if step_ms is None:  # (None: the default for the attention kernel)
-            step_ms = default_step_ms(native.flash_attn)
+        if step_ms is None:
+            step_ms = DEFAULT_STEP_MS
         self.budget = StepBudget(step_budget,
                                  floor=piece_floor(native.flash_attn) if step_ms else 1,
                                  target_s=step_ms / 1000)

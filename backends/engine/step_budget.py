@@ -5,7 +5,7 @@ being read ride along in the same batch. On a CPU, prefill costs milliseconds pe
 512-token chunk turns a 20 ms step into two seconds and every running stream stalls that long
 (measured: 110× their usual inter-token latency on smollm2). The budget keeps a step within
 a time — `target_s` seconds (the longest pause a running stream sees while a prompt is
-read; 500 ms by default), or `factor` times a decode-only step, whichever is tighter — by
+read; 250 ms by default), or `factor` times a decode-only step, whichever is tighter — by
 learning from the steps it has run:
 
 - decode_s[n]:  duration of a step that decodes n streams and reads no prompt (moving average
@@ -45,7 +45,7 @@ running stream for up to 0.28-0.31 s; with the margin, 0.25-0.27 s, the steps' m
 
 from __future__ import annotations
 
-__all__ = ["PIECE_FLOOR", "PLAIN_PIECE_FLOOR", "StepBudget", "default_step_ms", "piece_floor"]
+__all__ = ["DEFAULT_STEP_MS", "PIECE_FLOOR", "PLAIN_PIECE_FLOOR", "StepBudget", "piece_floor"]
 
 # with flash attention a time target never cuts a prompt into pieces smaller than this: below
 # a tile of llama.cpp's CPU kernel (64 query rows of a sequence) a token costs 2x as much on
@@ -64,13 +64,15 @@ def piece_floor(flash_attn: bool) -> int:
     return PIECE_FLOOR if flash_attn else PLAIN_PIECE_FLOOR
 
 
-def default_step_ms(flash_attn: bool) -> int:
-    """The time target where the user sets none: 500 ms with flash attention (llama.cpp's
-    choice on a GPU; --flash-attn on a CPU), whose tiles take ~0.6 s 4,000 deep on 2 cores
-    anyway and cost more the smaller the target (TTFT 1.7x of alone at 250, 1.5x at 500);
-    250 without it, which pieces of 16 tokens hold there (a running stream's longest pause
-    0.25-0.27 s, the prompt beside it read 1.13x as long as alone)."""
-    return 500 if flash_attn else 250
+# the time target where the user sets none, whichever the attention kernel. Without flash
+# attention pieces of 16 tokens hold it (a running stream's longest pause 0.25-0.27 s on a
+# 2-core Xeon, the prompt beside it read 1.13x as long as alone). With it a tile of 65 tokens
+# is the floor: on a 2-core EPYC, 4,000 tokens deep, the pause was 0.33 s (0.32-0.47) at 250
+# ms against 0.53 s (0.52-0.81) at 500, the prompt read 1.46x as long as alone against 1.29x,
+# and still sooner than without flash attention (10.8 s against 13.3 s:
+# bench/results/epyc_2core/long_prompt_gap.md). Where a tile costs more than the target (a
+# large model on a CPU, a Xeon's flash attention deep in a context), the pause is a tile's.
+DEFAULT_STEP_MS = 250
 
 
 _ALPHA = 0.2  # weight of the newest measurement in the moving averages

@@ -91,3 +91,19 @@ def test_a_cache_of_another_layout_is_measured_again(cache: Path, monkeypatch):
     assert attention_probe.cached(TINY, 1) is None
     assert verdict(TINY, 1).flash is None
     assert json.loads(cache.read_text())[key]["flash"] is None
+
+
+def test_the_bundles_entry_point_runs_the_probe(cache: Path, tmp_path: Path, monkeypatch):
+    """In the bundled app sys.executable is localinfer itself, and `__attention_probe__`
+    makes it the probe (packaging/localinfer_main.py); a script stands in for it here."""
+    import stat
+
+    main = Path(__file__).resolve().parents[2] / "packaging" / "localinfer_main.py"
+    bundle = tmp_path / "localinfer"
+    bundle.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{main}" "$@"\n')
+    bundle.chmod(bundle.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setattr(sys, "frozen", True, raising=False)
+    monkeypatch.setattr(sys, "executable", str(bundle))
+    assert attention_probe.probe_command() == [str(bundle), "__attention_probe__"]
+    found = verdict(TINY, 1)
+    assert isinstance(found.flash, bool) and found.on_ms > 0, found

@@ -10,7 +10,7 @@ from localinfer.backends.base import LoadOptions, SamplingParams, TokenEvent
 from localinfer.backends.llamacpp import LlamaCppBackend
 from localinfer.backends.engine.step_budget import StepBudget
 from localinfer.backends.engine.step_budget import (PIECE_FLOOR, PLAIN_PIECE_FLOOR,
-                                                   default_step_ms, piece_floor)
+                                                   DEFAULT_STEP_MS, piece_floor)
 from localinfer.errors import InvalidRequest
 from localinfer.settings import Settings
 
@@ -82,7 +82,7 @@ def test_a_time_target_bounds_a_step_and_the_tighter_bound_wins():
     assert slow.allowance(1, 512) == 4
     # on by default, at what the attention kernel's smallest pieces hold
     assert LoadOptions().step_ms is Settings().step_ms is None
-    assert (default_step_ms(flash_attn=False), default_step_ms(flash_attn=True)) == (250, 500)
+    assert DEFAULT_STEP_MS == 250
 
 
 def test_a_token_deep_in_a_prompt_is_priced_at_its_depth():
@@ -168,7 +168,7 @@ def test_a_time_target_cuts_to_the_floor_of_the_attention_kernel(smollm2_path, f
 
 
 @pytest.mark.parametrize("flash_attn", [True, False])
-def test_the_engine_takes_its_default_target_and_floor_from_its_attention_kernel(flash_attn):
+def test_the_engine_takes_its_default_target_and_its_attention_kernels_floor(flash_attn):
     from localinfer.backends.engine.scheduler import Engine
 
     from .fake_native import FakeNative
@@ -177,7 +177,7 @@ def test_the_engine_takes_its_default_target_and_floor_from_its_attention_kernel
     native.flash_attn = flash_attn
     engine = Engine(native, n_slots=2, n_batch=64, step_ms=None)
     try:
-        assert engine.budget.target_s == (0.5 if flash_attn else 0.25)
+        assert engine.budget.target_s == 0.25
         assert engine.budget.floor == (PIECE_FLOOR if flash_attn else PLAIN_PIECE_FLOOR)
     finally:
         engine.close()
