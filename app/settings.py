@@ -113,8 +113,9 @@ class Settings(BaseSettings):
         "long prompt is read."), **_unset("512"))
     # on by default: while a 4,000-token prompt is read beside a running stream (2 cores),
     # that stream's longest pause is 0.25 s without flash attention on a Xeon, the prompt
-    # read 1.13x the time of reading it alone (llama-server: 9.1 s); 0.33 s with it on an
-    # EPYC, 1.46x (llama-server: 5.8 s); a GPU reads a chunk within it and is never cut
+    # read 1.13x the time of reading it alone (llama-server: 9.1 s); 0.32-0.61 s with it on
+    # an EPYC (its tiles' floor), 1.5x (llama-server: 5.2 s); a GPU reads a chunk within it
+    # and is never cut
     # (bench/results/long_prompt_gap.md, epyc_2core/; step_budget.DEFAULT_STEP_MS)
     step_ms: int | None = Field(None, ge=0, le=60_000, description=(
         "While streams generate, hold each step within this many milliseconds by reading "

@@ -67,11 +67,11 @@ def piece_floor(flash_attn: bool) -> int:
 # the time target where the user sets none, whichever the attention kernel. Without flash
 # attention pieces of 16 tokens hold it (a running stream's longest pause 0.25-0.27 s on a
 # 2-core Xeon, the prompt beside it read 1.13x as long as alone). With it a tile of 65 tokens
-# is the floor: on a 2-core EPYC, 4,000 tokens deep, the pause was 0.33 s (0.32-0.47) at 250
-# ms against 0.53 s (0.52-0.81) at 500, the prompt read 1.46x as long as alone against 1.29x,
-# and still sooner than without flash attention (10.8 s against 13.3 s:
-# bench/results/epyc_2core/long_prompt_gap.md). Where a tile costs more than the target (a
-# large model on a CPU, a Xeon's flash attention deep in a context), the pause is a tile's.
+# is the floor, and 4,000 tokens deep a tile and a decode step take about the target: on a
+# 2-core EPYC (6 rounds, bench/results/epyc_2core/long_prompt_gap.md) the pause was 0.32-0.61
+# s (median 0.41) at 250 ms against 0.48-0.87 (0.53) at 500, the prompt's TTFT 11.2 s against
+# 10.1 (alone 7.4; without flash attention 0.24-0.33 s and 10.5-13.3 s, alone 10.0). Where a
+# tile costs more than the target (a large model on a CPU), the pause is a tile's.
 DEFAULT_STEP_MS = 250
 
 
