@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import platformdirs
+from filelock import FileLock, Timeout
 
 from localinfer.files import write_atomically
 from localinfer.model_store.hardware import cpu_model
@@ -129,6 +130,21 @@ def verdict(shape: AttentionShape, threads: int) -> Verdict:
     found = cached(shape, threads)
     if found is not None:
         return found
+    path = _cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # one probe at a time on this machine: two at once would time each other
+        with FileLock(str(path) + ".lock", timeout=TIMEOUT_S * 2):
+            found = cached(shape, threads)  # (measured meanwhile by another load)
+            return found if found is not None else _measured(shape, threads, path)
+    except Timeout:
+        return Verdict(None, error="another load's probe did not end")
+    except OSError as exc:  # no cache folder to keep it in: measured all the same
+        log.warning("the attention probe's cache folder %s: %s", path.parent, exc)
+        return _measured(shape, threads, path)
+
+
+def _measured(shape: AttentionShape, threads: int, path: Path) -> Verdict:
     command = probe_command() + [str(shape.n_head), str(shape.n_head_kv), str(shape.head_dim),
                                  str(threads)]
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}
@@ -150,13 +166,11 @@ def verdict(shape: AttentionShape, threads: int) -> Verdict:
     log.info("attention kernel for %s heads at %d threads: %s", shape.key(), threads,
              result.says())
     try:  # a failure is kept too: it would fail, and cost its time, at every load
-        path = _cache_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
         data = _read_cache()
         data[_key(shape, threads)] = asdict(result)
         write_atomically(path, json.dumps(data, indent=1))
     except OSError as exc:
-        log.warning("could not keep the attention probe's result in %s: %s", _cache_path(), exc)
+        log.warning("could not keep the attention probe's result in %s: %s", path, exc)
     return result
 
 

@@ -107,3 +107,28 @@ def test_the_bundles_entry_point_runs_the_probe(cache: Path, tmp_path: Path, mon
     assert attention_probe.probe_command() == [str(bundle), "__attention_probe__"]
     found = verdict(TINY, 1)
     assert isinstance(found.flash, bool) and found.on_ms > 0, found
+
+
+def test_a_cache_folder_that_cannot_be_made_still_gets_a_verdict(tmp_path: Path, monkeypatch):
+    """A file where the cache folder should be: the load is measured all the same (and
+    nothing is kept), never failed for it."""
+    (tmp_path / "cache").write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    found = verdict(TINY, 1)
+    assert isinstance(found.flash, bool) and found.on_ms > 0, found
+
+
+def test_two_loads_at_once_run_one_probe(cache: Path, tmp_path: Path, monkeypatch):
+    """Two probes at once would time each other: the second load waits for the first's
+    verdict and takes it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = tmp_path / "runs"
+    said = json.dumps({"flash": True, "on_ms": 1.0, "off_ms": 2.0})
+    slow = (f"import sys, time; open(sys.argv[1], 'a').write('x'); time.sleep(0.5); "
+            f"print({said!r})")
+    monkeypatch.setattr(attention_probe, "probe_command",
+                        lambda: [sys.executable, "-c", slow, str(runs)])
+    with ThreadPoolExecutor(2) as pool:
+        both = list(pool.map(lambda _: verdict(TINY, 1), range(2)))
+    assert both == [Verdict(True, 1.0, 2.0)] * 2 and runs.read_text() == "x"
