@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,10 @@ TINY = AttentionShape(n_head=4, n_head_kv=2, head_dim=32)
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A user cache folder of the test's own (platformdirs follows XDG_CACHE_HOME)."""
+    """A user cache folder of the test's own (platformdirs follows XDG_CACHE_HOME), and no
+    verdicts to retry from other tests."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(attention_probe, "_recent", {})
     return tmp_path / "cache" / "localinfer" / "attention.json"
 
 
@@ -132,3 +135,22 @@ def test_two_loads_at_once_run_one_probe(cache: Path, tmp_path: Path, monkeypatc
     with ThreadPoolExecutor(2) as pool:
         both = list(pool.map(lambda _: verdict(TINY, 1), range(2)))
     assert both == [Verdict(True, 1.0, 2.0)] * 2 and runs.read_text() == "x"
+
+
+def test_a_busy_cpu_gives_no_verdict_and_the_next_load_measures_again(cache: Path, monkeypatch,
+                                                                      tmp_path):
+    """Timing both kernels past the budget (other work holds the CPU) says nothing of this
+    machine: the load goes on without flash attention's verdict, and none is kept."""
+    busy = measure(TINY, threads=1, depth=2 * CHUNK, reps=3, layers=2, budget_s=0.001)
+    assert busy.flash is None and busy.retry, busy
+    assert busy.says() == ("flash attention off (not measured: the CPU was too busy to time "
+                           "both kernels within 0.001 s; measured again at the next load)")
+    runs = tmp_path / "runs"
+    said = json.dumps(asdict(busy))
+    monkeypatch.setattr(attention_probe, "probe_command", lambda: [
+        sys.executable, "-c", f"import sys; open(sys.argv[1], 'a').write('x'); print({said!r})",
+        str(runs)])
+    assert verdict(TINY, 1) == busy and verdict(TINY, 1) == busy
+    assert runs.read_text() == "x" and not cache.exists()  # not again at once
+    monkeypatch.setattr(attention_probe, "RETRY_AFTER_S", 0.0)
+    assert verdict(TINY, 1) == busy and runs.read_text() == "xx" and not cache.exists()
