@@ -12,9 +12,9 @@ head size, and nothing else of weight (a 64-wide residual stream, a 32-wide FFN,
 of 256), so that what the two kernels do differently is nearly all that its step time holds.
 With each kernel, alternately, it reads a 512-token chunk ending 512 and `DEPTH` tokens deep
 and decodes one token there `REPS` times: a chat turn at each depth is the chunk and
-`REPLY` decode steps. The faster turn in all wins. It takes 1-5 s on 2 cores, once per CPU
-model, llama.cpp build, thread count and attention shape (the cache is a JSON file in the
-user's cache folder). A probe that fails says so and decides nothing; one that a busy CPU
+`REPLY` decode steps. Flash attention wins unless its turns take `MARGIN` times as long.
+It takes 1-5 s on 2 cores, once per CPU model, llama.cpp build, thread count and attention
+shape (the cache is a JSON file in the user's cache folder). A probe that fails says so and decides nothing; one that a busy CPU
 slows past `BUDGET_S` decides nothing for now.
 
 How far the proxy stands for the model (llama-bench, 2-core EPYC, SmolLM2's shape, 2,048
@@ -61,7 +61,13 @@ LAYERS = 8
 BUDGET_S = 10.0
 TIMEOUT_S = 60.0
 RETRY_AFTER_S = 600.0  # a verdict to retry stands this long in the process that got it
-_VERSION = 1  # of the measurement: a cache written by another is measured again
+# flash attention (llama.cpp's own choice) stays unless its turn is this much slower: the
+# proxy overstates what it costs a decode step (see above). Measured here: SmolLM2's shape
+# 0.93-0.96x, Llama-3.2-1B's 1.01-1.20x (the model itself decoded and read faster with it
+# in localinfer serve), Gemma-3-270M's 1.23-1.25x, Llama-3.1-8B's 1.30x; a Xeon's deep decode
+# at half the speed puts a turn well past 2x
+MARGIN = 1.25
+_VERSION = 2  # of the measurement: a cache written by another is measured again
 
 
 @dataclass(frozen=True)
@@ -93,12 +99,9 @@ class Verdict:
         if self.flash is None:
             again = "; measured again at the next load" if self.retry else ""
             return f"flash attention off (not measured: {self.error}{again})"
-        if self.flash:
-            ratio, other = (self.off_ms / self.on_ms if self.on_ms else 0.0), "without"
-        else:
-            ratio, other = (self.on_ms / self.off_ms if self.off_ms else 0.0), "with"
+        ratio = self.on_ms / self.off_ms if self.off_ms else 0.0
         return (f"flash attention {'on' if self.flash else 'off'} (measured on this CPU: a "
-                f"turn's attention takes {ratio:.2f}x as long {other} it)")
+                f"turn's attention takes {ratio:.2f}x as long with it as without)")
 
 
 def _cache_path() -> Path:
@@ -214,8 +217,9 @@ def probe_command() -> list[str]:
 
 
 def write_proxy(path: Path, shape: AttentionShape, layers: int = LAYERS) -> None:
-    """A GGUF of `layers` llama layers with `shape`'s attention and little else, random Q8_0
-    weights (what they say does not change what a step costs)."""
+    """A GGUF of `layers` llama layers with `shape`'s attention and little else, random F16
+    weights (what they say does not change what a step costs; F16 takes rows of any length,
+    as 9 heads of 56 make)."""
     import gguf
     import numpy as np
 
@@ -223,7 +227,7 @@ def write_proxy(path: Path, shape: AttentionShape, layers: int = LAYERS) -> None
     n_embd, n_ff, n_vocab = 64, 32, 256
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_name("attention probe")
-    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
     writer.add_block_count(layers)
     writer.add_context_length(1 << 17)
     writer.add_embedding_length(n_embd)
@@ -242,12 +246,9 @@ def write_proxy(path: Path, shape: AttentionShape, layers: int = LAYERS) -> None
                           + [b"t%d" % i for i in range(n_vocab - 4)])
     writer.add_token_scores([0.0] * n_vocab)
     writer.add_token_types([2, 3, 3, 6] + [1] * (n_vocab - 4))
-    q8 = gguf.GGMLQuantizationType.Q8_0
 
     def matrix(name: str, rows: int, cols: int) -> None:
-        blocks = rng.integers(-127, 128, size=(rows * cols // 32, 34), dtype=np.int8).view(np.uint8)
-        blocks[:, :2] = np.frombuffer(np.float16(0.0003).tobytes(), dtype=np.uint8)
-        writer.add_tensor(name, blocks.reshape(rows, cols // 32 * 34), raw_dtype=q8)
+        writer.add_tensor(name, (rng.standard_normal((rows, cols)) * 0.02).astype(np.float16))
 
     def norm(name: str) -> None:
         writer.add_tensor(name, np.ones(n_embd, dtype=np.float32))
@@ -343,7 +344,8 @@ def _timed(models: dict, depth: int, reps: int, layers: int, budget_s: float) ->
     finally:
         models["on"].free_batch(batch)
     turn = {name: (sum(reads[name]) + REPLY * sum(steps[name])) / layers for name in models}
-    return Verdict(turn["on"] <= turn["off"], round(turn["on"], 3), round(turn["off"], 3),
+    return Verdict(turn["on"] <= MARGIN * turn["off"], round(turn["on"], 3),
+                   round(turn["off"], 3),
                    {k: [round(t, 3) for t in v] for k, v in reads.items()},
                    {k: [round(t, 4) for t in v] for k, v in steps.items()})
 
