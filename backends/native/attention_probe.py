@@ -67,7 +67,7 @@ RETRY_AFTER_S = 600.0  # a verdict to retry stands this long in the process that
 # in localinfer serve), Gemma-3-270M's 1.23-1.25x, Llama-3.1-8B's 1.30x; a Xeon's deep decode
 # at half the speed puts a turn well past 2x
 MARGIN = 1.25
-_VERSION = 2  # of the measurement: a cache written by another is measured again
+_VERSION = 3  # of the measurement and its rule: a cache written by another is measured again
 
 
 @dataclass(frozen=True)
