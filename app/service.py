@@ -197,13 +197,11 @@ def prepare(
 
 
 def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshots: int,
-                  held: Mapping[str, int | None],
-                  kernel: Callable[[GGUFInfo, LoadOptions], Verdict | None] | None = None
-                  ) -> LoadOptions:
-    """The options with flash attention off for a model wholly on the CPU where it is the
-    slower kernel on this CPU for the model's attention shape (`kernel`: measured once, see
-    backends/native/attention_probe.py; a shape it cannot measure, or a probe that failed,
-    counts as slower), unless the user set it (--flash-attn, --no-flash-attn), its KV
+                  held: Mapping[str, int | None]) -> LoadOptions:
+    """The options with flash attention off for a model wholly on the CPU where the probe
+    measured it clearly the slower kernel on this CPU for the model's attention shape
+    (`cpu_kernel`, backends/native/attention_probe.py; a shape it cannot measure, or a probe
+    that failed, counts as slower), unless the user set it (--flash-attn, --no-flash-attn), its KV
     cache is quantised (which needs it), it pools (an embedder or reranker only reads
     prompts) or the attention scores its compute buffer then holds leave no room in
     `available` bytes.
@@ -221,7 +219,7 @@ def cpu_attention(info: GGUFInfo, options: LoadOptions, available: int, snapshot
     if (options.flash_attn is not None or options.n_gpu_layers or options.workers
             or options.kv_type != "f16" or info.shape().pooled or info.shape().encoder):
         return options
-    found = (kernel or cpu_kernel)(info, options)
+    found = cpu_kernel(info, options)
     if found is not None and found.flash:
         log.info("%s: %s", info.name, found.says())
         return options
@@ -560,10 +558,10 @@ def describe(model: str | None, settings: Settings, *, ctx: int | None = None, p
     if plan_dict["device"] == "cpu" and not gpu and load.flash_attn is None:
         # what this CPU's attention kernels measured for the model's shape (a load measures
         # them; show only says what was kept)
-        found = cpu_kernel(info, load, measure=False) if attention_shape(info) else None
-        plan_dict["attention"] = (found.says() if found else
-                                  "flash attention on or off: measured at the first load on this CPU"
-                                  if attention_shape(info) else None)
+        found = cpu_kernel(info, load, measure=False)
+        plan_dict["attention"] = (
+            found.says() if found else "flash attention on or off: measured at the first "
+            "load on this CPU" if attention_shape(info) else None)
     facts = {"name": remote.installed_name if remote else resolved.name, "path": path,
              "architecture": info.architecture,
              "quant": chosen.quant if remote and plan_dict["device"] else info.quant,
