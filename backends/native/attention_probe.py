@@ -29,6 +29,7 @@ either way, at little cost; a Xeon's 2x slower deep decode would dominate any tu
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -108,9 +109,11 @@ def _cache_path() -> Path:
     return platformdirs.user_cache_path("localinfer") / "attention.json"
 
 
-def _build() -> str:
-    """llama.cpp's version and a digest of what its build says it uses (SIMD, OpenMP,
-    repacking): another build of the same version has other kernels."""
+@functools.cache
+def _machine() -> str:
+    """The CPU model, llama.cpp's version and a digest of what its build says it uses (SIMD,
+    OpenMP, repacking: another build of the same version has other kernels); asked once a
+    process (each load looks its verdict up)."""
     import hashlib
     from importlib.metadata import version
 
@@ -120,11 +123,12 @@ def _build() -> str:
 
     ensure_loaded()
     said = llama_cpp.llama_print_system_info()
-    return f"llama.cpp {version('llama_cpp_python')} ({hashlib.sha1(said).hexdigest()[:10]})"
+    return (f"{cpu_model()}|llama.cpp {version('llama_cpp_python')} "
+            f"({hashlib.sha1(said).hexdigest()[:10]})")
 
 
 def _key(shape: AttentionShape, threads: int) -> str:
-    return f"v{_VERSION}|{cpu_model()}|{_build()}|{threads} threads|{shape.key()}"
+    return f"v{_VERSION}|{_machine()}|{threads} threads|{shape.key()}"
 
 
 def _read_cache() -> dict:
