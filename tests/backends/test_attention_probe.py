@@ -159,3 +159,21 @@ def test_a_busy_cpu_gives_no_verdict_and_the_next_load_measures_again(cache: Pat
     assert runs.read_text() == "x" and not cache.exists()  # not again at once
     monkeypatch.setattr(attention_probe, "RETRY_AFTER_S", 0.0)
     assert verdict(TINY, 1) == busy and runs.read_text() == "xx" and not cache.exists()
+
+
+@pytest.mark.parametrize("failing, said", [
+    ("decode", "llama_decode returned 1"),
+    ("forget", "llama.cpp kept a decoded token it was asked to drop")])
+def test_a_refused_decode_or_removal_decides_nothing(monkeypatch, capsys, failing, said):
+    """llama.cpp's answers are checked, never assumed: a decode that fails, or a removal
+    refused (the decode-step timings would then be read deeper each time), is the probe's
+    error, not a verdict. (Neither fails on a proxy here: their refusals are made up.)"""
+    from localinfer.backends.native.model import NativeModel
+
+    if failing == "decode":
+        monkeypatch.setattr(NativeModel, "decode", lambda self, batch: 1)
+    else:
+        monkeypatch.setattr(NativeModel, "forget", lambda self, *a: False)
+    assert attention_probe.main(["4", "2", "32", "1"]) == 0
+    found = Verdict(**json.loads(capsys.readouterr().out))
+    assert found.flash is None and found.error == said and not found.retry
