@@ -80,6 +80,9 @@ class _PoolCollector(Collector):
             "preemptions": GaugeMetricFamily(
                 "localinfer_preemptions", "requests whose KV was dropped to make room so far "
                 "(--kv-unified)", labels=["model"]),
+            "saved_bytes": GaugeMetricFamily(
+                "localinfer_saved_prompt_bytes", "bytes of RAM holding saved prompts' state "
+                "(--cache-ram)", labels=["model"]),
         }
         # time spent, so rate() tells how busy the engine is and what it adds to llama.cpp
         seconds = {
@@ -97,6 +100,16 @@ class _PoolCollector(Collector):
             "checkpoint_tokens": CounterMetricFamily(
                 "localinfer_checkpoint_tokens", "prompt tokens kept by restored context "
                 "checkpoints instead of read again", labels=["model"]),
+            # prompts kept in RAM when their slot took another request (--cache-ram)
+            "prompts_saved": CounterMetricFamily(
+                "localinfer_prompts_saved", "slots' sequences saved in RAM when another "
+                "request took their slot", labels=["model"]),
+            "prompts_restored": CounterMetricFamily(
+                "localinfer_prompts_restored", "saved sequences put back into a slot for a "
+                "prompt that shares them", labels=["model"]),
+            "restored_tokens": CounterMetricFamily(
+                "localinfer_restored_prompt_tokens", "prompt tokens kept by saved sequences "
+                "put back instead of read again", labels=["model"]),
         }
         for model in models:
             stats = model.backend.stats()

@@ -519,6 +519,7 @@ def serve(
     cache_reuse: Annotated[Optional[int], _flag("cache_reuse")] = None,
     ctx_checkpoints: Annotated[Optional[int], _flag("ctx_checkpoints")] = None,
     ctx_checkpoint_mib: Annotated[Optional[int], _flag("ctx_checkpoint_mib")] = None,
+    cache_ram: Annotated[Optional[int], _flag("cache_ram")] = None,
     swa_full: Annotated[Optional[bool], _flag("swa_full", "--swa-full/--no-swa-full")] = None,
     flash_attn: Annotated[Optional[bool], _flag("flash_attn", "--flash-attn/--no-flash-attn")
                           ] = None,
@@ -551,6 +552,7 @@ def serve(
             "draft_model": draft_model, "kv_type": kv_type,
             "kv_unified": kv_unified, "cache_reuse": cache_reuse,
             "ctx_checkpoints": ctx_checkpoints, "ctx_checkpoint_mib": ctx_checkpoint_mib,
+            "cache_ram": cache_ram,
             "swa_full": swa_full,
             "flash_attn": flash_attn,
             "max_tokens": max_tokens,

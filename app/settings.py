@@ -154,6 +154,12 @@ class Settings(BaseSettings):
         "MiB of context checkpoints a slot keeps at most, in RAM (the oldest go first); the "
         "memory plan counts them."), **_unset(
         "256, or room for two where one is larger: a large sliding-window model's"))
+    # llama-server's default (--cache-ram 8192): an agent's subagents, or more chats than
+    # slots, each find their conversation where they left it (engine/prompt_cache.py)
+    cache_ram: int = Field(8192, ge=0, le=1 << 24, description=(
+        "MiB of RAM for prompts saved when their slot takes another request, put back when "
+        "a prompt comes back so only what is new is read (never leaving under 1 GiB free); "
+        "0: off."))
     # llama-server's default (off): Gemma 3 at 8,192 tokens keeps 39 MiB of KV, not 144;
     # a prompt that leaves the cached one further back than the window then goes back to a
     # context checkpoint, or is read again

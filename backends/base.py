@@ -231,6 +231,10 @@ class LoadOptions:
     # and at most this many MiB of them a slot, in RAM; None: 256, or room for two where one
     # is larger (model_store.shape.checkpoint_cap)
     ctx_checkpoint_mib: int | None = None
+    # a slot's sequence is saved in RAM before another request overwrites it, and put back
+    # for a prompt that shares more with it than with any slot (llama-server's --cache-ram):
+    # at most this many MiB per model, never leaving the machine under 1 GiB free; 0: off
+    cache_ram: int = 8192
     # a sliding-window model's windowed layers keep a cell for every token (llama.cpp's
     # swa_full); off: only their window and a micro-batch per slot, and a prompt that leaves
     # the cached one further back than that goes back to a context checkpoint
@@ -274,6 +278,7 @@ class LoadOptions:
                    kv_unified=settings.kv_unified, reply_cap=settings.max_tokens,
                    cache_reuse=settings.cache_reuse, ctx_checkpoints=settings.ctx_checkpoints,
                    ctx_checkpoint_mib=settings.ctx_checkpoint_mib,
+                   cache_ram=settings.cache_ram,
                    swa_full=settings.swa_full, split_mode=str(settings.split_mode))
 
     @property
@@ -306,6 +311,8 @@ class LoadOptions:
             raise InvalidRequest("context checkpoints are a count per slot: 0 (off) or more")
         if self.ctx_checkpoint_mib is not None and self.ctx_checkpoint_mib < 1:
             raise InvalidRequest("the context checkpoints' cap is MiB per slot: 1 or more")
+        if self.cache_ram < 0:
+            raise InvalidRequest("the saved prompts' cap is MiB: 0 (off) or more")
         if not 0 <= self.draft_tokens <= 64:
             raise InvalidRequest("draft tokens must be between 0 (off) and 64")
         if self.split_mode not in ("none", "layer", "row"):

@@ -131,6 +131,7 @@ class LlamaCppBackend(Backend):
                              ctx_checkpoints=options.ctx_checkpoints,
                              checkpoint_bytes=None if options.ctx_checkpoint_mib is None
                              else options.ctx_checkpoint_mib << 20,
+                             cache_ram=options.cache_ram << 20,
                              projector=self.projector,
                              # a count the user chose stays; ours follows the machine's load
                              threads=None if options.n_threads else ThreadTuner(

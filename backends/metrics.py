@@ -284,6 +284,13 @@ class EngineStats:
     # point), and the prompt tokens they kept from being read again
     checkpoints_restored: int = 0
     checkpoint_tokens: int = 0
+    # slots' sequences saved in RAM when another request took their slot, and put back for
+    # a prompt that came back (with the prompt tokens they kept from being read again);
+    # the bytes kept now (engine/prompt_cache.py)
+    prompts_saved: int = 0
+    prompts_restored: int = 0
+    restored_tokens: int = 0
+    saved_bytes: int = 0
     decode_seconds: float = 0.0  # spent inside llama_decode
     step_seconds: float = 0.0  # spent in steps: filling the batch, llama_decode, sampling
     threads: int = 0  # CPU threads llama.cpp decodes with now (0: not known)

@@ -76,18 +76,9 @@ class SplitCells:
         donor's cells instead.
         """
         own = self.reusable(slot, prompt, len(prompt) - 1, slots)
-        donor = max((s for s in slots if s is not slot),
-                    key=lambda s: s.common_prefix(prompt), default=None)
+        donor, shared = self._donor(slot, prompt, own, slots)
         if donor is None:
             return
-        shared = min(donor.common_prefix(prompt), len(prompt) - 1)
-        if shared < own + self.MIN_SHARED:
-            return
-        if shared < len(donor.cache) and (self.native.stateful or (
-                self.native.windowed and not self.native.can_cut(donor.id,
-                                                                 donor.position(shared)))):
-            return  # a recurrent state is copied whole, and cannot be cut back to `shared`;
-            # nor a window whose cells before it are gone
         self.native.forget(slot.id)
         slot.checkpoints.clear()  # (of what it held: the copy is another sequence)
         self.native.copy_cells(donor.id, slot.id)
@@ -97,6 +88,29 @@ class SplitCells:
         slot.cache = list(prompt[:shared])
         slot.spans.update(donor.spans)
         slot.recount()
+
+    def _donor(self, slot: Slot, prompt: Sequence[int], own: int, slots: Sequence[Slot]
+               ) -> tuple[Slot | None, int]:
+        """The slot whose prefix `borrow_prefix` would take, and how much of it."""
+        donor = max((s for s in slots if s is not slot),
+                    key=lambda s: s.common_prefix(prompt), default=None)
+        if donor is None:
+            return None, 0
+        shared = min(donor.common_prefix(prompt), len(prompt) - 1)
+        if shared < own + self.MIN_SHARED:
+            return None, 0
+        if shared < len(donor.cache) and (self.native.stateful or (
+                self.native.windowed and not self.native.can_cut(donor.id,
+                                                                 donor.position(shared)))):
+            return None, 0  # a recurrent state is copied whole, and cannot be cut back to
+            # `shared`; nor a window whose cells before it are gone
+        return donor, shared
+
+    def kept(self, slot: Slot, tokens: Sequence[int], limit: int, slots: Sequence[Slot]) -> int:
+        """How many of `tokens` a request starting in `slot` would find cached: the slot's
+        own (`reusable`), or a longer prefix `borrow_prefix` would take from another slot."""
+        own = self.reusable(slot, tokens, limit, slots)
+        return max(own, min(self._donor(slot, tokens, own, slots)[1], limit))
 
     def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:
         """Drop what the slot holds past its first `n_keep` tokens; the count kept (0 where

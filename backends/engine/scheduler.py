@@ -28,6 +28,7 @@ from localinfer.backends.engine.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.engine.prompt_cache import PromptCache
 from localinfer.backends.engine.slots import Slot, SlotState, Task
 from localinfer.backends.engine.speculator import Speculator
 from localinfer.backends.engine.think_budget import ThinkBudget
@@ -68,6 +69,7 @@ class Engine:
         projector: Projector | None = None,
         ctx_checkpoints: int = 0,
         checkpoint_bytes: int | None = None,
+        cache_ram: int = 0,
     ):
         self.native = native
         self.projector = projector  # reads a prompt's images (vision.py), if the model takes any
@@ -124,6 +126,9 @@ class Engine:
                                                       max_bytes=checkpoint_bytes))
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
+        # a slot's sequence saved in RAM before another request overwrites it, and put back
+        # for a prompt that comes back: `cache_ram` bytes at most (prompt_cache.py; 0: off)
+        self.prompts = PromptCache(native, cache_ram)
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
         self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)
@@ -201,6 +206,10 @@ class Engine:
             preemptions=self._counters["preempted"],
             checkpoints_restored=self.cells.checkpoints.restored,
             checkpoint_tokens=self.cells.checkpoints.restored_tokens,
+            prompts_saved=self.prompts.saves,
+            prompts_restored=self.prompts.restored,
+            restored_tokens=self.prompts.restored_tokens,
+            saved_bytes=self.prompts.bytes,
             decode_seconds=self._seconds["decode"],
             step_seconds=self._seconds["step"],
             threads=self.native.threads(),
@@ -357,9 +366,12 @@ class Engine:
     def _start(self, slot: Slot, task: Task) -> None:
         resume, task.resume = task.resume, None
         tokens = resume.tokens if resume else task.prompt
-        self.cells.borrow_prefix(slot, tokens, self.slots)
         # a new prompt keeps at least one token to evaluate: its logits give the first token
         limit = len(tokens) - (0 if resume else 1)
+        if self.prompts.on:
+            self.prompts.swap(slot, tokens, limit, self.cells.kept(slot, tokens, limit, self.slots),
+                              min(self.n_ctx_slot, self.cells.free(self.slots) + len(slot.cache)))
+        self.cells.borrow_prefix(slot, tokens, self.slots)
         n_keep = min(slot.common_prefix(tokens), limit)
         if not task.pictures:  # (an image's KV is not moved: a run could start inside one)
             n_keep = self.cells.reuse_chunks(slot, tokens, n_keep, limit, self.slots)

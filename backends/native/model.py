@@ -279,7 +279,26 @@ class NativeModel:
         checkpoint): None where it wrote nothing, less than it said it would, or would write
         more than `limit` bytes (a large model's window: nothing copied). Engine thread
         only."""
-        flags = llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        return self._save(seq, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY, limit)
+
+    def restore_partial(self, seq: int, data: ctypes.Array) -> bool:
+        """Put back a sequence's partial state saved by `save_partial`. The rest of its
+        memory (the attention layers' cells) is left as it was: the caller cuts what lies
+        past the saved point. False where llama.cpp read none of it (the sequence's
+        partial state is then gone: drop the sequence)."""
+        return self._restore(seq, data, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
+
+    def save_sequence(self, seq: int, limit: int | None = None) -> ctypes.Array | None:
+        """A sequence's whole state (its KV cells, with their positions, and any recurrent
+        state), as `save_partial` writes a part of it."""
+        return self._save(seq, llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE, limit)
+
+    def restore_sequence(self, seq: int, data: ctypes.Array) -> bool:
+        """Replace a sequence's state with one `save_sequence` wrote. False where llama.cpp
+        could not (no room for its cells): the sequence is then empty."""
+        return self._restore(seq, data, llama_cpp.LLAMA_STATE_SEQ_FLAGS_NONE)
+
+    def _save(self, seq: int, flags: int, limit: int | None) -> ctypes.Array | None:
         size = llama_cpp.llama_state_seq_get_size_ext(self.ctx, seq, flags)
         if not size or (limit is not None and size > limit):
             return None
@@ -287,14 +306,9 @@ class NativeModel:
         written = llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq, flags)
         return data if written == size else None
 
-    def restore_partial(self, seq: int, data: ctypes.Array) -> bool:
-        """Put back a sequence's partial state saved by `save_partial`. The rest of its
-        memory (the attention layers' cells) is left as it was: the caller cuts what lies
-        past the saved point. False where llama.cpp read none of it (the sequence's
-        partial state is then gone: drop the sequence)."""
-        read = llama_cpp.llama_state_seq_set_data_ext(
-            self.ctx, data, len(data), seq, llama_cpp.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)
-        return read == len(data)
+    def _restore(self, seq: int, data: ctypes.Array, flags: int) -> bool:
+        return llama_cpp.llama_state_seq_set_data_ext(self.ctx, data, len(data), seq,
+                                                      flags) == len(data)
 
     def copy_cells(self, src: int, dst: int) -> None:
         """Let sequence `dst` share every cell of `src` (no copy of the KV itself)."""

@@ -115,6 +115,33 @@ def test_serve_with_one_kv_pool_takes_a_prompt_longer_than_a_share(tmp_path):
         stop_server(server)
 
 
+def test_a_chat_whose_slot_took_another_finds_its_prompt_saved(tmp_path):
+    """One slot, two chats in turns (an agent's main chat and a subagent): each turn's slot
+    held the other chat, so every turn read its whole prompt again; now the chat's prompt,
+    saved to RAM when the other took the slot, comes back cached (--cache-ram)."""
+    server = start_server(tmp_path, "--model", "smollm2:135m", "--parallel", "1")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        chats = [[{"role": "system", "content": f"You are agent {name}. " + text * 6}]
+                 for name, text in (("one", "Answer in short sentences. "),
+                                    ("two", "List the files you would read first. "))]
+        cached = []
+        for turn in range(2):
+            for messages in chats:
+                messages.append({"role": "user", "content": f"Step {turn}: go on."})
+                reply = client.chat.completions.create(
+                    model="smollm2:135m", temperature=0, max_tokens=4, messages=messages)
+                messages.append({"role": "assistant",
+                                 "content": reply.choices[0].message.content})
+                cached.append((reply.usage.prompt_tokens_details.cached_tokens,
+                               reply.usage.prompt_tokens))
+        assert all(c < 16 for c, _ in cached[:2])  # (two chats new to the server)
+        assert all(c > p / 2 for c, p in cached[2:]), cached
+        assert _metric(server, "localinfer_prompts_restored_total") == 2
+    finally:
+        stop_server(server)
+
+
 @pytest.mark.slow
 def test_a_huge_prompt_is_refused_by_its_size_while_the_server_answers(server):
     """Templating and tokenizing ~7 MB took seconds (off the event loop); now its size alone

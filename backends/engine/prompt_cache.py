@@ -1,0 +1,145 @@
+"""Prompts kept in RAM: a slot's sequence saved before another request overwrites it, and
+put back when a later prompt shares more with it than with any slot (llama-server's
+--cache-ram).
+
+A slot holds one sequence. With more conversations than slots (an agent's subagents beside
+its main chat, a user switching between chats, eight clients of an eight-slot server asking
+their next questions), a request given a slot that held another conversation drops that
+conversation's KV, and its next turn reads it all again. Here the slot's whole state
+(`NativeModel.save_sequence`: its cells with their positions, any recurrent state) is
+copied out first, with its tokens and context checkpoints, where the new request keeps less
+than half of it. A new request whose prompt shares more with a saved sequence than with
+what its slot would keep (and at least a quarter of the saved one: a long state is not
+copied back for a short prefix) gets it copied into its slot and reads only the rest; the
+slot then holds it, and the saved copy goes.
+
+Bounded: `max_bytes` in all (the least recently saved go first), and nothing is saved that
+would leave the machine less than `RAM_FLOOR` of memory available. Every native answer is
+checked: a state llama.cpp would not take back leaves the slot empty (its prompt is read
+whole) and the copy kept.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import psutil
+
+from localinfer.backends.engine.draft import common_prefix
+from localinfer.backends.engine.slots import Checkpoint, Slot
+from localinfer.backends.native.model import NativeModel
+
+__all__ = ["PromptCache"]
+
+log = logging.getLogger("localinfer.engine")
+
+
+@dataclass
+class _Saved:
+    tokens: list[int]  # whose state it is
+    data: ctypes.Array  # as llama.cpp wrote it
+    checkpoints: list[Checkpoint]
+    spans: dict[int, tuple[int, int]]  # its images' (Slot.spans)
+
+
+class PromptCache:
+    RAM_FLOOR = 1 << 30  # bytes of memory a save leaves available to everything else
+    MIN_TOKENS = 16  # a sequence is worth saving, or putting back, for at least this many
+
+    def __init__(self, native: NativeModel, max_bytes: int):
+        self.native = native
+        self.max_bytes = max_bytes
+        self._saved: list[_Saved] = []  # oldest first
+        self.bytes = 0
+        self.saves = 0  # sequences saved, and put back (with the prompt tokens they held)
+        self.restored = 0
+        self.restored_tokens = 0
+
+    @property
+    def on(self) -> bool:
+        return self.max_bytes > 0
+
+    def __len__(self) -> int:
+        return len(self._saved)
+
+    def swap(self, slot: Slot, tokens: Sequence[int], limit: int, have: int, room: int) -> None:
+        """A request for `tokens` starts in `slot`, which would keep `have` of them (its own
+        prefix, or another slot's): save what the slot holds where it would lose most of it,
+        and put back the saved sequence that shares the most with `tokens`, where that beats
+        `have` and holds no more than `room` tokens (the cells the slot may fill)."""
+        if not self.on:
+            return
+        best, shared = None, max(have, self.MIN_TOKENS - 1)
+        for saved in self._saved:
+            n = self._keeps(saved, min(common_prefix(saved.tokens, tokens), limit))
+            if n > shared and 4 * n >= len(saved.tokens) and len(saved.tokens) <= room:
+                best, shared = saved, n
+        if best is not None:
+            self._drop([best])  # (taken out first: the slot's own save never evicts it)
+        kept = min(slot.common_prefix(tokens), limit)
+        if best is not None or 2 * kept < len(slot.cache):
+            self._save(slot)
+        if best is not None:
+            self._restore(slot, best, shared)
+
+    def _keeps(self, saved: _Saved, n: int) -> int:
+        """How many tokens a slot would keep of a saved sequence cut back to `n`: all `n`,
+        or, where its state cannot be cut there (a recurrent one; a sliding window's cells
+        may be gone), its newest checkpoint at or before them."""
+        if n < len(saved.tokens) and (self.native.stateful or self.native.windowed):
+            return max((c.n_tokens for c in saved.checkpoints if c.n_tokens <= n), default=0)
+        return n
+
+    def _save(self, slot: Slot) -> None:
+        cache = slot.cache
+        if len(cache) < self.MIN_TOKENS or any(
+                common_prefix(s.tokens, cache) == len(cache) for s in self._saved):
+            return  # (short, or saved already: in full, or as the start of a longer one)
+        room = min(self.max_bytes, psutil.virtual_memory().available - self.RAM_FLOOR)
+        data = self.native.save_sequence(slot.id, max(0, room))
+        if data is None:
+            log.debug("slot %d: its %d tokens not saved (none written, or more than %d "
+                      "bytes)", slot.id, len(cache), room)
+            return
+        # (a saved sequence this one goes on from is one it holds)
+        self._drop([s for s in self._saved if common_prefix(s.tokens, cache) == len(s.tokens)])
+        self._keep(_Saved(list(cache), data, list(slot.checkpoints), dict(slot.spans)))
+        self.saves += 1
+        log.debug("slot %d: %d tokens saved (%d bytes; %d sequences, %d bytes kept)",
+                  slot.id, len(cache), len(data), len(self._saved), self.bytes)
+
+    def _restore(self, slot: Slot, saved: _Saved, shared: int) -> None:
+        if not self.native.restore_sequence(slot.id, saved.data):
+            log.warning("slot %d: llama.cpp would not take back a saved prompt of %d tokens; "
+                        "reading the prompt again", slot.id, len(saved.tokens))
+            slot.cache.clear()  # (llama.cpp emptied the sequence)
+            slot.checkpoints.clear()
+            slot.recount()
+            self._keep(saved)  # (still good: llama.cpp only read it)
+            return
+        slot.cache = saved.tokens
+        slot.checkpoints = saved.checkpoints
+        slot.spans = saved.spans
+        slot.recount()
+        self.restored += 1
+        self.restored_tokens += shared
+        log.debug("slot %d: a saved prompt of %d tokens put back (%d shared)", slot.id,
+                  len(saved.tokens), shared)
+
+    def _keep(self, saved: _Saved) -> None:
+        """Keep `saved`, newest, the oldest dropped while they would pass the cap."""
+        while self._saved and self.bytes + len(saved.data) > self.max_bytes:
+            self._drop([self._saved[0]])
+        self._saved.append(saved)
+        self.bytes += len(saved.data)
+
+    def _drop(self, gone: list[_Saved]) -> None:
+        for saved in gone:
+            self._saved.remove(saved)
+            self.bytes -= len(saved.data)
+
+    def clear(self) -> None:
+        self._drop(list(self._saved))

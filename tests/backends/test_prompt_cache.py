@@ -1,0 +1,148 @@
+"""Prompts saved in RAM when their slot takes another request, and put back when they come
+back (engine/prompt_cache.py; llama-server's --cache-ram). One slot and several
+conversations: each new one takes the slot, and a conversation's next turn finds its
+sequence saved, put back, and reads only what is new. Judged by the cached count and by the
+logits of the prompt's last token against a fresh decode of the whole prompt (tests/greedy.py's
+reference); a recurrent or hybrid state put back, and cut back to a checkpoint it carried,
+the same way (random-weight Qwen3.5 and Mamba2 shapes, tests/families.py)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+
+from localinfer.backends.engine.checkpoints import Checkpoints
+from localinfer.backends.engine.prompt_cache import PromptCache
+
+from ..families import arch_model
+from ..greedy import Reference
+from .test_recurrent import TEXT, _backend, _close, _fresh, _logits_after
+
+NUMBERS = "A list of numbers: " + " ".join(str(n) for n in range(60))
+WORDS = "Words in a row: " + " ".join(f"word{n}" for n in range(60))
+COLOURS = "Colours: " + " ".join(f"red{n} blue{n}" for n in range(40))
+MORE = " And then what happened?"
+
+
+def _one_slot(path, **options):
+    return _backend(path, n_slots=1, **options)
+
+
+def _prompts(backend, n: int = 80) -> list[list[int]]:
+    """Four conversations' prompts of `n` tokens each (equal, so their saved states are of
+    one size), none sharing more than the start of sequence with another."""
+    return [backend.tokenize(text)[:n] for text in (TEXT * 2, NUMBERS, WORDS, COLOURS)]
+
+
+@pytest.mark.parametrize("unified", [False, True])
+def test_a_conversation_that_comes_back_is_put_back_not_read_again(
+        smollm2_path, smollm2_reference, unified):
+    """Without a saved copy, the first conversation's next turn found the slot holding the
+    second and read its whole prompt again. The same in one pool of cells (--kv-unified)."""
+    with _one_slot(smollm2_path, kv_unified=unified) as backend:
+        a, b, *_ = _prompts(backend)
+        more = backend.tokenize(MORE, add_special=False)
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        got, stats = _logits_after(backend, a + more)
+        engine = backend.stats()
+    assert stats.cached_tokens == len(a)
+    assert (engine.prompts_saved, engine.prompts_restored, engine.restored_tokens) == (
+        2, 1, len(a))  # (a when b came, b when a came back)
+    assert engine.saved_bytes > 0  # b's
+    _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, b + more))
+
+
+def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
+    for mib in (0, 1):  # (80 tokens of smollm2's cache take 1.8 MB)
+        with _one_slot(smollm2_path, cache_ram=mib) as backend:
+            a, b, *_ = _prompts(backend)
+            _logits_after(backend, a)
+            _logits_after(backend, b)
+            _, stats = _logits_after(backend, a)
+            engine = backend.stats()
+        assert stats.cached_tokens <= 1, mib  # (the start of sequence)
+        assert (engine.prompts_saved, engine.prompts_restored, engine.saved_bytes) == (0, 0, 0)
+
+
+def test_the_oldest_saved_go_first_past_the_cap(smollm2_path):
+    """Room for two saved sequences: after four conversations the first is gone (read again
+    when it comes back), the second is put back."""
+    with _one_slot(smollm2_path) as backend:
+        a, b, c, d = _prompts(backend)
+        prompts = backend.engine.prompts
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        one = prompts.bytes  # a's state
+        prompts.max_bytes = 2 * one + one // 2
+        _logits_after(backend, c)
+        _logits_after(backend, d)  # c saved: a goes
+        assert (len(prompts), prompts.bytes) == (2, 2 * one)
+        _, kept = _logits_after(backend, b)  # (d saved beside c)
+        _, gone = _logits_after(backend, a)  # (b saved: c goes)
+        assert prompts.bytes <= prompts.max_bytes
+    assert gone.cached_tokens <= 1
+    assert kept.cached_tokens == len(b) - 1  # (the last token is read again for its logits)
+
+
+def test_a_state_llama_cpp_will_not_take_back_is_read_again(smollm2_path, smollm2_reference,
+                                                            monkeypatch):
+    """llama.cpp reads a saved state and finds it short (here it is given half of it): the
+    sequence is then empty, and the prompt must be read whole, not answered from what the
+    engine believed the slot held; the saved copy stays."""
+    with _one_slot(smollm2_path) as backend:
+        a, b, *_ = _prompts(backend)
+        native = backend.native
+        real = native.restore_sequence
+        monkeypatch.setattr(native, "restore_sequence", lambda seq, data: real(
+            seq, (ctypes.c_uint8 * (len(data) // 2)).from_buffer(data)))
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        got, stats = _logits_after(backend, a)
+        engine = backend.stats()
+        kept = len(backend.engine.prompts)
+    assert stats.cached_tokens == 0 and engine.prompts_restored == 0
+    assert kept == 2  # a's copy kept, and b's saved before the attempt
+    _close(got, _fresh(smollm2_reference, a), _fresh(smollm2_reference, b))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("arch", ["qwen35", "mamba2"])
+def test_a_recurrent_state_comes_back_with_its_checkpoints(arch):
+    """A recurrent state saved whole, put back for a turn that goes on from it (all of it
+    cached), and for one that leaves it before its end (cut back to the checkpoint the slot
+    had saved a few tokens before that end, carried with it)."""
+    path = arch_model(arch)
+    reference = Reference(path)
+    try:
+        with _one_slot(path) as backend:
+            a, b, *_ = _prompts(backend)
+            more = backend.tokenize(MORE, add_special=False)
+            _logits_after(backend, a)
+            _logits_after(backend, b)
+            got, grown = _logits_after(backend, a + more)
+            _close(got, _fresh(reference, a + more), _fresh(reference, b + more))
+            _logits_after(backend, b)  # (a + more saved, with its checkpoints)
+            cut = a + more[:-2] + backend.tokenize(" No.", add_special=False)
+            got, rewritten = _logits_after(backend, cut)
+            _close(got, _fresh(reference, cut), _fresh(reference, b + more))
+            engine = backend.stats()
+    finally:
+        reference.close()
+    assert grown.cached_tokens == len(a)
+    assert rewritten.cached_tokens == len(a + more) - Checkpoints.TAIL
+    assert engine.prompts_restored >= 2
+
+
+def test_a_short_prefix_never_brings_back_a_long_state(smollm2_path):
+    """A saved sequence is put back only where the prompt keeps a quarter of it."""
+    with _one_slot(smollm2_path) as backend:
+        a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
+        assert len(a) == 200
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        _, stats = _logits_after(backend, a[:40] + b[1:20])
+        engine = backend.stats()
+    assert stats.cached_tokens <= 1 and engine.prompts_restored == 0
+    assert 4 * 40 < len(a) and PromptCache.MIN_TOKENS < 40
