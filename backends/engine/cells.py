@@ -4,7 +4,7 @@
   fits its share or is refused when submitted; nothing is admitted or preempted by cells.
 - `SharedCells` (--kv-unified): one pool. Any request may grow to the pool (up to the
   trained context); requests are admitted by free cells, idle prefixes give theirs back
-  first (least recently used), and when generating streams need more, the newest request
+  first (least recently used; saved to RAM first where the prompt cache is on), and when generating streams need more, the newest request
   is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
 
 Both also say which KV a starting request keeps (its cached prefix, or one borrowed from
@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.draft import common_prefix
+from localinfer.backends.engine.prompt_cache import PromptCache
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.engine.slots import Slot, SlotState
 
@@ -36,8 +37,10 @@ log = logging.getLogger("localinfer.engine")
 
 class SplitCells:
     def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0,
-                 checkpoints: Checkpoints | None = None):
+                 checkpoints: Checkpoints | None = None, prompts: PromptCache | None = None):
         self.native = native
+        # where an idle slot's prefix gives its cells back, a copy in RAM (prompt_cache.py)
+        self.prompts = prompts
         # where a stateful sequence cannot be cut, the points it may go back to (0: none)
         self.checkpoints = checkpoints or Checkpoints(native, 0, 1)
         self.n_cells = native.n_cells()
@@ -227,8 +230,8 @@ class SharedCells(SplitCells):
     ROOM_PER_STREAM = 16  # cells kept free per running stream when admitting a new prompt
 
     def __init__(self, native: NativeModel, n_slots: int, reuse_min: int = 0,
-                 checkpoints: Checkpoints | None = None):
-        super().__init__(native, n_slots, reuse_min, checkpoints)
+                 checkpoints: Checkpoints | None = None, prompts: PromptCache | None = None):
+        super().__init__(native, n_slots, reuse_min, checkpoints, prompts)
         self.per_slot = max(self.per_slot, min(self.n_cells, native.n_ctx_train()))
 
     def free(self, slots: Sequence[Slot]) -> int:
@@ -267,7 +270,10 @@ class SharedCells(SplitCells):
         idle = sorted((s for s in slots if s.task is None and s.cache and s is not keep),
                       key=lambda s: s.last_used)
         while self.free(slots) < need and idle:
-            self.forget(idle.pop(0))
+            gone = idle.pop(0)
+            if self.prompts is not None:
+                self.prompts.save(gone)
+            self.forget(gone)
         return self.free(slots) >= need
 
 

@@ -44,6 +44,11 @@ class _Saved:
     checkpoints: list[Checkpoint]
     spans: dict[int, tuple[int, int]]  # its images' (Slot.spans)
 
+    @property
+    def size(self) -> int:
+        """Its bytes in RAM: the state and the checkpoints it carries."""
+        return len(self.data) + sum(len(c.data) for c in self.checkpoints)
+
 
 class PromptCache:
     RAM_FLOOR = 1 << 30  # bytes of memory a save leaves available to everything else
@@ -81,7 +86,7 @@ class PromptCache:
             self._drop([best])  # (taken out first: the slot's own save never evicts it)
         kept = min(slot.common_prefix(tokens), limit)
         if best is not None or 2 * kept < len(slot.cache):
-            self._save(slot)
+            self.save(slot)
         if best is not None:
             self._restore(slot, best, shared)
 
@@ -93,12 +98,17 @@ class PromptCache:
             return max((c.n_tokens for c in saved.checkpoints if c.n_tokens <= n), default=0)
         return n
 
-    def _save(self, slot: Slot) -> None:
+    def save(self, slot: Slot) -> None:
+        """Keep a copy of what the slot holds (about to be dropped)."""
+        if not self.on:
+            return
         cache = slot.cache
         if len(cache) < self.MIN_TOKENS or any(
                 common_prefix(s.tokens, cache) == len(cache) for s in self._saved):
             return  # (short, or saved already: in full, or as the start of a longer one)
-        room = min(self.max_bytes, psutil.virtual_memory().available - self.RAM_FLOOR)
+        checkpoints = sum(len(c.data) for c in slot.checkpoints)
+        room = min(self.max_bytes - checkpoints,
+                   psutil.virtual_memory().available - self.RAM_FLOOR)
         data = self.native.save_sequence(slot.id, max(0, room))
         if data is None:
             log.debug("slot %d: its %d tokens not saved (none written, or more than %d "
@@ -131,15 +141,15 @@ class PromptCache:
 
     def _keep(self, saved: _Saved) -> None:
         """Keep `saved`, newest, the oldest dropped while they would pass the cap."""
-        while self._saved and self.bytes + len(saved.data) > self.max_bytes:
+        while self._saved and self.bytes + saved.size > self.max_bytes:
             self._drop([self._saved[0]])
         self._saved.append(saved)
-        self.bytes += len(saved.data)
+        self.bytes += saved.size
 
     def _drop(self, gone: list[_Saved]) -> None:
         for saved in gone:
             self._saved.remove(saved)
-            self.bytes -= len(saved.data)
+            self.bytes -= saved.size
 
     def clear(self) -> None:
         self._drop(list(self._saved))

@@ -121,14 +121,16 @@ class Engine:
         # a recurrent state that cannot be cut goes back to one of its slot's last
         # `ctx_checkpoints` checkpoints, `checkpoint_bytes` in all (checkpoints.py; 0: off;
         # None: model_store.shape.checkpoint_cap's choice)
+        # a slot's sequence saved in RAM before another request overwrites it (or, in one
+        # pool, before an idle prefix gives its cells back), and put back for a prompt that
+        # comes back: `cache_ram` bytes at most (prompt_cache.py; 0: off)
+        self.prompts = PromptCache(native, cache_ram)
         self.cells = (SharedCells if unified else SplitCells)(
             native, n_slots, cache_reuse, Checkpoints(native, ctx_checkpoints, self.prefill_chunk,
-                                                      max_bytes=checkpoint_bytes))
+                                                      max_bytes=checkpoint_bytes),
+            self.prompts)
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
-        # a slot's sequence saved in RAM before another request overwrites it, and put back
-        # for a prompt that comes back: `cache_ram` bytes at most (prompt_cache.py; 0: off)
-        self.prompts = PromptCache(native, cache_ram)
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
         self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)

@@ -54,6 +54,23 @@ def test_a_conversation_that_comes_back_is_put_back_not_read_again(
     _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, b + more))
 
 
+def test_in_one_pool_an_idle_prefix_giving_its_cells_back_is_saved_first(
+        smollm2_path, smollm2_reference):
+    """--kv-unified, 2 slots of 128 tokens: a 200-token prompt takes the cells of the idle
+    100-token one beside it, which is saved before it goes, and put back when it returns."""
+    with _backend(smollm2_path, n_ctx=128, n_slots=2, kv_unified=True) as backend:
+        a = backend.tokenize(TEXT * 2)[:100]
+        b = backend.tokenize(NUMBERS + WORDS)[:200]
+        assert len(b) == 200
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        assert backend.stats().prompts_saved == 1
+        got, stats = _logits_after(backend, a)
+        engine = backend.stats()
+    assert stats.cached_tokens == len(a) - 1 and engine.prompts_restored == 1
+    _close(got, _fresh(smollm2_reference, a), _fresh(smollm2_reference, b))
+
+
 def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
     for mib in (0, 1):  # (80 tokens of smollm2's cache take 1.8 MB)
         with _one_slot(smollm2_path, cache_ram=mib) as backend:
