@@ -71,6 +71,20 @@ def test_in_one_pool_an_idle_prefix_giving_its_cells_back_is_saved_first(
     _close(got, _fresh(smollm2_reference, a), _fresh(smollm2_reference, b))
 
 
+def test_a_new_chat_takes_an_empty_slot_not_one_whose_chat_shares_its_first_tokens(
+        smollm2_path):
+    """Two slots, nothing saved to RAM: a second chat that shares only its first words with
+    the first took the first's slot (its few cached tokens won), and the first chat's next
+    turn read its prompt again; now it takes the empty slot, and the first stays cached."""
+    with _backend(smollm2_path, n_slots=2, cache_ram=0) as backend:
+        a, b = (backend.tokenize("Chat log. " + text)[:80] for text in (TEXT * 2, NUMBERS))
+        assert a[:3] == b[:3]
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        _, stats = _logits_after(backend, a)
+    assert stats.cached_tokens == len(a) - 1
+
+
 def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
     for mib in (0, 1):  # (80 tokens of smollm2's cache take 1.8 MB)
         with _one_slot(smollm2_path, cache_ram=mib) as backend:
