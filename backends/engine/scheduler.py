@@ -367,15 +367,16 @@ class Engine:
         it finds cached there (the slot's prefix and runs to be moved into place, or a longer
         prefix borrowed from another slot) outweigh those of the slot's own it drops, each
         of which counts half (its conversation may come back, or not), the more the better.
-        Then the slots it would mostly overwrite: an empty one, else the least recently used
-        (a slot whose chat shares only the template's first tokens is not one to go on
-        from: another conversation is kept there for when it comes back)."""
+        Then the slots it would mostly overwrite: an empty one, else by the quarter of the
+        prompt found cached, else the least recently used (a slot whose chat shares only the
+        template's first tokens is not one to go on from: another conversation is kept there
+        for when it comes back)."""
         own = self.cells.reusable(slot, tokens, limit, self.slots)
         kept = self.cells.kept(slot, tokens, limit, self.slots)
         gain = kept - (len(slot.cache) - (own if kept == own else 0)) // 2
         if gain > 0:
             return 1, gain, -slot.last_used
-        return 0, 0 if slot.cache else 1, -slot.last_used
+        return 0, 0 if slot.cache else 1, 4 * kept // max(limit, 1), -slot.last_used
 
     def _start(self, slot: Slot, task: Task) -> None:
         resume, task.resume = task.resume, None

@@ -12,11 +12,12 @@ import ctypes
 
 import pytest
 
+from localinfer.backends.base import SamplingParams
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.prompt_cache import PromptCache
 
 from ..families import arch_model
-from ..greedy import Reference
+from ..greedy import Reference, eog_ban
 from .test_recurrent import TEXT, _backend, _close, _fresh, _logits_after
 
 NUMBERS = "A list of numbers: " + " ".join(str(n) for n in range(60))
@@ -81,6 +82,19 @@ def test_a_new_chat_takes_an_empty_slot_not_one_whose_chat_shares_its_first_toke
         assert a[:3] == b[:3]
         _logits_after(backend, a)
         _logits_after(backend, b)
+        _, stats = _logits_after(backend, a)
+    assert stats.cached_tokens == len(a) - 1
+
+
+def test_a_prompt_sent_again_goes_back_to_its_slot_past_a_long_reply(smollm2_path):
+    """The same prompt again (a regenerated reply): its slot holds it and a reply longer
+    than it, which the request drops; it still goes there, not to the least recently used
+    slot, where it would read its whole prompt."""
+    with _backend(smollm2_path, n_slots=2, cache_ram=0) as backend:
+        a, b = (backend.tokenize(text)[:20] for text in (TEXT, NUMBERS))
+        _logits_after(backend, b)
+        backend.generate(a, SamplingParams(temperature=0, max_tokens=40,
+                                           logit_bias=eog_ban(backend.native))).text()
         _, stats = _logits_after(backend, a)
     assert stats.cached_tokens == len(a) - 1
 
