@@ -261,6 +261,7 @@ class Engine:
         self.stop()
         self.batch.free()
         self.speculator.close()
+        self.prompts.clear()  # (their RAM goes with the model)
         self.native.close()
         if self.threads is not None and self.threads.share is not None:
             self.threads.share.close()  # (its slot free for another process)
