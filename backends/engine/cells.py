@@ -4,8 +4,9 @@
   fits its share or is refused when submitted; nothing is admitted or preempted by cells.
 - `SharedCells` (--kv-unified): one pool. Any request may grow to the pool (up to the
   trained context); requests are admitted by free cells, idle prefixes give theirs back
-  first (least recently used; saved to RAM first where the prompt cache is on), and when generating streams need more, the newest request
-  is preempted: its KV dropped, the request queued again first (the engine's `preempt`).
+  first (least recently used; saved to RAM first where the prompt cache is on), and when
+  generating streams need more, the newest request is preempted: its KV dropped, the
+  request queued again first (the engine's `preempt`).
 
 Both also say which KV a starting request keeps (its cached prefix, or one borrowed from
 another slot; on a recurrent or hybrid model, and on a sliding-window cache cut where its
@@ -109,10 +110,13 @@ class SplitCells:
             # `shared`; nor a window whose cells before it are gone
         return donor, shared
 
-    def kept(self, slot: Slot, tokens: Sequence[int], limit: int, slots: Sequence[Slot]) -> int:
+    def kept(self, slot: Slot, tokens: Sequence[int], limit: int, slots: Sequence[Slot],
+             own: int | None = None) -> int:
         """How many of `tokens` a request starting in `slot` would find cached: the slot's
-        own (`reusable`), or a longer prefix `borrow_prefix` would take from another slot."""
-        own = self.reusable(slot, tokens, limit, slots)
+        own (`reusable`, or `own` where the caller has it), or a longer prefix
+        `borrow_prefix` would take from another slot."""
+        if own is None:
+            own = self.reusable(slot, tokens, limit, slots)
         return max(own, min(self._donor(slot, tokens, own, slots)[1], limit))
 
     def keep_prefix(self, slot: Slot, tokens: Sequence[int], n_keep: int) -> int:

@@ -115,16 +115,16 @@ class Engine:
                      "or cache reuse, and a prompt that leaves the cached one further back "
                      "goes back to a checkpoint or is read again (--swa-full keeps every "
                      "cell)", native.n_swa)
+        # a slot's sequence saved in RAM before another request overwrites it (or, in one
+        # pool, before an idle prefix gives its cells back), and put back for a prompt that
+        # comes back: `cache_ram` bytes at most (prompt_cache.py; 0: off)
+        self.prompts = PromptCache(native, cache_ram)
         # how the slots share the context's cells: a fixed share each, or one pool that
         # admits and preempts requests by free cells (cells.py); past a request's cached
         # prefix, cached runs of `cache_reuse` tokens or more are moved into place (0: off);
         # a recurrent state that cannot be cut goes back to one of its slot's last
         # `ctx_checkpoints` checkpoints, `checkpoint_bytes` in all (checkpoints.py; 0: off;
         # None: model_store.shape.checkpoint_cap's choice)
-        # a slot's sequence saved in RAM before another request overwrites it (or, in one
-        # pool, before an idle prefix gives its cells back), and put back for a prompt that
-        # comes back: `cache_ram` bytes at most (prompt_cache.py; 0: off)
-        self.prompts = PromptCache(native, cache_ram)
         self.cells = (SharedCells if unified else SplitCells)(
             native, n_slots, cache_reuse, Checkpoints(native, ctx_checkpoints, self.prefill_chunk,
                                                       max_bytes=checkpoint_bytes),
@@ -373,7 +373,7 @@ class Engine:
         template's first tokens is not one to go on from: another conversation is kept there
         for when it comes back)."""
         own = self.cells.reusable(slot, tokens, limit, self.slots)
-        kept = self.cells.kept(slot, tokens, limit, self.slots)
+        kept = self.cells.kept(slot, tokens, limit, self.slots, own)
         gain = kept - (len(slot.cache) - (own if kept == own else 0)) // 2
         if gain > 0:
             return 1, gain, -slot.last_used
