@@ -70,11 +70,14 @@ class PromptCache:
     def __len__(self) -> int:
         return len(self._saved)
 
-    def swap(self, slot: Slot, tokens: Sequence[int], limit: int, have: int, room: int) -> None:
-        """A request for `tokens` starts in `slot`, which would keep `have` of them (its own
-        prefix, or another slot's): save what the slot holds where it would lose most of it,
-        and put back the saved sequence that shares the most with `tokens`, where that beats
-        `have` and holds no more than `room` tokens (the cells the slot may fill)."""
+    def swap(self, slot: Slot, tokens: Sequence[int], limit: int, have: int, own: int,
+             room: int) -> None:
+        """A request for `tokens` starts in `slot`, which would start with `have` of them
+        cached (its own prefix, or another slot's) and keep `own` of what it holds (a
+        recurrent state: as far back as a checkpoint allows): save what the slot holds
+        where it would lose most of it, and put back the saved sequence that shares the most
+        with `tokens`, where that beats `have` and holds no more than `room` tokens (the
+        cells the slot may fill)."""
         if not self.on:
             return
         best, shared = None, max(have, self.MIN_TOKENS - 1)
@@ -84,8 +87,7 @@ class PromptCache:
                 best, shared = saved, n
         if best is not None:
             self._drop([best])  # (taken out first: the slot's own save never evicts it)
-        kept = min(slot.common_prefix(tokens), limit)
-        if best is not None or 2 * kept < len(slot.cache):
+        if best is not None or 2 * own < len(slot.cache):
             self.save(slot)
         if best is not None:
             self._restore(slot, best, shared)

@@ -385,7 +385,10 @@ class Engine:
         # a new prompt keeps at least one token to evaluate: its logits give the first token
         limit = len(tokens) - (0 if resume else 1)
         if self.prompts.on:
-            self.prompts.swap(slot, tokens, limit, self.cells.kept(slot, tokens, limit, self.slots),
+            own = self.cells.reusable(slot, tokens, limit, self.slots)
+            have = self.cells.kept(slot, tokens, limit, self.slots, own)
+            # (what the slot keeps of its own: nothing where it borrows another's prefix)
+            self.prompts.swap(slot, tokens, limit, have, own if have == own else 0,
                               min(self.n_ctx_slot, self.cells.free(self.slots) + len(slot.cache)))
         self.cells.borrow_prefix(slot, tokens, self.slots)
         n_keep = min(slot.common_prefix(tokens), limit)

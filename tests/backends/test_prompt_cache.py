@@ -180,6 +180,24 @@ def test_a_recurrent_state_comes_back_with_its_checkpoints(arch):
     assert engine.prompts_restored >= 2
 
 
+@pytest.mark.numerics
+def test_a_recurrent_state_cut_back_past_its_checkpoints_is_saved_first():
+    """A new chat shares most of the slot's hybrid state (a long common start), but no
+    checkpoint lies within what it shares: the state is dropped whole, so it is saved
+    first, however much the prompts share, and comes back when its chat does."""
+    path = arch_model("qwen35")
+    with _one_slot(path) as backend:
+        a = backend.tokenize(TEXT * 2)[:80]
+        b = a[:60] + backend.tokenize(NUMBERS, add_special=False)[:20]
+        more = backend.tokenize(MORE, add_special=False)
+        _logits_after(backend, a)
+        _, other = _logits_after(backend, b)
+        _, back = _logits_after(backend, a + more)
+        engine = backend.stats()
+    assert other.cached_tokens == 0  # (a's checkpoints lie past 60)
+    assert back.cached_tokens == len(a) and engine.prompts_restored == 1
+
+
 def test_a_short_prefix_never_brings_back_a_long_state(smollm2_path):
     """A saved sequence is put back only where the prompt keeps a quarter of it."""
     with _one_slot(smollm2_path) as backend:
