@@ -161,6 +161,17 @@ def test_a_busy_cpu_gives_no_verdict_and_the_next_load_measures_again(cache: Pat
     assert verdict(TINY, 1) == busy and runs.read_text() == "xx" and not cache.exists()
 
 
+def test_the_budget_is_for_the_whole_timing_not_one_decode():
+    """A budget longer than any one decode of a run but shorter than all of them is past:
+    it was checked against each decode alone, so a CPU busy enough to double every step
+    still gave a verdict."""
+    full = measure(TINY, threads=1, depth=2 * CHUNK, reps=3, layers=2)
+    longest = max(t for times in (*full.reads.values(), *full.steps.values()) for t in times)
+    busy = measure(TINY, threads=1, depth=2 * CHUNK, reps=3, layers=2,
+                   budget_s=1.2 * longest / 1000)
+    assert busy.flash is None and busy.retry, (longest, busy)
+
+
 @pytest.mark.parametrize("failing, said", [
     ("decode", "llama_decode returned 1"),
     ("forget", "llama.cpp kept a decoded token it was asked to drop")])
