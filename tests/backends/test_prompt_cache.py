@@ -4,12 +4,14 @@ conversations: each new one takes the slot, and a conversation's next turn finds
 sequence saved, put back, and reads only what is new. Judged by the cached count and by the
 logits of the prompt's last token against a fresh decode of the whole prompt (tests/greedy.py's
 reference); a recurrent or hybrid state put back, and cut back to a checkpoint it carried,
-the same way (random-weight Qwen3.5 and Mamba2 shapes, tests/families.py)."""
+a sliding-window and a mixture-of-experts state the same way (random-weight Qwen3.5, Mamba2,
+Gemma 3 and Qwen3-MoE shapes, tests/families.py)."""
 
 from __future__ import annotations
 
 import ctypes
 
+import psutil
 import pytest
 
 from localinfer.backends.base import SamplingParams
@@ -111,6 +113,21 @@ def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
         assert (engine.prompts_saved, engine.prompts_restored, engine.saved_bytes) == (0, 0, 0)
 
 
+def test_nothing_is_saved_that_would_leave_the_machine_short_of_memory(smollm2_path,
+                                                                      monkeypatch):
+    """Under the cap, but a save would leave less than RAM_FLOOR available (here the floor
+    is all the machine has): nothing is copied."""
+    monkeypatch.setattr(PromptCache, "RAM_FLOOR", psutil.virtual_memory().total)
+    with _one_slot(smollm2_path) as backend:
+        a, b, *_ = _prompts(backend)
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        _, stats = _logits_after(backend, a)
+        engine = backend.stats()
+    assert stats.cached_tokens <= 1
+    assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
+
+
 def test_the_oldest_saved_go_first_past_the_cap(smollm2_path):
     """Room for two saved sequences: after four conversations the first is gone (read again
     when it comes back), the second is put back."""
@@ -178,6 +195,29 @@ def test_a_recurrent_state_comes_back_with_its_checkpoints(arch):
     assert grown.cached_tokens == len(a)
     assert rewritten.cached_tokens == len(a + more) - Checkpoints.TAIL
     assert engine.prompts_restored >= 2
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3moe"])
+def test_a_sliding_window_or_mixture_of_experts_state_comes_back(arch):
+    """Gemma 3's shape (its windowed layers keep only their window: llama.cpp writes and
+    reads both of its caches) and a mixture of experts (Qwen3-MoE's): a conversation put
+    back gives a fresh decode's logits."""
+    path = arch_model(arch)
+    reference = Reference(path)
+    try:
+        with _one_slot(path) as backend:
+            assert backend.native.windowed == (arch == "gemma3")
+            a, b, *_ = _prompts(backend)
+            more = backend.tokenize(MORE, add_special=False)
+            _logits_after(backend, a)
+            _logits_after(backend, b)
+            got, grown = _logits_after(backend, a + more)
+            engine = backend.stats()
+            _close(got, _fresh(reference, a + more), _fresh(reference, b + more))
+    finally:
+        reference.close()
+    assert grown.cached_tokens == len(a) and engine.prompts_restored == 1
 
 
 @pytest.mark.numerics
