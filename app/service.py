@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-import psutil
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.backends.rpc.workers import HEAD
@@ -20,7 +19,7 @@ from localinfer.errors import (ContextTooLarge, InvalidRequest, LocalinferError,
 from localinfer.model_store import pulled
 from localinfer.model_store.catalog import HubRef, parse_hub_ref
 from localinfer.backends.native.machine import detect
-from localinfer.model_store.hardware import GPU, Hardware, gpu_count, select_gpus
+from localinfer.model_store.hardware import GPU, Hardware, gpu_count, ram_available, select_gpus
 from localinfer.model_store.hub import Progress, RemoteFile, remote_info, remote_projector
 from localinfer.model_store.planner import (DEFAULT_OUTPUTS, Plan, WontFit,
                                             free_memory, plan)
@@ -43,10 +42,6 @@ log = logging.getLogger("localinfer.service")
 
 # (path, options, name, loop=None): loop is the event loop of the server that will use it
 BackendFactory = Callable[..., Backend]
-
-
-def ram_available() -> int:
-    return psutil.virtual_memory().available
 
 
 def llama_cpp_backend(path: Path, options: LoadOptions, name: str,

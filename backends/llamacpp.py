@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 from pathlib import Path
 
-import psutil
 
 from localinfer.backends.base import Backend, Generation, Image, LoadOptions, ModelInfo, SamplingParams
 from localinfer.chat_formats.detect import detect
@@ -29,6 +28,7 @@ from localinfer.backends.engine.threads import (CoreShare, ThreadTuner, free_cor
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
+from localinfer.model_store.hardware import ram_available
 from localinfer.model_store.planner import pooled_bytes, reserved_outputs
 from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
@@ -301,7 +301,7 @@ class LlamaCppBackend(Backend):
         shape = dataclasses.replace(info.shape(), pooled="embed", pooled_ubatch=POOLED_UBATCH)
         kv, state, compute, outputs = pooled_bytes(shape, self.embedder.n_ctx)
         need = outputs if options.n_gpu_layers else kv + state + compute + outputs
-        free = psutil.virtual_memory().available
+        free = ram_available()  # (not the weights mapped: the OS counts them as free)
         if need > free:
             raise ModelLoadFailed(
                 f"embeddings with {self.info.name} need {need / (1 << 30):.2f} GiB of RAM for a "

@@ -25,7 +25,9 @@ import psutil
 from localinfer.errors import InvalidRequest
 
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
-           "free_gpu_memory", "gpu_count", "parse_size", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
+           "SERVER_PID", "free_gpu_memory", "gpu_count", "mapped_file_bytes", "parse_size",
+           "ram_available", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi",
+           "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
@@ -332,6 +334,48 @@ def parse_system_info(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.findall(r"(?:^|\|\s*)([A-Za-z][\w-]*) : ", text)))
 
 
+# set in a runner's environment (backends/runner/spawn.py): the server whose processes hold
+# its models, its own and every runner's
+SERVER_PID = "LOCALINFER_SERVER_PID"
+
+
+def ram_available() -> int:
+    """The RAM a new allocation may take: what the OS says is available, less the file pages
+    resident in this server's processes (`mapped_file_bytes`).
+
+    A model's weights are mapped from its file, and Linux counts such pages as available
+    (it may drop them and read them back): measured, a 1.23 GiB model mapped and read took
+    1.2 GiB from free memory and none from available. Memory handed out on that count (a
+    second model's plan, saved prompts) would come out of the weights a model reads at every
+    step, read again from the disk each time."""
+    return max(0, psutil.virtual_memory().available - mapped_file_bytes())
+
+
+def mapped_file_bytes() -> int:
+    """Bytes of mapped files resident in this server's processes: the server (in a runner:
+    its parent, `SERVER_PID`; else this process) and its descendants. Linux's RssFile; 0
+    on systems that do not count mapped files as available."""
+    if not os.path.exists("/proc/self/status"):
+        return 0
+    try:
+        root = psutil.Process(int(os.environ.get(SERVER_PID) or os.getpid()))
+        family = [root, *root.children(recursive=True)]
+    except (psutil.Error, ValueError):  # (the server is gone: its runner ends with it)
+        family = [psutil.Process()]
+    return sum(_rss_file(p.pid) for p in family)
+
+
+def _rss_file(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"RssFile:"):
+                    return int(line.split()[1]) * 1024  # (kB)
+    except (OSError, ValueError, IndexError):  # (it ended meanwhile)
+        pass
+    return 0
+
+
 def survey(native: NativeFacts, run: Runner = run_tool, system: str | None = None,
            machine: str | None = None) -> Hardware:
     """The machine as the vendors' tools and the OS say, with llama.cpp's own facts."""
@@ -342,8 +386,8 @@ def survey(native: NativeFacts, run: Runner = run_tool, system: str | None = Non
     for found, probe in (_probe_nvidia(run), _probe_amd(run), _probe_apple(run, system, machine)):
         gpus += found
         probes.append(probe)
-    memory = psutil.virtual_memory()
-    return Hardware(_cpu_info(run, system, machine), memory.total, memory.available, tuple(gpus),
+    return Hardware(_cpu_info(run, system, machine), psutil.virtual_memory().total,
+                    ram_available(), tuple(gpus),
                     native.gpu_offload, native.compute_backends, tuple(probes), native.devices,
                     native.backend_libraries, cpu_buffer_types=native.cpu_buffer_types,
                     cpu_buffer_types_off=native.cpu_buffer_types_off)

@@ -393,6 +393,31 @@ def _pool_on_driver(settings, free: int, lag: int = 0) -> tuple[ModelPool, FakeD
     return pool, driver
 
 
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RssFile is Linux's")
+def test_a_loaded_models_weights_are_not_free_ram_for_the_next(settings):
+    """A runner maps its model's weights from the file, and Linux counts those pages as
+    available memory. The RAM the pool plans the next model into leaves them out: counted
+    free, a second model would push the first's weights out of RAM, read from the disk
+    again at every step."""
+    import psutil
+
+    from localinfer.service import ram_available, runner_backend
+
+    def unmapped() -> int:  # what the OS calls available and the pool does not
+        return psutil.virtual_memory().available - ram_available()
+
+    async def scenario():
+        pool = ModelPool(settings, LoadOptions(n_ctx=256), backend_factory=runner_backend)
+        try:
+            before = unmapped()
+            async with pool.use("smollm2") as smollm2:
+                size = smollm2.resolved.path.stat().st_size
+                assert unmapped() - before >= 0.8 * size
+        finally:
+            await pool.close()
+    asyncio.run(scenario())
+
 def test_each_load_asks_the_driver_how_much_gpu_memory_is_free(settings):
     """The machine's probe at start said 24 GiB free; since then another program took most
     of it: the next load is planned on what the driver says now, and once that program

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 
+from localinfer.model_store.hardware import SERVER_PID
 from localinfer.settings import debug
 
 __all__ = ["dismiss", "how", "spawn", "take", "warm_spare"]
@@ -39,7 +40,9 @@ def spawn() -> subprocess.Popen[bytes]:
                else [sys.executable, "-m", "localinfer.backends.runner.child"])
     # when llama.cpp aborts it (a worker lost), it ends at once with a line on stderr rather
     # than attaching a debugger for a backtrace (seconds, and pages in the server's log)
-    env = os.environ if debug() else {**os.environ, "GGML_NO_BACKTRACE": "1"}
+    env = {**os.environ, **({} if debug() else {"GGML_NO_BACKTRACE": "1"}),
+           # whose processes' mapped weights its memory checks count as in use
+           SERVER_PID: str(os.getpid())}
     # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                             start_new_session=os.name == "posix", env=env)

@@ -194,19 +194,16 @@ def test_a_chat_model_embeds_only_where_the_memory_its_context_takes_is_free(
     """A chat model's embedding context is not in its plan (an embedding model's is): it is
     made on the first embedding only where the RAM it takes is free, else the request is
     refused in one line and nothing is made; once the memory is there, it embeds."""
-    from collections import namedtuple
-
+    from localinfer.backends import llamacpp
     from localinfer.errors import ModelLoadFailed
 
     backend = LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=2048, n_slots=1))
     try:
-        real = psutil.virtual_memory
-        tight = namedtuple("svmem", ["available"])(64 << 20)
-        monkeypatch.setattr(psutil, "virtual_memory", lambda: tight)
+        monkeypatch.setattr(llamacpp, "ram_available", lambda: 64 << 20)
         with pytest.raises(ModelLoadFailed, match=r"need [\d.]+ GiB of RAM .* 0\.06 GiB is free"):
             backend.embed("What do cats eat?")
         assert backend.embedder._ctx is None
-        monkeypatch.setattr(psutil, "virtual_memory", real)
+        monkeypatch.undo()
         vector, n_tokens = backend.embed("What do cats eat?")
         assert len(vector) == llama_cpp.llama_model_n_embd(backend.native.model) and n_tokens
     finally:
@@ -214,12 +211,11 @@ def test_a_chat_model_embeds_only_where_the_memory_its_context_takes_is_free(
 
 
 def test_an_embedding_models_context_is_in_its_plan_and_not_checked_again(monkeypatch):
-    from collections import namedtuple
+    from localinfer.backends import llamacpp
 
     backend = LlamaCppBackend(embedding_model(), LoadOptions(n_ctx=2048, n_slots=1))
     try:
-        monkeypatch.setattr(psutil, "virtual_memory",
-                            lambda: namedtuple("svmem", ["available"])(64 << 20))
+        monkeypatch.setattr(llamacpp, "ram_available", lambda: 64 << 20)
         assert backend.embed("What do cats eat?")[1]
     finally:
         backend.close()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
 from localinfer.backends.runner.process import RunnerBackend
 from localinfer.errors import (InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerDied,
                                RunnerMismatch)
+from localinfer.model_store.hardware import SERVER_PID
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -265,3 +268,15 @@ def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeyp
         assert backend.tokenize("hi") and backend.pid != os.getpid()
     finally:
         backend.close()
+
+
+def test_a_runner_counts_the_servers_processes_as_its_own():
+    """A runner's memory checks count every model of its server (a saved prompt in one must
+    not push out another's weights): its environment names the server."""
+    from localinfer.backends.runner.spawn import dismiss, spawn
+
+    runner = spawn()
+    try:
+        assert psutil.Process(runner.pid).environ()[SERVER_PID] == str(os.getpid())
+    finally:
+        dismiss(runner)

@@ -11,11 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from localinfer.backends.native.machine import detect
-from localinfer.model_store.hardware import (apple_gpu_share, free_gpu_memory, parse_nvidia_smi,
-                                            parse_rocm_smi)
+from localinfer.model_store.hardware import (apple_gpu_share, free_gpu_memory,
+                                            mapped_file_bytes, parse_nvidia_smi,
+                                            parse_rocm_smi, ram_available)
 
 # nvidia-smi --query-gpu=index,name,memory.total,memory.free,driver_version --format=csv,noheader,nounits
 NVIDIA_TWO_GPUS = """0, NVIDIA GeForce RTX 4090, 24564, 23012, 550.54.14
@@ -295,3 +297,38 @@ def test_a_gpu_library_that_did_not_load_says_why(tmp_path):
     found = {lib.name: lib for lib in backend_libraries(tmp_path, lambda: set())}
     assert "libfakedriver.so: cannot open shared object file" in found["ggml-fakegpu"].why_not
     assert found["ggml-cpu-sse42"].why_not == ""  # not chosen is not a failure
+
+
+# a process of ours that maps a file and reads it all, as llama.cpp maps a model's weights
+_MAP_AND_WAIT = """
+import mmap, sys
+with open(sys.argv[1], "rb") as f:
+    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+sum(data[i] for i in range(0, len(data), 4096))
+print("mapped", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="RssFile is Linux's")
+def test_weights_our_processes_map_are_not_counted_as_available_ram(tmp_path):
+    """Linux counts a mapped file's resident pages as available memory (it may drop them).
+    A model's weights are such pages: RAM planned or saved on that count would push them
+    out, and every step would read them from the disk again. What a child process of ours
+    maps is counted as in use while it holds it, and no longer once it ends."""
+    size = 64 << 20
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(size))
+    before = mapped_file_bytes()
+    child = subprocess.Popen([sys.executable, "-c", _MAP_AND_WAIT, str(path)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "mapped"
+        held = mapped_file_bytes()
+        available, spare = psutil.virtual_memory().available, ram_available()
+        assert held - before >= 0.9 * size
+        assert spare <= available - held + (16 << 20)  # (the OS's figure moves meanwhile)
+    finally:
+        child.communicate("")
+    assert mapped_file_bytes() - before < size // 2
+
