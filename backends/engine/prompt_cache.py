@@ -14,9 +14,12 @@ copied back for a short prefix) gets it copied into its slot and reads only the 
 slot then holds it, and the saved copy goes.
 
 Bounded: `max_bytes` in all (the least recently saved go first), and nothing is saved that
-would leave the machine less than `RAM_FLOOR` of memory available. Every native answer is
-checked: a state llama.cpp would not take back leaves the slot empty (its prompt is read
-whole) and the copy kept.
+would leave the machine less than `RAM_FLOOR` of memory available, not counting the model
+weights localinfer's processes have mapped as available (the OS does: saved prompts would
+push them out of RAM, and every step would read them from the disk again). Where memory has
+run short since (another program grew), the oldest copies are given back at the next save.
+Every native answer is checked: a state llama.cpp would not take back leaves the slot empty
+(its prompt is read whole) and the copy kept.
 """
 
 from __future__ import annotations
@@ -26,11 +29,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import psutil
-
 from localinfer.backends.engine.draft import common_prefix
 from localinfer.backends.engine.slots import Checkpoint, Slot
 from localinfer.backends.native.model import NativeModel
+from localinfer.model_store.hardware import ram_available
 
 __all__ = ["PromptCache"]
 
@@ -108,9 +110,12 @@ class PromptCache:
         if len(cache) < self.MIN_TOKENS or any(
                 common_prefix(s.tokens, cache) == len(cache) for s in self._saved):
             return  # (short, or saved already: in full, or as the start of a longer one)
+        spare = ram_available() - self.RAM_FLOOR
+        while spare < 0 and self._saved:  # memory ran short since: the oldest go first
+            spare += self._saved[0].size
+            self._drop([self._saved[0]])
         checkpoints = sum(len(c.data) for c in slot.checkpoints)
-        room = min(self.max_bytes - checkpoints,
-                   psutil.virtual_memory().available - self.RAM_FLOOR)
+        room = min(self.max_bytes - checkpoints, spare)
         data = self.native.save_sequence(slot.id, max(0, room))
         if data is None:
             log.debug("slot %d: its %d tokens not saved (none written, or more than %d "

@@ -17,6 +17,7 @@ import pytest
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.prompt_cache import PromptCache
+from localinfer.model_store.hardware import mapped_file_bytes
 
 from ..families import arch_model
 from ..greedy import Reference, eog_ban
@@ -126,6 +127,43 @@ def test_nothing_is_saved_that_would_leave_the_machine_short_of_memory(smollm2_p
         engine = backend.stats()
     assert stats.cached_tokens <= 1
     assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
+
+
+
+@pytest.mark.skipif(not mapped_file_bytes(), reason="a system that counts mapped files as used")
+def test_nothing_is_saved_into_the_memory_the_weights_are_read_from(smollm2_path, monkeypatch):
+    """The model's weights are mapped from its file, and Linux counts them as available:
+    with a floor that only that count clears, nothing is copied (it would push the weights
+    out of RAM, to be read from the disk at every step)."""
+    with _one_slot(smollm2_path) as backend:
+        mapped = mapped_file_bytes()  # (the weights among them)
+        assert mapped > 64 << 20
+        monkeypatch.setattr(PromptCache, "RAM_FLOOR",
+                            psutil.virtual_memory().available - mapped // 2)
+        a, b, *_ = _prompts(backend)
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        _, stats = _logits_after(backend, a)
+        engine = backend.stats()
+    assert stats.cached_tokens <= 1
+    assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
+
+
+def test_saved_prompts_are_given_back_when_memory_runs_short(smollm2_path, monkeypatch):
+    """Two conversations saved; then the machine's memory runs short (here: a floor of all
+    that is available). At the next save the copies are let go, oldest first, and nothing
+    new is kept; the conversation put back just before still reads only what is new."""
+    with _one_slot(smollm2_path) as backend:
+        a, b, c, _ = _prompts(backend)
+        prompts = backend.engine.prompts
+        for prompt in (a, b, c):
+            _logits_after(backend, prompt)
+        assert len(prompts) == 2  # a's and b's
+        monkeypatch.setattr(PromptCache, "RAM_FLOOR", psutil.virtual_memory().available)
+        _, stats = _logits_after(backend, a)  # a put back; c's save finds memory short
+        kept, engine = (len(prompts), prompts.bytes), backend.stats()
+    assert stats.cached_tokens == len(a) - 1
+    assert (*kept, engine.saved_bytes) == (0, 0, 0)
 
 
 def test_the_oldest_saved_go_first_past_the_cap(smollm2_path):
