@@ -94,7 +94,7 @@ def main() -> None:
                              "save_ms_now": 1e3 * statistics.median(t[0] for t in now),
                              "restore_ms_before": 1e3 * statistics.median(t[1] for t in before),
                              "restore_ms_now": 1e3 * statistics.median(t[1] for t in now),
-                             "save_ratios": [b[0] / a[0] for a, b in zip(before, now)],
+                             "save_ratios": [a[0] / b[0] for a, b in zip(before, now)],
                              "rounds": times})
                 r = rows[-1]
                 print(f"{n} tokens, {r['mib']:.1f} MiB: save {r['save_ms_before']:.1f} → "
