@@ -17,7 +17,8 @@ Bounded: `max_bytes` in all (the least recently saved go first), and nothing is 
 would leave the machine less than `RAM_FLOOR` of memory available, not counting the model
 weights localinfer's processes have mapped as available (the OS does: saved prompts would
 push them out of RAM, and every step would read them from the disk again). Where memory has
-run short since (another program grew), the oldest copies are given back at the next save.
+run short since (another program grew), the oldest copies are given back: at the next save,
+and every CHECK_S seconds while any is kept, the server busy or idle.
 Every native answer is checked: a state llama.cpp would not take back leaves the slot empty
 (its prompt is read whole) and the copy kept.
 """
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -55,11 +57,13 @@ class _Saved:
 class PromptCache:
     RAM_FLOOR = 1 << 30  # bytes of memory a save leaves available to everything else
     MIN_TOKENS = 16  # a sequence is worth saving, or putting back, for at least this many
+    CHECK_S = 5.0  # how often the memory is looked at while copies are kept
 
     def __init__(self, native: NativeModel, max_bytes: int):
         self.native = native
         self.max_bytes = max_bytes
         self._saved: list[_Saved] = []  # oldest first
+        self._checked = time.monotonic()  # when the memory was last looked at
         self.bytes = 0
         self.saves = 0  # sequences saved, and put back (with the prompt tokens they held)
         self.restored = 0
@@ -110,12 +114,8 @@ class PromptCache:
         if len(cache) < self.MIN_TOKENS or any(
                 common_prefix(s.tokens, cache) == len(cache) for s in self._saved):
             return  # (short, or saved already: in full, or as the start of a longer one)
-        spare = ram_available() - self.RAM_FLOOR
-        while spare < 0 and self._saved:  # memory ran short since: the oldest go first
-            spare += self._saved[0].size
-            self._drop([self._saved[0]])
         checkpoints = sum(len(c.data) for c in slot.checkpoints)
-        room = min(self.max_bytes - checkpoints, spare)
+        room = min(self.max_bytes - checkpoints, self.give_back())
         data = self.native.save_sequence(slot.id, max(0, room))
         if data is None:
             log.debug("slot %d: its %d tokens not saved (none written, or more than %d "
@@ -127,6 +127,23 @@ class PromptCache:
         self.saves += 1
         log.debug("slot %d: %d tokens saved (%d bytes; %d sequences, %d bytes kept)",
                   slot.id, len(cache), len(data), len(self._saved), self.bytes)
+
+    def give_back(self) -> int:
+        """Let the oldest copies go while the machine has less than RAM_FLOOR to spare
+        (another program grew since they were kept): the bytes it has to spare then."""
+        self._checked = time.monotonic()
+        spare = ram_available() - self.RAM_FLOOR
+        while spare < 0 and self._saved:
+            spare += self._saved[0].size
+            self._drop([self._saved[0]])
+        return spare
+
+    def due(self) -> float | None:
+        """Seconds until the memory is to be looked at again (`give_back`, every CHECK_S
+        while copies are kept, busy or idle); None while none is."""
+        if not self._saved:
+            return None
+        return max(0.0, self._checked + self.CHECK_S - time.monotonic())
 
     def _restore(self, slot: Slot, saved: _Saved, shared: int) -> None:
         if not self.native.restore_sequence(slot.id, saved.data):

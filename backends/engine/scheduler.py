@@ -290,11 +290,13 @@ class Engine:
     def _take_new_tasks(self) -> bool:
         """Move arrivals into the wait queue; block only when there is nothing to do."""
         self.after_pass()
+        if self.prompts.due() == 0.0:  # (memory the saved prompts may have to give back)
+            self.prompts.give_back()
         idle = ((not self.queue.waiting and not any(s.task for s in self.slots))
                 or self._waiting_for_images())
         if idle:
             self._last_step = None
-        for signal in self.queue.arrivals(block=idle):
+        for signal in self.queue.arrivals(block=idle, timeout=self.prompts.due()):
             if signal is CLOSE:
                 return False
             if isinstance(signal, Job):

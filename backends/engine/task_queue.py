@@ -88,13 +88,13 @@ class TaskQueue:
             if task.stats.preemptions:  # it was queued again by requeue_first, not admitted
                 self._requeued -= 1
 
-    def arrivals(self, block: bool) -> Iterator[object]:
+    def arrivals(self, block: bool, timeout: float | None = None) -> Iterator[object]:
         """(Engine thread.) Move arrived requests into the wait list and yield the signals
         and jobs that came with them (CLOSE, CANCEL_ALL, a Job); wait for the first arrival
-        only if `block`."""
+        only if `block`, at most `timeout` seconds (None: for as long as it takes)."""
         while True:
             try:
-                item = self.inbox.get(block=block)
+                item = self.inbox.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
                 return
             block = False

@@ -10,6 +10,7 @@ Gemma 3 and Qwen3-MoE shapes, tests/families.py)."""
 from __future__ import annotations
 
 import ctypes
+import time
 
 import psutil
 import pytest
@@ -164,6 +165,26 @@ def test_saved_prompts_are_given_back_when_memory_runs_short(smollm2_path, monke
         kept, engine = (len(prompts), prompts.bytes), backend.stats()
     assert stats.cached_tokens == len(a) - 1
     assert (*kept, engine.saved_bytes) == (0, 0, 0)
+
+
+
+def test_saved_prompts_are_given_back_while_no_request_comes(smollm2_path, monkeypatch):
+    """Copies kept and the server idle: while memory is to spare they stay; once it runs
+    short (here: a floor of all that is available) they are let go within CHECK_S, with no
+    save to wait for."""
+    monkeypatch.setattr(PromptCache, "CHECK_S", 0.2)
+    with _one_slot(smollm2_path) as backend:
+        a, b, c, _ = _prompts(backend)
+        prompts = backend.engine.prompts
+        for prompt in (a, b, c):
+            _logits_after(backend, prompt)
+        time.sleep(0.6)
+        assert len(prompts) == 2  # a's and b's, kept
+        monkeypatch.setattr(PromptCache, "RAM_FLOOR", psutil.virtual_memory().available)
+        deadline = time.monotonic() + 10
+        while prompts.bytes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (len(prompts), backend.stats().saved_bytes) == (0, 0)
 
 
 def test_the_oldest_saved_go_first_past_the_cap(smollm2_path):
