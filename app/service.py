@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.backends.rpc.workers import HEAD
 from localinfer.errors import (ContextTooLarge, InvalidRequest, LocalinferError, ModelNotFound,

@@ -12,7 +12,6 @@ from functools import partial
 from typing import Any
 from pathlib import Path
 
-
 from localinfer.backends.base import Backend, Generation, Image, LoadOptions, ModelInfo, SamplingParams
 from localinfer.chat_formats.detect import detect
 from localinfer.chat_formats.template import ChatTemplate, fallback_template

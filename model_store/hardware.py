@@ -354,7 +354,7 @@ def ram_available() -> int:
 def mapped_file_bytes() -> int:
     """Bytes of mapped files resident in this server's processes: the server (in a runner:
     its parent, `SERVER_PID`; else this process) and its descendants. Linux's RssFile; 0
-    on systems that do not count mapped files as available."""
+    where there is no /proc (the OS's own figure is then taken as it is)."""
     if not os.path.exists("/proc/self/status"):
         return 0
     try:

@@ -304,7 +304,7 @@ class NativeModel:
             return None
         # in numpy's memory, which Linux backs with huge pages where it is large: llama.cpp
         # filling it faults 512x fewer pages than a ctypes array's (bench/state_copy.py: a
-        # 64 MiB state saved in ~8 ms, not ~32, on the thread every stream waits on)
+        # 64 MiB state saved in ~7 ms, not ~28, on the thread every stream waits on)
         data = (ctypes.c_uint8 * size).from_buffer(numpy.empty(size, numpy.uint8))
         written = llama_cpp.llama_state_seq_get_data_ext(self.ctx, data, size, seq, flags)
         return data if written == size else None

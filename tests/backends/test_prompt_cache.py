@@ -40,6 +40,16 @@ def _prompts(backend, n: int = 80) -> list[list[int]]:
     return [backend.tokenize(text)[:n] for text in (TEXT * 2, NUMBERS, WORDS, COLOURS)]
 
 
+def _back_to_first(backend):
+    """Two conversations in one slot, then the first's again: that turn's stats (its
+    cached tokens), and the engine's."""
+    a, b, *_ = _prompts(backend)
+    _logits_after(backend, a)
+    _logits_after(backend, b)
+    _, stats = _logits_after(backend, a)
+    return stats, backend.stats()
+
+
 @pytest.mark.parametrize("unified", [False, True])
 def test_a_conversation_that_comes_back_is_put_back_not_read_again(
         smollm2_path, smollm2_reference, unified):
@@ -106,11 +116,7 @@ def test_a_prompt_sent_again_goes_back_to_its_slot_past_a_long_reply(smollm2_pat
 def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
     for mib in (0, 1):  # (80 tokens of smollm2's cache take 1.8 MB)
         with _one_slot(smollm2_path, cache_ram=mib) as backend:
-            a, b, *_ = _prompts(backend)
-            _logits_after(backend, a)
-            _logits_after(backend, b)
-            _, stats = _logits_after(backend, a)
-            engine = backend.stats()
+            stats, engine = _back_to_first(backend)
         assert stats.cached_tokens <= 1, mib  # (the start of sequence)
         assert (engine.prompts_saved, engine.prompts_restored, engine.saved_bytes) == (0, 0, 0)
 
@@ -121,14 +127,9 @@ def test_nothing_is_saved_that_would_leave_the_machine_short_of_memory(smollm2_p
     is all the machine has): nothing is copied."""
     monkeypatch.setattr(PromptCache, "RAM_FLOOR", psutil.virtual_memory().total)
     with _one_slot(smollm2_path) as backend:
-        a, b, *_ = _prompts(backend)
-        _logits_after(backend, a)
-        _logits_after(backend, b)
-        _, stats = _logits_after(backend, a)
-        engine = backend.stats()
+        stats, engine = _back_to_first(backend)
     assert stats.cached_tokens <= 1
     assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
-
 
 
 @pytest.mark.skipif(not mapped_file_bytes(), reason="a system that counts mapped files as used")
@@ -141,11 +142,7 @@ def test_nothing_is_saved_into_the_memory_the_weights_are_read_from(smollm2_path
         assert mapped > 64 << 20
         monkeypatch.setattr(PromptCache, "RAM_FLOOR",
                             psutil.virtual_memory().available - mapped // 2)
-        a, b, *_ = _prompts(backend)
-        _logits_after(backend, a)
-        _logits_after(backend, b)
-        _, stats = _logits_after(backend, a)
-        engine = backend.stats()
+        stats, engine = _back_to_first(backend)
     assert stats.cached_tokens <= 1
     assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
 
