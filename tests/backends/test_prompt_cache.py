@@ -40,14 +40,14 @@ def _prompts(backend, n: int = 80) -> list[list[int]]:
     return [backend.tokenize(text)[:n] for text in (TEXT * 2, NUMBERS, WORDS, COLOURS)]
 
 
-def _back_to_first(backend):
-    """Two conversations in one slot, then the first's again: that turn's stats (its
-    cached tokens), and the engine's."""
+def _first_again(backend, more: list[int] | None = None):
+    """Two conversations in one slot, then the first's again (with `more` after it): both
+    prompts, that turn's logits and stats (its cached tokens), and the engine's."""
     a, b, *_ = _prompts(backend)
     _logits_after(backend, a)
     _logits_after(backend, b)
-    _, stats = _logits_after(backend, a)
-    return stats, backend.stats()
+    got, stats = _logits_after(backend, a + (more or []))
+    return a, b, got, stats, backend.stats()
 
 
 @pytest.mark.parametrize("unified", [False, True])
@@ -56,12 +56,8 @@ def test_a_conversation_that_comes_back_is_put_back_not_read_again(
     """Without a saved copy, the first conversation's next turn found the slot holding the
     second and read its whole prompt again. The same in one pool of cells (--kv-unified)."""
     with _one_slot(smollm2_path, kv_unified=unified) as backend:
-        a, b, *_ = _prompts(backend)
         more = backend.tokenize(MORE, add_special=False)
-        _logits_after(backend, a)
-        _logits_after(backend, b)
-        got, stats = _logits_after(backend, a + more)
-        engine = backend.stats()
+        a, b, got, stats, engine = _first_again(backend, more)
     assert stats.cached_tokens == len(a)
     assert (engine.prompts_saved, engine.prompts_restored, engine.restored_tokens) == (
         2, 1, len(a))  # (a when b came, b when a came back)
@@ -116,7 +112,7 @@ def test_a_prompt_sent_again_goes_back_to_its_slot_past_a_long_reply(smollm2_pat
 def test_off_and_too_small_a_cap_save_nothing(smollm2_path):
     for mib in (0, 1):  # (80 tokens of smollm2's cache take 1.8 MB)
         with _one_slot(smollm2_path, cache_ram=mib) as backend:
-            stats, engine = _back_to_first(backend)
+            *_, stats, engine = _first_again(backend)
         assert stats.cached_tokens <= 1, mib  # (the start of sequence)
         assert (engine.prompts_saved, engine.prompts_restored, engine.saved_bytes) == (0, 0, 0)
 
@@ -127,7 +123,7 @@ def test_nothing_is_saved_that_would_leave_the_machine_short_of_memory(smollm2_p
     is all the machine has): nothing is copied."""
     monkeypatch.setattr(PromptCache, "RAM_FLOOR", psutil.virtual_memory().total)
     with _one_slot(smollm2_path) as backend:
-        stats, engine = _back_to_first(backend)
+        *_, stats, engine = _first_again(backend)
     assert stats.cached_tokens <= 1
     assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
 
@@ -142,7 +138,7 @@ def test_nothing_is_saved_into_the_memory_the_weights_are_read_from(smollm2_path
         assert mapped > 64 << 20
         monkeypatch.setattr(PromptCache, "RAM_FLOOR",
                             psutil.virtual_memory().available - mapped // 2)
-        stats, engine = _back_to_first(backend)
+        *_, stats, engine = _first_again(backend)
     assert stats.cached_tokens <= 1
     assert (engine.prompts_saved, engine.saved_bytes) == (0, 0)
 
@@ -162,7 +158,6 @@ def test_saved_prompts_are_given_back_when_memory_runs_short(smollm2_path, monke
         kept, engine = (len(prompts), prompts.bytes), backend.stats()
     assert stats.cached_tokens == len(a) - 1
     assert (*kept, engine.saved_bytes) == (0, 0, 0)
-
 
 
 def test_saved_prompts_are_given_back_while_no_request_comes(smollm2_path, monkeypatch):
@@ -210,15 +205,11 @@ def test_a_state_llama_cpp_will_not_take_back_is_read_again(smollm2_path, smollm
     sequence is then empty, and the prompt must be read whole, not answered from what the
     engine believed the slot held; the saved copy stays."""
     with _one_slot(smollm2_path) as backend:
-        a, b, *_ = _prompts(backend)
         native = backend.native
         real = native.restore_sequence
         monkeypatch.setattr(native, "restore_sequence", lambda seq, data: real(
             seq, (ctypes.c_uint8 * (len(data) // 2)).from_buffer(data)))
-        _logits_after(backend, a)
-        _logits_after(backend, b)
-        got, stats = _logits_after(backend, a)
-        engine = backend.stats()
+        a, b, got, stats, engine = _first_again(backend)
         kept = len(backend.engine.prompts)
     assert stats.cached_tokens == 0 and engine.prompts_restored == 0
     assert kept == 2  # a's copy kept, and b's saved before the attempt
@@ -264,12 +255,8 @@ def test_a_sliding_window_or_mixture_of_experts_state_comes_back(arch):
     try:
         with _one_slot(path) as backend:
             assert backend.native.windowed == (arch == "gemma3")
-            a, b, *_ = _prompts(backend)
             more = backend.tokenize(MORE, add_special=False)
-            _logits_after(backend, a)
-            _logits_after(backend, b)
-            got, grown = _logits_after(backend, a + more)
-            engine = backend.stats()
+            a, b, got, grown, engine = _first_again(backend, more)
             _close(got, _fresh(reference, a + more), _fresh(reference, b + more))
     finally:
         reference.close()
