@@ -413,6 +413,8 @@ def test_a_loaded_models_weights_are_not_free_ram_for_the_next(settings):
             before = unmapped()
             async with pool.use("smollm2") as smollm2:
                 size = smollm2.resolved.path.stat().st_size
+                if psutil.Process(smollm2.backend.pid).memory_info().shared < size // 2:
+                    pytest.skip("the weights were copied out of their file (a CPU layout)")
                 assert unmapped() - before >= 0.8 * size
         finally:
             await pool.close()
