@@ -285,15 +285,20 @@ class Link:
         self._loop_thread = threading.get_ident()
         frames = p.Frames()
         fd = self._pipe.reader
+        # one buffer the pipe's size, read into again and again: os.read(fd, 1 MiB) mapped
+        # and unmapped a fresh MiB for each step's 100 bytes (a message sent and read: 17.5
+        # µs against 5.5; the server's CPU per streamed token, fast-step model: 83 → 63 µs)
+        buffer = bytearray(p.PIPE_BYTES)
+        view = memoryview(buffer)
 
         def readable() -> None:
             try:
-                chunk = os.read(fd, 1 << 20)
+                n = os.readv(fd, [buffer])
             except BlockingIOError:
                 return
             except OSError:
-                chunk = b""
-            if chunk and not any([self._handle(m) for m in frames.feed(chunk)]):
+                n = 0
+            if n and not any([self._handle(m) for m in frames.feed(view[:n])]):
                 return
             self._loop.remove_reader(fd)  # the runner has ended or closed: say so, off the loop
             threading.Thread(target=self._end, daemon=True, name=f"runner-end {self.name}").start()

@@ -51,8 +51,8 @@ from localinfer.errors import EngineError, InvalidRequest, LocalinferError
 from localinfer.settings import SettingsError
 
 __all__ = [
-    "CALLS", "ERRORS", "HELLO", "VERSION", "ApplyChatTemplate", "Beat", "Call", "Cancel",
-    "CancelAll", "Close", "Closed", "Detokenize", "Done", "Embed", "Events", "Failed",
+    "CALLS", "ERRORS", "HELLO", "PIPE_BYTES", "VERSION", "ApplyChatTemplate", "Beat", "Call",
+    "Cancel", "CancelAll", "Close", "Closed", "Detokenize", "Done", "Embed", "Events", "Failed",
     "FewestTokens", "Frames", "Generate", "InfillTokens", "Load", "LoadFailed", "Pipe",
     "PromptTokens", "Ready", "Refused", "Rerank", "Reply", "Request", "Start", "Stats", "Token",
     "Tokenize", "WireError", "grow", "outgoing",
@@ -415,6 +415,7 @@ class Closed:
 
 # ---------------------------------------------------------------------------- the pipe
 _LENGTH = struct.Struct("<Q")
+PIPE_BYTES = 1 << 20  # what the runner's pipe holds (`grow`), and what the parent reads at once
 
 
 class Pipe:
@@ -461,7 +462,7 @@ class Frames:
     def __init__(self) -> None:
         self._buffer = bytearray()
 
-    def feed(self, chunk: bytes) -> list[Any]:
+    def feed(self, chunk: bytes | memoryview) -> list[Any]:
         self._buffer += chunk
         messages, start = [], 0
         while len(self._buffer) - start >= _LENGTH.size:
@@ -481,6 +482,6 @@ def grow(fd: int) -> None:
     try:
         import fcntl
 
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
     except (ImportError, AttributeError, OSError):
         pass
