@@ -9,9 +9,15 @@ conversation's KV, and its next turn reads it all again. Here the slot's whole s
 (`NativeModel.save_sequence`: its cells with their positions, any recurrent state) is
 copied out first, with its tokens and context checkpoints, where the new request keeps less
 than half of it. A new request whose prompt shares more with a saved sequence than with
-what its slot would keep (and at least a quarter of the saved one: a long state is not
-copied back for a short prefix) gets it copied into its slot and reads only the rest; the
-slot then holds it, and the saved copy goes.
+what its slot would keep gets it copied into its slot and reads only the rest; the slot then
+holds it, and the saved copy goes. That is where the prompt keeps at least a quarter of the
+saved sequence (llama-server's rule), or where copying the whole state back takes less than
+half the time reading the tokens it adds would: its bytes at the speed the last copies back
+went (`RESTORE_BYTES_S` until one has been timed), against what a prompt token has cost
+this engine's steps (the step budget's measure). The quarter alone turned away a prompt
+sent again after a reply three times its length: on SmolLM2's shape, 8 clients each
+asking their question again read 13 tokens each instead of copying 4 MB back, and waited
+about as long for their first token as llama-server's clients, which cannot copy it back.
 
 Bounded: `max_bytes` in all (the least recently saved go first), and nothing is saved that
 would leave the machine less than `RAM_FLOOR` of memory available, not counting the model
@@ -58,6 +64,9 @@ class PromptCache:
     RAM_FLOOR = 1 << 30  # bytes of memory a save leaves available to everything else
     MIN_TOKENS = 16  # a sequence is worth saving, or putting back, for at least this many
     CHECK_S = 5.0  # how often the memory is looked at while copies are kept
+    # how fast a saved state is taken to go back until one has been timed: below what a
+    # copy into RAM does (bench/results/state_copy.md: 15 GB/s) and what PCIe carries
+    RESTORE_BYTES_S = 2e9
 
     def __init__(self, native: NativeModel, max_bytes: int):
         self.native = native
@@ -68,6 +77,7 @@ class PromptCache:
         self.saves = 0  # sequences saved, and put back (with the prompt tokens they held)
         self.restored = 0
         self.restored_tokens = 0
+        self._restore_s_per_byte = 1 / self.RESTORE_BYTES_S  # as the recent copies back went
 
     @property
     def on(self) -> bool:
@@ -77,19 +87,21 @@ class PromptCache:
         return len(self._saved)
 
     def swap(self, slot: Slot, tokens: Sequence[int], limit: int, have: int, own: int,
-             room: int) -> None:
+             room: int, token_s: float | None = None) -> None:
         """A request for `tokens` starts in `slot`, which would start with `have` of them
         cached (its own prefix, or another slot's) and keep `own` of what it holds (a
         recurrent state: as far back as a checkpoint allows): save what the slot holds
         where it would lose most of it, and put back the saved sequence that shares the most
-        with `tokens`, where that beats `have` and holds no more than `room` tokens (the
-        cells the slot may fill)."""
+        with `tokens`, where that beats `have`, is worth copying (`token_s`: the seconds a
+        prompt token costs, where measured) and holds no more than `room` tokens (the cells
+        the slot may fill)."""
         if not self.on:
             return
         best, shared = None, max(have, self.MIN_TOKENS - 1)
         for saved in self._saved:
             n = self._keeps(saved, min(common_prefix(saved.tokens, tokens), limit))
-            if n > shared and 4 * n >= len(saved.tokens) and len(saved.tokens) <= room:
+            if (n > shared and len(saved.tokens) <= room
+                    and self._worth_copying(saved, n, n - have, token_s)):
                 best, shared = saved, n
         if best is not None:
             self._drop([best])  # (taken out first: the slot's own save never evicts it)
@@ -97,6 +109,15 @@ class PromptCache:
             self.save(slot)
         if best is not None:
             self._restore(slot, best, shared)
+
+    def _worth_copying(self, saved: _Saved, kept: int, spared: int,
+                       token_s: float | None) -> bool:
+        """Whether `saved` is worth copying back to keep `kept` of its tokens, `spared` of
+        them prompt tokens the request would read otherwise."""
+        if 4 * kept >= len(saved.tokens):
+            return True
+        return (token_s is not None
+                and 2 * len(saved.data) * self._restore_s_per_byte < spared * token_s)
 
     def _keeps(self, saved: _Saved, n: int) -> int:
         """How many tokens a slot would keep of a saved sequence cut back to `n`: all `n`,
@@ -146,7 +167,12 @@ class PromptCache:
         return max(0.0, self._checked + self.CHECK_S - time.monotonic())
 
     def _restore(self, slot: Slot, saved: _Saved, shared: int) -> None:
-        if not self.native.restore_sequence(slot.id, saved.data):
+        began = time.perf_counter()
+        restored = self.native.restore_sequence(slot.id, saved.data)
+        # (checkpoints go back with it as Python objects: the state is what is copied)
+        per_byte = (time.perf_counter() - began) / max(len(saved.data), 1)
+        self._restore_s_per_byte = (self._restore_s_per_byte + per_byte) / 2
+        if not restored:
             log.warning("slot %d: llama.cpp would not take back a saved prompt of %d tokens; "
                         "reading the prompt again", slot.id, len(saved.tokens))
             slot.cache.clear()  # (llama.cpp emptied the sequence)

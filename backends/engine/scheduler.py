@@ -391,7 +391,8 @@ class Engine:
             have = self.cells.kept(slot, tokens, limit, self.slots, own)
             # (what the slot keeps of its own: nothing where it borrows another's prefix)
             self.prompts.swap(slot, tokens, limit, have, own if have == own else 0,
-                              min(self.n_ctx_slot, self.cells.free(self.slots) + len(slot.cache)))
+                              min(self.n_ctx_slot, self.cells.free(self.slots) + len(slot.cache)),
+                              self.budget.per_token_s)
         self.cells.borrow_prefix(slot, tokens, self.slots)
         n_keep = min(slot.common_prefix(tokens), limit)
         if not task.pictures:  # (an image's KV is not moved: a run could start inside one)

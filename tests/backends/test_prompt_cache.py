@@ -18,6 +18,7 @@ import pytest
 from localinfer.backends.base import SamplingParams
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.prompt_cache import PromptCache
+from localinfer.backends.engine.step_budget import StepBudget
 from localinfer.model_store.hardware import mapped_file_bytes
 
 from ..families import arch_model
@@ -282,14 +283,34 @@ def test_a_recurrent_state_cut_back_past_its_checkpoints_is_saved_first():
     assert back.cached_tokens == len(a) and engine.prompts_restored == 1
 
 
-def test_a_short_prefix_never_brings_back_a_long_state(smollm2_path):
-    """A saved sequence is put back only where the prompt keeps a quarter of it."""
+def _short_prefix_of_a_long_state(backend):
+    """A 200-token sequence saved, then a prompt keeping its first 40 (under a quarter of
+    it): the prompt, its logits and numbers, the engine's, and the first sequence."""
+    a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
+    assert len(a) == 200 and 4 * 40 < len(a) and PromptCache.MIN_TOKENS < 40
+    _logits_after(backend, a)
+    _logits_after(backend, b)
+    prompt = a[:40] + b[1:20]
+    got, stats = _logits_after(backend, prompt)
+    return prompt, got, stats, backend.stats(), a
+
+
+def test_a_short_prefix_brings_back_a_long_state_where_reading_it_costs_more(
+        smollm2_path, smollm2_reference):
+    """Copying 200 tokens' state back (4.6 MB) takes a fraction of what reading 39 prompt
+    tokens does on a CPU: the quarter rule alone (llama-server's) read them again."""
     with _one_slot(smollm2_path) as backend:
-        a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
-        assert len(a) == 200
-        _logits_after(backend, a)
-        _logits_after(backend, b)
-        _, stats = _logits_after(backend, a[:40] + b[1:20])
-        engine = backend.stats()
+        prompt, got, stats, engine, a = _short_prefix_of_a_long_state(backend)
+        assert backend.engine.budget.per_token_s is not None  # measured on a's prompt
+    assert stats.cached_tokens == 40 and engine.prompts_restored == 1
+    _close(got, _fresh(smollm2_reference, prompt), _fresh(smollm2_reference, a))
+
+
+def test_a_short_prefix_leaves_a_long_state_where_reading_it_costs_less(
+        smollm2_path, monkeypatch):
+    """Where prompt tokens cost next to nothing (a GPU's), the quarter rule stands: a
+    saved sequence is put back only where the prompt keeps a quarter of it."""
+    monkeypatch.setattr(StepBudget, "per_token_s", property(lambda self: 1e-9))
+    with _one_slot(smollm2_path) as backend:
+        _, _, stats, engine, _ = _short_prefix_of_a_long_state(backend)
     assert stats.cached_tokens <= 1 and engine.prompts_restored == 0
-    assert 4 * 40 < len(a) and PromptCache.MIN_TOKENS < 40
