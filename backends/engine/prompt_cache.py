@@ -15,9 +15,10 @@ saved sequence (llama-server's rule), or where copying the whole state back take
 half the time reading the tokens it adds would: its bytes at the speed the last copies back
 went (`RESTORE_BYTES_S` until one has been timed), against what a prompt token has cost
 this engine's steps (the step budget's measure). The quarter alone turned away a prompt
-sent again after a reply three times its length: on SmolLM2's shape, 8 clients each
-asking their question again read 13 tokens each instead of copying 4 MB back, and waited
-about as long for their first token as llama-server's clients, which cannot copy it back.
+sent again after a reply three times its length: on SmolLM2's shape, 8 clients asking
+their 41-token questions again each read 13 tokens rather than copy 4 MB back, and waited
+163-167 ms for their first token, llama-server's 121-127 ms (it has the same rule); copied
+back, 56-59 ms (bench/results/serve_speed.md: TTFT at 8 clients 0.60x llama-server's).
 
 Bounded: `max_bytes` in all (the least recently saved go first), and nothing is saved that
 would leave the machine less than `RAM_FLOOR` of memory available, not counting the model
