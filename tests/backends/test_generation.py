@@ -131,8 +131,11 @@ def test_next_turn_reuses_the_cached_conversation(smollm2):
 
 
 def test_prefix_cache_hit_gives_the_cold_output(smollm2, smollm2_reference):
+    # (a system prompt of its own: the template's default one, which other tests' chats
+    # share, would bring back one of their saved sequences, and the first run not be cold)
     prompt = smollm2.tokenize(smollm2.apply_chat_template(
-        [{"role": "user", "content": "Describe a lighthouse at night in two sentences."}]))
+        [{"role": "system", "content": "Lighthouse keeper's log."},
+         {"role": "user", "content": "Describe a lighthouse at night in two sentences."}]))
     for text in ("Count to five.", "Spell cat."):  # push both slots off this prompt
         smollm2.generate(smollm2.tokenize(text), GREEDY).text()
     cold = smollm2.generate(prompt, GREEDY)
