@@ -9,16 +9,19 @@ conversation's KV, and its next turn reads it all again. Here the slot's whole s
 (`NativeModel.save_sequence`: its cells with their positions, any recurrent state) is
 copied out first, with its tokens and context checkpoints, where the new request keeps less
 than half of it. A new request whose prompt shares more with a saved sequence than with
-what its slot would keep gets it copied into its slot and reads only the rest; the slot then
-holds it, and the saved copy goes. That is where the prompt keeps at least a quarter of the
-saved sequence (llama-server's rule), or where copying the whole state back takes less than
-half the time reading the tokens it adds would: its bytes at the speed the last copies back
-went (`RESTORE_BYTES_S` until one has been timed), against what a prompt token has cost
-this engine's steps (the step budget's measure). The quarter alone turned away a prompt
-sent again after a reply three times its length: on SmolLM2's shape, 8 clients asking
-their 41-token questions again each read 13 tokens rather than copy 4 MB back, and waited
-163-167 ms for their first token, llama-server's 121-127 ms (it has the same rule); copied
-back, 56-59 ms (bench/results/serve_speed.md: TTFT at 8 clients 0.60x llama-server's).
+what its slot would keep gets it copied into its slot and reads only the rest, where that is
+worth it: the prompt keeps at least a quarter of the saved sequence (llama-server's rule),
+or copying the whole state back takes less than half the time reading the tokens it spares
+would (its bytes at the speed the last copies back went, `RESTORE_BYTES_S` until one has
+been timed, against what a prompt token has cost this engine's steps: the step budget's
+measure). The quarter alone turned away a prompt sent again after a reply three times its
+length: on SmolLM2's shape, 8 clients asking their 41-token questions again each read 13
+tokens rather than copy 4 MB back, and waited 163-167 ms for their first token,
+llama-server's 121-127 ms (it has the same rule); copied back, 56-59 ms
+(bench/results/serve_speed.md: TTFT at 8 clients 0.60x llama-server's). The saved copy goes
+where the prompt goes on from all of it (the slot holds it then, and saves it again,
+longer); one that lends only its start stays saved for its own conversation, which a copy
+handed over lost: the slot cuts it back to what the prompt shares.
 
 Bounded: `max_bytes` in all (the least recently saved go first), and nothing is saved that
 would leave the machine less than `RAM_FLOOR` of memory available, not counting the model
@@ -104,10 +107,13 @@ class PromptCache:
             if (n > shared and len(saved.tokens) <= room
                     and self._worth_copying(saved, n, n - have, token_s)):
                 best, shared = saved, n
-        if best is not None:
-            self._drop([best])  # (taken out first: the slot's own save never evicts it)
+        if best is not None and shared == len(best.tokens):
+            # the request goes on from all of it: the slot holds it now, and will save it
+            # again, longer. One that lends only its start stays, for its own conversation
+            # (the slot cuts it back: a copy handed over would lose what follows)
+            self._drop([best])
         if best is not None or 2 * own < len(slot.cache):
-            self.save(slot)
+            self.save(slot)  # (its cap may let `best` go: the copy back reads it all the same)
         if best is not None:
             self._restore(slot, best, shared)
 
@@ -179,11 +185,13 @@ class PromptCache:
             slot.cache.clear()  # (llama.cpp emptied the sequence)
             slot.checkpoints.clear()
             slot.recount()
-            self._keep(saved)  # (still good: llama.cpp only read it)
+            if not any(s is saved for s in self._saved):
+                self._keep(saved)  # (still good: llama.cpp only read it)
             return
-        slot.cache = saved.tokens
-        slot.checkpoints = saved.checkpoints
-        slot.spans = saved.spans
+        # (copies: the slot cuts and grows its own, and the saved one may stay saved)
+        slot.cache = list(saved.tokens)
+        slot.checkpoints = list(saved.checkpoints)
+        slot.spans = dict(saved.spans)
         slot.recount()
         self.restored += 1
         self.restored_tokens += shared

@@ -314,3 +314,21 @@ def test_a_short_prefix_leaves_a_long_state_where_reading_it_costs_less(
     with _one_slot(smollm2_path) as backend:
         _, _, stats, engine, _ = _short_prefix_of_a_long_state(backend)
     assert stats.cached_tokens <= 1 and engine.prompts_restored == 0
+
+
+def test_a_saved_conversation_that_lends_its_start_to_another_prompt_stays_saved(
+        smollm2_path, smollm2_reference):
+    """A prompt keeping the first 60 of a saved 200-token conversation has it copied back
+    and cut to those 60; the saved copy went with it, and the conversation's next turn
+    found 60 tokens cached. It stays saved, and that turn finds all 200."""
+    with _one_slot(smollm2_path) as backend:
+        a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
+        more = backend.tokenize(MORE, add_special=False)
+        _logits_after(backend, a)
+        _logits_after(backend, b)
+        _, lent = _logits_after(backend, a[:60] + b[1:20])
+        got, back = _logits_after(backend, a + more)
+        engine = backend.stats()
+    assert lent.cached_tokens == 60 and back.cached_tokens == len(a)
+    assert engine.prompts_restored == 2
+    _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, a[:60] + more))
