@@ -331,4 +331,4 @@ def test_a_saved_conversation_that_lends_its_start_to_another_prompt_stays_saved
         engine = backend.stats()
     assert lent.cached_tokens == 60 and back.cached_tokens == len(a)
     assert engine.prompts_restored == 2
-    _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, a[:60] + more))
+    _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, b + more))
