@@ -283,13 +283,20 @@ def test_a_recurrent_state_cut_back_past_its_checkpoints_is_saved_first():
     assert back.cached_tokens == len(a) and engine.prompts_restored == 1
 
 
+def _long_then_other(backend) -> tuple[list[int], list[int]]:
+    """A 200-token conversation, saved when another (returned second) takes the slot."""
+    a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
+    assert len(a) == 200
+    _logits_after(backend, a)
+    _logits_after(backend, b)
+    return a, b
+
+
 def _short_prefix_of_a_long_state(backend):
     """A 200-token sequence saved, then a prompt keeping its first 40 (under a quarter of
     it): the prompt, its logits and numbers, the engine's, and the first sequence."""
-    a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
-    assert len(a) == 200 and 4 * 40 < len(a) and PromptCache.MIN_TOKENS < 40
-    _logits_after(backend, a)
-    _logits_after(backend, b)
+    a, b = _long_then_other(backend)
+    assert 4 * 40 < len(a) and PromptCache.MIN_TOKENS < 40
     prompt = a[:40] + b[1:20]
     got, stats = _logits_after(backend, prompt)
     return prompt, got, stats, backend.stats(), a
@@ -322,10 +329,8 @@ def test_a_saved_conversation_that_lends_its_start_to_another_prompt_stays_saved
     and cut to those 60; the saved copy went with it, and the conversation's next turn
     found 60 tokens cached. It stays saved, and that turn finds all 200."""
     with _one_slot(smollm2_path) as backend:
-        a, b = backend.tokenize(TEXT * 4)[:200], backend.tokenize(NUMBERS)
         more = backend.tokenize(MORE, add_special=False)
-        _logits_after(backend, a)
-        _logits_after(backend, b)
+        a, b = _long_then_other(backend)
         _, lent = _logits_after(backend, a[:60] + b[1:20])
         got, back = _logits_after(backend, a + more)
         engine = backend.stats()

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -221,58 +224,55 @@ def _no_spare() -> None:
         spawn_module.dismiss(spare[0])
 
 
-def test_a_reply_larger_than_one_read_arrives_whole_on_the_loop(smollm2_path):
-    """On a server's loop the runner's messages are read into one buffer, reused by every
-    read: a reply larger than it spans reads, and what comes after it is read whole."""
-    import asyncio
-    import threading
-
-    from localinfer.backends.runner.protocol import PIPE_BYTES
-
-    loop = asyncio.new_event_loop()
+@contextlib.contextmanager
+def _runner_on_a_loop(path, loop):
+    """A runner whose parent side reads on `loop`, run on a thread of its own."""
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
+    backend = RunnerBackend(path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
     try:
-        assert backend._link._loop is loop
-        words = " ".join(f"w{i}" for i in range(PIPE_BYTES // 3))  # 2.4 MB of text
-        text = backend.apply_chat_template([{"role": "user", "content": words}])
-        assert len(text) > 2 * PIPE_BYTES and words in text
-        tokens = backend.tokenize("Once upon a time")
-        events = list(backend.generate(tokens, SamplingParams(temperature=0, max_tokens=4)))
-        assert isinstance(events[-1], DoneEvent) and len(events) >= 2
-        assert backend.detokenize(tokens).strip().endswith("Once upon a time")
+        yield backend
     finally:
         backend.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
+
+
+def _four_tokens(backend) -> list:
+    return list(backend.generate(backend.tokenize("Once upon a time"),
+                                 SamplingParams(temperature=0, max_tokens=4)))
+
+
+def test_a_reply_larger_than_one_read_arrives_whole_on_the_loop(smollm2_path):
+    """On a server's loop the runner's messages are read into one buffer, reused by every
+    read: a reply larger than it spans reads, and what comes after it is read whole."""
+    from localinfer.backends.runner.protocol import PIPE_BYTES
+
+    loop = asyncio.new_event_loop()
+    with _runner_on_a_loop(smollm2_path, loop) as backend:
+        assert backend._link._loop is loop
+        words = " ".join(f"w{i}" for i in range(PIPE_BYTES // 3))  # 2.4 MB of text
+        text = backend.apply_chat_template([{"role": "user", "content": words}])
+        assert len(text) > 2 * PIPE_BYTES and words in text
+        events = _four_tokens(backend)
+        assert isinstance(events[-1], DoneEvent) and len(events) >= 2
+        tokens = backend.tokenize("Once upon a time")
+        assert backend.detokenize(tokens).strip().endswith("Once upon a time")
 
 
 def test_a_loop_that_cannot_watch_pipes_falls_back_to_a_reader_thread(smollm2_path):
     """Windows' Proactor loop has no add_reader: the runner's messages are then read on a
     thread of their own, and a server on that loop gets its events all the same."""
-    import asyncio
-    import threading
 
     class ProactorLike(asyncio.SelectorEventLoop):
         def add_reader(self, *args, **kwargs):
             raise NotImplementedError
 
-    loop = ProactorLike()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    backend = RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
-    try:
-        events = list(backend.generate(backend.tokenize("Once upon a time"),
-                                       SamplingParams(temperature=0, max_tokens=4)))
+    with _runner_on_a_loop(smollm2_path, ProactorLike()) as backend:
+        events = _four_tokens(backend)
         assert isinstance(events[-1], DoneEvent) and len(events) >= 2
         assert backend._link._loop is None and backend._link._reader.is_alive()
-    finally:
-        backend.close()
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
-        loop.close()
 
 
 def test_the_bundles_entry_point_starts_a_runner(smollm2_path, tmp_path, monkeypatch):
