@@ -337,3 +337,21 @@ def test_a_saved_conversation_that_lends_its_start_to_another_prompt_stays_saved
     assert lent.cached_tokens == 60 and back.cached_tokens == len(a)
     assert engine.prompts_restored == 2
     _close(got, _fresh(smollm2_reference, a + more), _fresh(smollm2_reference, b + more))
+
+
+def test_a_lent_state_llama_cpp_will_not_take_back_stays_saved_once(smollm2_path,
+                                                                    monkeypatch):
+    """A saved conversation lending its start stays saved while it is copied back; where
+    llama.cpp will not take the copy, it is kept as it was, not a second time."""
+    with _one_slot(smollm2_path) as backend:
+        native = backend.native
+        real = native.restore_sequence
+        monkeypatch.setattr(native, "restore_sequence", lambda seq, data: real(
+            seq, (ctypes.c_uint8 * (len(data) // 2)).from_buffer(data)))
+        a, b = _long_then_other(backend)
+        _, lent = _logits_after(backend, a[:60] + b[1:20])
+        engine, saved = backend.stats(), backend.engine.prompts._saved
+        lengths, size = sorted(len(s.tokens) for s in saved), sum(s.size for s in saved)
+    assert lent.cached_tokens == 0 and engine.prompts_restored == 0
+    assert lengths == sorted([len(a), len(b)])  # a once, and b, saved as it left
+    assert engine.saved_bytes == size
