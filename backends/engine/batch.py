@@ -26,10 +26,12 @@ class StepBatch:
         self._batch = native.batch(size)
         self.n_tokens = 0
         self.n_outputs = 0  # logits asked for so far
+        self.fillers: list[Slot] = []  # idle slots with a filler token in this step
 
     def clear(self) -> None:
         self.n_tokens = self.n_outputs = 0
         self._batch.n_tokens = 0
+        self.fillers = []
 
     def add(self, slot: Slot, token: int, logits: bool) -> None:
         """One token of `slot`'s sequence, at the next position; with `logits`, the slot's
@@ -44,6 +46,22 @@ class StepBatch:
         if logits:
             slot.batch_index, slot.output_row = n, self.n_outputs
             self.n_outputs += 1
+        self.n_tokens = n + 1
+
+    def add_filler(self, slot: Slot) -> None:
+        """A token of idle `slot`'s sequence after the prefix it keeps: it takes the step to a
+        shape llama.cpp decodes faster (padding.py). It asks for logits too, which no one
+        reads: the output layer's product then has the step's count of rows, not the
+        streams' (the largest matrix of a small model). Its cell is not the slot's: the
+        engine removes it once the step is decoded."""
+        n, b = self.n_tokens, self._batch
+        b.token[n] = slot.cache[-1] if slot.cache else 0
+        b.pos[n] = len(slot.cache)
+        b.n_seq_id[n] = 1
+        b.seq_id[n][0] = slot.id
+        b.logits[n] = True
+        self.n_outputs += 1
+        self.fillers.append(slot)
         self.n_tokens = n + 1
 
     def add_prompt(self, slot: Slot, tokens: Sequence[int], start: int, end: int,

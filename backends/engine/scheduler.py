@@ -28,6 +28,7 @@ from localinfer.backends.engine.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.native.model import NativeModel
 from localinfer.backends.metrics import EngineStats, RequestStats
+from localinfer.backends.engine.padding import StepPadding, ways
 from localinfer.backends.engine.prompt_cache import PromptCache
 from localinfer.backends.engine.slots import Slot, SlotState, Task
 from localinfer.backends.engine.speculator import Speculator
@@ -131,6 +132,9 @@ class Engine:
             self.prompts)
         self.n_cells = self.cells.n_cells
         self.n_ctx_slot = self.cells.per_slot
+        # a decode step of streams takes fillers in idle slots where a larger count decodes
+        # faster (padding.py): where a filler's cell can be taken back exactly
+        self.padding = StepPadding(not unified and not native.stateful and not native.windowed)
         self.slots = [Slot(id=i) for i in range(n_slots)]
         self._clock = clock
         self.queue = TaskQueue(max_waiting)  # requests on their way to a slot (task_queue.py)
@@ -442,13 +446,14 @@ class Engine:
             self.threads.observe(started - began, decoded, read)
         self._last_step = None
         self._waited_s = 0.0
-        n_decode, n_prompt, depth = self._fill_batch()
+        n_decode, n_prompt, depth, shape = self._fill_batch()
         if not self.batch.n_tokens:  # (the step read an image that ended its prompt)
             return
+        n_tokens = self.batch.n_tokens - n_prompt  # (fillers included)
         try:
             if self.threads is not None:  # (decode steps: the tuned count; prompt steps:
                 # threads.py; either, no more than other localinfer processes leave now)
-                count = self.threads.begin(n_prompt, n_decode)
+                count = self.threads.begin(n_prompt, n_tokens)
                 # (a wait for a core, here or for a draft model's guesses, is not the step's)
                 started += self.threads.waited_s + self._waited_s
                 if count != self.native.threads():
@@ -459,7 +464,11 @@ class Engine:
         finally:  # (the cores are free again: what follows is this thread's alone)
             if self.threads is not None:
                 self.threads.release()
-        self._seconds["decode"] += time.perf_counter() - decode_started
+            self._take_fillers()
+        decode_s = time.perf_counter() - decode_started
+        self._seconds["decode"] += decode_s
+        if shape is not None and rc == 0:
+            self.padding.observe(shape, decode_s)
         if rc != 0:
             raise EngineError(f"llama_decode returned {rc}")
         self._counters["steps"] += 1
@@ -487,25 +496,63 @@ class Engine:
                 slot.state = SlotState.GENERATING
         seconds = time.perf_counter() - started
         self._seconds["step"] += seconds
-        self.budget.observe(seconds, n_decode, n_prompt, depth)
-        self._last_step = started, n_decode, n_prompt
+        self.budget.observe(seconds, n_tokens, n_prompt, depth)
+        self._last_step = started, n_tokens, n_prompt
         if self.on_step is not None:
             self.on_step(seconds, n_decode, n_prompt)
 
-    def _fill_batch(self) -> tuple[int, int, float]:
-        """Fill the batch: every generating slot's next token, a lone stream's guesses, then
-        prompt chunks as the step budget and the free cells allow. The tokens decoded and
-        read, and the prompt tokens' mean depth (for the step budget)."""
+    def _fillers(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
+        """Where every slot's token this step is a stream's next one, the shape to decode it
+        at and the idle slots that carry a filler for it (padding.py); else (None, ())."""
+        if not self.padding.enabled or any(s.state is SlotState.PROCESSING_PROMPT
+                                           for s in self.slots):
+            return None, ()
+        active = [s.id for s in self.slots if s.state is SlotState.GENERATING]
+        if len(active) < 2:  # (one token alone is the cheapest step; it may carry guesses)
+            return None, ()
+        options = ways(active, self._fillable)
+        shape, fillers = options[self.padding.choose(options)]
+        return shape, fillers
+
+    def _fillable(self, seq: int) -> bool:
+        """Whether slot `seq` may carry a filler: idle, room in its share, and its sequence
+        going on where its cache says (llama.cpp refuses a whole step whose positions skip)."""
+        if not 0 <= seq < len(self.slots):
+            return False
+        slot = self.slots[seq]
+        return (slot.task is None and not slot.deficit and len(slot.cache) < self.n_ctx_slot - 1
+                and self.native.next_position(seq) == len(slot.cache))
+
+    def _take_fillers(self) -> None:
+        """The step's filler cells removed: each idle slot keeps exactly its prefix (one
+        that llama.cpp will not cut there is dropped whole, never kept with a stray cell)."""
+        for slot in self.batch.fillers:
+            if not self.native.forget(slot.id, len(slot.cache)):
+                log.warning("llama.cpp kept a filler token in slot %d: its prefix is dropped",
+                            slot.id)
+                self.cells.forget(slot)
+        self.batch.fillers = []
+
+    def _fill_batch(self) -> tuple[int, int, float, tuple[int, ...] | None]:
+        """Fill the batch: every generating slot's next token (and idle slots' fillers, in
+        sequence order), a lone stream's guesses, then prompt chunks as the step budget and
+        the free cells allow. The tokens decoded and read, the prompt tokens' mean depth (for
+        the step budget), and the step's shape where StepPadding chose it."""
         batch = self.batch
         batch.clear()
         depths = 0.0  # Σ over the prompt tokens carried of their depth
+        shape, fillers = self._fillers()
         for slot in self.slots:
             slot.batch_index = -1
             if slot.state is SlotState.GENERATING:
                 batch.add(slot, slot.next_token, logits=True)
+            elif slot.id in fillers:
+                batch.add_filler(slot)
+        if fillers:
+            self.padding.padded_steps += 1
         self.speculator.add_guesses(self.slots, batch, min(
             self.n_batch - batch.n_tokens, self.cells.free(self.slots)), self.n_ctx_slot)
-        n_decode = batch.n_tokens
+        n_decode = batch.n_tokens - len(fillers)
         reading = next((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT), None)
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode,
                                         depth=len(reading.cache) if reading else 0)
@@ -513,7 +560,7 @@ class Engine:
         free = self.cells.free(self.slots)
         allowed = min(allowed, free)
         for slot in self.slots:
-            read = batch.n_tokens - n_decode
+            read = batch.n_tokens - n_decode - len(fillers)
             room = min(self.prefill_chunk, allowed - read)
             if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
                 continue
@@ -551,8 +598,8 @@ class Engine:
                              logits_last=not slot.rebuilding)
             depths += (end - slot.n_prompt_done) * (depth + len(slot.cache)) / 2
             slot.n_prompt_done = end
-        n_prompt = batch.n_tokens - n_decode
-        return n_decode, n_prompt, depths / n_prompt if n_prompt else 0.0
+        n_prompt = batch.n_tokens - n_decode - len(fillers)
+        return n_decode, n_prompt, depths / n_prompt if n_prompt else 0.0, shape
 
     def _read_image(self, slot: Slot) -> bool:
         """The image whose placeholders come next in the slot's prompt. It is encoded on the

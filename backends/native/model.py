@@ -255,6 +255,11 @@ class NativeModel:
             return False
         return bool(llama_cpp.llama_memory_seq_rm(self.memory, seq, start, end))
 
+    def next_position(self, seq: int) -> int:
+        """The position a token added to the sequence must take: one past the highest its
+        cells hold (0 when it holds none)."""
+        return llama_cpp.llama_memory_seq_pos_max(self.memory, seq) + 1
+
     def can_cut(self, seq: int, pos: int) -> bool:
         """Whether the sequence cut back to its first `pos` positions holds what the next
         token (at `pos`) attends to. A `windowed` cache has dropped the cells the window

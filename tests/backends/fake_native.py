@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 from localinfer.backends.base import SamplingParams
+from localinfer.backends.engine.padding import micro_batches
 
 N_VOCAB = 97
 
@@ -73,6 +75,11 @@ class FakeNative:
         self.gate.set()
         self.held = threading.Event()  # a decode is waiting at the gate
         self._logits = None
+        # the micro-batches of each decode of one token a sequence, as llama.cpp splits one
+        # with a KV cache a sequence: runs of consecutive sequence ids (engine/padding.py)
+        self.shapes: list[tuple[int, ...]] = []
+        # seconds a decode of this shape takes (a CPU's costs, scaled down); None: no wait
+        self.cost: Callable[[tuple[int, ...]], float] | None = None
 
     def n_cells(self) -> int:
         return self._n_ctx
@@ -108,6 +115,11 @@ class FakeNative:
         if sum(len(c) for c in self.cells.values()) > self._n_ctx:
             return -2  # more cells than the context has (counting shared ones twice)
         self.rows = rows
+        seqs = [batch.seq_id[i][0] for i in range(batch.n_tokens)]
+        if len(set(seqs)) == len(seqs):  # (a step of one token a sequence)
+            self.shapes.append(micro_batches(seqs))
+            if self.cost is not None:
+                time.sleep(self.cost(self.shapes[-1]))
         values = (ctypes.c_float * (len(order) * N_VOCAB))()
         for row, i in enumerate(order):
             values[row * N_VOCAB + rows[i]] = 1.0
@@ -123,6 +135,10 @@ class FakeNative:
         for pos in [p for p in cells if (start < 0 or p >= start) and (end < 0 or p < end)]:
             del cells[pos]
         return True
+
+    def next_position(self, seq: int) -> int:
+        cells = self.cells.get(seq)
+        return max(cells) + 1 if cells else 0
 
     def forget_all(self) -> None:
         self.cells.clear()
