@@ -343,21 +343,29 @@ class ThreadTuner:
 
     def for_step(self, n_prompt: int, n_decode: int = 0) -> int:
         """The count a step runs with: the one tuned for its `n_decode` streams (the count at
-        load for a number not yet probed; a probe's own count while it runs), or for a step
+        load for a number not yet probed; a probe's own count while it runs, for the number
+        of streams it probes), or for a step
         that reads prompt tokens (or a pooled decode) the count at load where that is higher
         — or, looked at every _RECHECK_S, the cores other processes leave now where that is
         higher still: a runner loaded while the machine was busy, that only embeds or ranks,
         has no decode steps to tune on."""
-        if n_decode and self._probe is None:
-            self.current = self._chosen.get(_bucket(n_decode), self.at_load)
+        count = self.current
+        if n_decode:
+            if self._probe is None:
+                self.current = count = self._chosen.get(_bucket(n_decode), self.at_load)
+            elif n_decode != self._probe[1]:
+                # a probe times steps of its own number of streams: the others run with
+                # their count meanwhile (with replies of mixed lengths the number changes
+                # every few steps, and ran up to 4 x _PROBE_STEPS steps at the probe's count)
+                count = self._chosen.get(_bucket(n_decode), self.at_load)
         if not n_prompt:
-            return self.current
+            return count
         if self._free is not None:
             now = time.monotonic()
             if now - self._checked >= _RECHECK_S:
                 self._checked = now
                 self.prompt = max(self.at_load, min(self._free(), self.max_threads))
-        return max(self.current, self.prompt)
+        return max(count, self.prompt)
 
     def observe(self, seconds: float, n_decode: int, n_prompt: int) -> int | None:
         """Feed one step's time (from its start to the next step's start); returns a thread

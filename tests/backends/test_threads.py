@@ -21,9 +21,9 @@ def _run(tuner: ThreadTuner, speeds: dict[int, float], steps: int, streams: int 
     them, as the engine does."""
     counts = []
     for _ in range(steps):
-        tuner.for_step(0, streams)
-        tuner.observe(speeds[tuner.current], streams, 0)
-        counts.append(tuner.current)
+        count = tuner.for_step(0, streams)
+        tuner.observe(speeds[count], streams, 0)
+        counts.append(count)
     return counts
 
 
@@ -64,8 +64,12 @@ def test_a_probe_abandoned_when_the_streams_change_goes_back():
     tuner = ThreadTuner(start=2, max_threads=2, period=5)
     _run(tuner, IDLE, 5)
     assert tuner.current == 1  # the periodic probe has begun
-    changes = [tuner.observe(IDLE[tuner.current], 3, 0) for _ in range(20)]
-    # every step now has 3 streams, so the probe's count never fills: it gives up
+    changes = []
+    for _ in range(20):
+        # every step now has 3 streams: they run with their own count, not the probe's
+        assert tuner.for_step(0, 3) == 2
+        changes.append(tuner.observe(IDLE[2], 3, 0))
+    # and the probe's count never fills: it gives up
     assert changes == [None] * 19 + [2] and tuner.current == 2
 
 
