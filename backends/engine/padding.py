@@ -7,19 +7,21 @@ EPYC, `llama_decode` of one token a sequence; bench/batch_padding.py):
 - **Micro-batches.** With a KV cache per sequence (the default, not --kv-unified) llama.cpp
   puts into one micro-batch only sequences whose ids follow each other in the batch: streams
   in slots 0-3 and 5-7 (slot 4's request ended first) are decoded as two, and each reads
-  every weight. SmolLM2-135M: 38 ms for those seven against 27 as one.
-- **Token counts.** A CPU's quantized matrix products take a step's tokens in groups
-  (llamafile's tiles for Q8_0; the repacked layouts of Q4_0, Q4_K and IQ4_NL four rows at a
-  time) and the rows left over one by one, each reading the weights again. ms a step:
+  every weight. SmolLM2-135M: 40 ms for those seven against 28 as one.
+- **Token counts.** A CPU's quantized matrix products take a step's tokens in tiles of
+  several rows (ggml-cpu's repacked Q4_0, Q4_K and IQ4_NL layouts four at a time, the rows
+  left over one by one, each reading the weights again), so a step's time is not monotone
+  in its streams. ms a step:
 
       n streams               1     4     5     6     7     8    12    15    16
-      Llama-3.2-1B Q8_0      33   107   153   166   188   118   124     -     -
-      SmolLM2-135M Q8_0     5.6  20.4  23.3  24.9  25.7  21.6  26.2  31.9  25.2
-      Qwen3-0.6B Q4_K_M     9.2  26.3  32.3  38.7  43.3  44.8  54.2  64.7  54.6
+      Llama-3.2-1B Q8_0      34   112   159   176   187   118   148   230   183
+      SmolLM2-135M Q8_0     5.1  21.3  24.3  26.0  28.0  23.7  28.0  33.4  25.7
+      Qwen3-0.6B Q4_K_M     9.9  28.3  35.4  39.7  46.5  48.3  57.2  67.8  54.2
 
-A filler is a token of an idle slot's sequence at the position after the prefix it keeps,
-with no logits asked; its cell is removed as soon as the step is decoded, so the slot keeps
-exactly the prefix it had. Fillers can close the gaps between the streams' slots (one
+A filler is a token of an idle slot's sequence at the position after the prefix it keeps
+(its logits asked for, never read: the output layer's product then has the step's count of
+rows too); its cell is removed as soon as the step is decoded, so the slot keeps exactly
+the prefix it had. Fillers can close the gaps between the streams' slots (one
 micro-batch) and round the count up to a multiple of `QUANTUM` with idle slots beside them.
 
 Which is cheaper depends on the CPU, the quantization, the thread count and a GPU, so
