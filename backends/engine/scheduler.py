@@ -504,11 +504,13 @@ class Engine:
     def _fillers(self) -> tuple[tuple[int, ...] | None, tuple[int, ...]]:
         """Where every slot's token this step is a stream's next one, the shape to decode it
         at and the idle slots that carry a filler for it (padding.py); else (None, ())."""
-        if not self.padding.enabled or any(s.state is SlotState.PROCESSING_PROMPT
-                                           for s in self.slots):
+        if not self.padding.enabled:
             return None, ()
         active = [s.id for s in self.slots if s.state is SlotState.GENERATING]
-        if len(active) < 2:  # (one token alone is the cheapest step; it may carry guesses)
+        # (one token alone is the cheapest step, and it may carry guesses; with every slot
+        # generating there is no idle one)
+        if not 2 <= len(active) < len(self.slots) or any(
+                s.state is SlotState.PROCESSING_PROMPT for s in self.slots):
             return None, ()
         options = ways(active, self._fillable)
         shape, fillers = options[self.padding.choose(options)]
