@@ -14,9 +14,9 @@ EPYC, `llama_decode` of one token a sequence; bench/batch_padding.py):
   in its streams. ms a step:
 
       n streams               1     4     5     6     7     8    12    15    16
-      Llama-3.2-1B Q8_0      34   112   159   176   187   118   148   230   183
-      SmolLM2-135M Q8_0     5.1  21.3  24.3  26.0  28.0  23.7  28.0  33.4  25.7
-      Qwen3-0.6B Q4_K_M     9.9  28.3  35.4  39.7  46.5  48.3  57.2  67.8  54.2
+      Llama-3.2-1B Q8_0      32   114   159   180   192   121   153   225   188
+      SmolLM2-135M Q8_0     5.4  21.2  24.6  26.2  27.2  22.5  27.1  33.0  24.9
+      Qwen3-0.6B Q4_K_M    10.0  28.4  34.7  39.3  44.5  47.8  55.8  75.2  59.1
 
 A filler is a token of an idle slot's sequence at the position after the prefix it keeps
 (its logits asked for, never read: the output layer's product then has the step's count of
