@@ -82,36 +82,50 @@ def test_the_choice_follows_the_times_as_they_change():
 
 
 def _costly_gaps(shape: tuple[int, ...]) -> float:
-    """A CPU's costs, in milliseconds: each micro-batch reads every weight."""
-    return len(shape) * 0.002 + sum(shape) * 0.0001
+    """A CPU's costs, in seconds: each micro-batch reads every weight (5 ms)."""
+    return len(shape) * 0.005 + sum(shape) * 0.0001
 
 
-def _a_gap_between_two_streams(native: FakeNative, n_slots: int = 4):
-    """Three requests in slots 0-2; the middle one ends first, and its slot keeps its
-    prompt and reply while the other two go on: their steps have a gap at slot 1."""
+def _costly_tokens(shape: tuple[int, ...]) -> float:
+    """Costs where fillers do not pay: 5 ms a token."""
+    return len(shape) * 0.0001 + sum(shape) * 0.005
+
+
+LONG = 200  # tokens the two outer requests write
+
+
+def _a_gap_between_two_streams(native: FakeNative, cost, n_slots: int = 4):
+    """Three requests in slots 0-2, decodes taking `cost(shape)` seconds; the middle one
+    ends first, and its slot keeps its prompt and reply while the other two go on: their
+    steps have a gap at slot 1. Each reply is checked against the model's."""
+    native.cost = cost
     engine = Engine(native, n_slots=n_slots, n_batch=64)
-    long = SamplingParams(temperature=0, max_tokens=120)
+    long = SamplingParams(temperature=0, max_tokens=LONG)
     prompts = [[(7 * s + i) % 97 for i in range(12)] for s in range(3)]
     native.gate.clear()  # (all three submitted before a step is decoded)
     runs = [engine.submit(prompts[0], long),
             engine.submit(prompts[1], SamplingParams(temperature=0, max_tokens=3)),
             engine.submit(prompts[2], long)]
     native.gate.set()
-    return engine, prompts, runs
+    try:
+        for prompt, run, n in zip(prompts, runs, (LONG, 3, LONG)):
+            assert run.text() == text(reference(prompt, n))  # every position checked
+    except BaseException:
+        engine.close()
+        raise
+    return engine, prompts
 
 
 def test_streams_with_a_gap_between_them_are_decoded_as_one_micro_batch():
-    native = FakeNative(n_ctx=1024)
-    native.cost = _costly_gaps
-    engine, prompts, runs = _a_gap_between_two_streams(native)
+    engine, prompts = _a_gap_between_two_streams(FakeNative(n_ctx=1024), _costly_gaps)
+    native = engine.native
     try:
-        for prompt, run, n in zip(prompts, runs, (120, 3, 120)):
-            assert run.text() == text(reference(prompt, n))  # every position checked
-        # slots 0 and 2 as two micro-batches only while that way was timed (4 steps) and
-        # timed again (every RECHECK steps); else slot 1 filled, a micro-batch of 3 or 4
+        # slots 0 and 2 as two micro-batches only while that way is timed (4 steps at
+        # first, one every RECHECK steps; a step slowed by the machine may cost one RECHECK
+        # more); else slot 1 filled: a micro-batch of 3, or of 4 with slot 3
         split = native.shapes.count((1, 1))
-        assert 0 < split <= 4 + 120 // RECHECK + 1
-        assert engine.padding.padded_steps >= 100
+        assert 0 < split <= 4 + 2 * RECHECK
+        assert engine.padding.padded_steps >= LONG - split - 10
         # slot 1 kept exactly its prefix: the same prompt again is read from it
         again = engine.submit(prompts[1], SamplingParams(temperature=0, max_tokens=5))
         assert again.text() == text(reference(prompts[1], 5))
@@ -121,14 +135,12 @@ def test_streams_with_a_gap_between_them_are_decoded_as_one_micro_batch():
 
 
 def test_no_fillers_where_they_make_the_step_slower():
-    native = FakeNative(n_ctx=1024)
-    native.cost = lambda shape: len(shape) * 0.0001 + sum(shape) * 0.002
-    engine, prompts, runs = _a_gap_between_two_streams(native)
+    engine, _ = _a_gap_between_two_streams(FakeNative(n_ctx=1024), _costly_tokens)
+    native = engine.native
     try:
-        for prompt, run, n in zip(prompts, runs, (120, 3, 120)):
-            assert run.text() == text(reference(prompt, n))
         two = [s for s in native.shapes if sum(s) >= 2]
-        assert [s for s in two if s == (1, 1)] and engine.padding.padded_steps < 0.2 * len(two)
+        assert native.shapes.count((1, 1)) > 0.5 * len(two)
+        assert engine.padding.padded_steps < 0.3 * len(two)
     finally:
         engine.close()
 
@@ -143,12 +155,8 @@ class _KeepsFillers(FakeNative):
 
 
 def test_a_filler_llama_cpp_will_not_remove_takes_its_slots_prefix_with_it():
-    native = _KeepsFillers(n_ctx=1024)
-    native.cost = _costly_gaps
-    engine, prompts, runs = _a_gap_between_two_streams(native)
+    engine, prompts = _a_gap_between_two_streams(_KeepsFillers(n_ctx=1024), _costly_gaps)
     try:
-        for prompt, run, n in zip(prompts, runs, (120, 3, 120)):
-            assert run.text() == text(reference(prompt, n))
         # the slot was emptied, not left holding a stray cell: the prompt is read again
         again = engine.submit(prompts[1], SamplingParams(temperature=0, max_tokens=5))
         assert again.text() == text(reference(prompts[1], 5))
