@@ -271,7 +271,7 @@ class NativeModel:
         if not self.windowed or pos <= 0:
             return True
         pos_min = llama_cpp.llama_memory_seq_pos_min(self.memory, seq)
-        if pos > llama_cpp.llama_memory_seq_pos_max(self.memory, seq):
+        if pos >= self.next_position(seq):
             return True  # not a cut
         return 0 <= pos_min <= max(0, pos - self.n_swa + 1)
 

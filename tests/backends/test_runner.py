@@ -229,11 +229,13 @@ def _runner_on_a_loop(path, loop):
     """A runner whose parent side reads on `loop`, run on a thread of its own."""
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    backend = RunnerBackend(path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
+    backend = None
     try:
+        backend = RunnerBackend(path, LoadOptions(n_ctx=256), name="smollm2", loop=loop)
         yield backend
     finally:
-        backend.close()
+        if backend is not None:
+            backend.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
         loop.close()
