@@ -199,3 +199,37 @@ def test_fillers_change_no_reply_and_no_kept_prefix_in_llama_cpp(four_slots, smo
     said = again.text()
     assert again.stats.cached_tokens == len(prompts[1]) - 1
     smollm2_reference.follows(prompts[1], said, again.stats.finish_reason)
+
+
+@pytest.mark.parametrize("memory", ["stateful", "windowed", "unified"])
+def test_no_fillers_where_a_cell_cannot_be_taken_back_exactly(memory):
+    """A recurrent or hybrid state, a sliding-window cache and one shared pool would each
+    keep something of a filler: none is added there, whatever the step costs."""
+    native = FakeNative(n_ctx=1024)
+    if memory == "unified":
+        engine = Engine(native, n_slots=4, n_batch=64, unified=True)
+    else:
+        setattr(native, memory, True)
+        engine = Engine(native, n_slots=4, n_batch=64)
+    try:
+        assert not engine.padding.enabled
+    finally:
+        engine.close()
+
+
+class _OffByOne(FakeNative):
+    """llama.cpp's end of slot 1's sequence one past what its cache says."""
+
+    def next_position(self, seq: int) -> int:
+        return super().next_position(seq) + (seq == 1)
+
+
+def test_an_idle_slot_whose_sequence_ends_elsewhere_carries_no_filler():
+    """A filler goes only where llama.cpp's sequence goes on from the slot's cache: else the
+    whole step would be refused, every stream's token with it."""
+    engine, _ = _a_gap_between_two_streams(_OffByOne(n_ctx=1024), _costly_gaps)
+    try:
+        split = engine.native.shapes.count((1, 1))
+        assert split >= LONG - 10  # slot 1 never filled: slots 0 and 2 apart
+    finally:
+        engine.close()
