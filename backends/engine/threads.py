@@ -31,6 +31,9 @@ llama.cpp and Ollama, is right only on an idle machine.
   took 2.1x as long as alone (1 thread); with the count at load, 1.0x
   (bench/results/long_prompt_gap.md).
   A user's explicit --threads is never changed.
+- Between steps, llama.cpp's idle OpenMP threads spin for ~70 µs, not libgomp's ~7 ms, and
+  then sleep, leaving the core to what runs between steps (the runner's environment,
+  `runner/spawn.py`; bench/results/omp_wait.md).
 - Between localinfer's processes (`CoreShare`): each step claims its threads in a small
   shared file before it runs, waits while the other processes' running steps hold every
   core, and takes no more than the cores their claims leave. Two teams of llama.cpp threads

@@ -34,6 +34,18 @@ def how(exitcode: int | None) -> str:
 
 
 
+# How long llama.cpp's idle OpenMP threads spin before they sleep, in libgomp's spins (~23
+# ns each on a 2-core EPYC). libgomp's own default, 300,000 (~7 ms there), outlasts a whole
+# decode step of a small model or a GPU's: after each step the team spins on while the engine
+# samples and sends the step's events, and the parent and the clients that read them, woken,
+# find no free core, so they preempt the engine or one of llama.cpp's threads. Bounded to ~70
+# µs, longer than the waits at llama.cpp's barriers inside a step. On bench/random_gguf.py's
+# fast-step model through a runner on 2 cores (a GPU's step rate), 7 rounds: one stream 1.15x
+# the tokens/s with 39% less of the runner's CPU a token, 8 streams 1.08x; smollm2 1.03x and
+# 1.01x (bench/results/omp_wait.md). A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY stays.
+OMP_SPINS = "3000"
+
+
 def spawn() -> subprocess.Popen[bytes]:
     """A new runner process, waiting for its Load."""
     command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
@@ -43,6 +55,8 @@ def spawn() -> subprocess.Popen[bytes]:
     env = {**os.environ, **({} if debug() else {"GGML_NO_BACKTRACE": "1"}),
            # whose processes' mapped weights its memory checks count as in use
            SERVER_PID: str(os.getpid())}
+    if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
+        env["GOMP_SPINCOUNT"] = OMP_SPINS  # (read once, as libgomp loads)
     # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
                             start_new_session=os.name == "posix", env=env)

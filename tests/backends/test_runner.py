@@ -310,3 +310,23 @@ def test_a_runner_counts_the_servers_processes_as_its_own():
         assert psutil.Process(runner.pid).environ()[SERVER_PID] == str(os.getpid())
     finally:
         dismiss(runner)
+
+
+@pytest.mark.parametrize("users", [{}, {"GOMP_SPINCOUNT": "50000"}, {"OMP_WAIT_POLICY": "active"}])
+def test_a_runners_idle_openmp_threads_spin_briefly_unless_the_user_says(users, monkeypatch):
+    """llama.cpp's OpenMP threads, idle between steps, sleep after a short spin (spawn.py)
+    rather than libgomp's ~7 ms, which outlasts a fast step; a user's own setting stays."""
+    from localinfer.backends.runner.spawn import OMP_SPINS, dismiss, spawn
+
+    for name in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in users.items():
+        monkeypatch.setenv(name, value)
+    runner = spawn()
+    try:
+        environ = psutil.Process(runner.pid).environ()
+    finally:
+        dismiss(runner)
+    assert environ.get("GOMP_SPINCOUNT") == users.get(
+        "GOMP_SPINCOUNT", None if users else OMP_SPINS)
+    assert environ.get("OMP_WAIT_POLICY") == users.get("OMP_WAIT_POLICY")
