@@ -14,7 +14,8 @@
 # moe_placement.py at 16 and 8 GiB free, serve_speed.py on Llama 3.2 1B's shape at 1, 8, 32
 # clients, gpu_memory.py on the Qwen3.5 hybrid, moe_placement.py at 24 GiB, serve_speed.py on
 # Llama 3.1 8B's shape (STEPS="moe serve_1b gpu_memory moe24 serve_8b": which, in that order;
-# also hybrid_load: the hybrid served, and loaded after each import that once crashed it).
+# also hybrid_load: the hybrid served, and loaded after each import that once crashed it;
+# omp_wait: the runner's CPU per token beside the GPU's steps, libgomp's spin against its bound).
 # Results go to $OUT/res.tgz after each step.
 # CPU=1 bash bench/gpu_session.sh run: a dry run here (the CPU build at $SDIST, small
 # shapes, only the packages that machine has importable).
@@ -239,6 +240,11 @@ if crashed is not None:  # the first crash's native stack (cuda-gdb debugs host 
     open("/tmp/res/hybrid_load_gdb.txt", "w").write(text[-60000:])
     print("\n".join(l for l in text.splitlines() if l.startswith("#"))[:3000])
 PY
+}
+step_omp_wait() {  # llama.cpp's idle OpenMP threads beside the GPU's steps: libgomp's spin against the runner's bound
+  want omp_wait 60 || return 0; stamp omp_wait
+  python3 bench/omp_wait.py --models fast-step --levels 1,8 --reps ${OMP_REPS:-3} \
+    --results $RES/omp_wait 2>&1 | tail -8
 }
 step_moe24() {  # MoE at 24 GiB (the whole model fits)
   want moe24 80 || return 0; stamp moe24

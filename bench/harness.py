@@ -208,13 +208,14 @@ def start_server(launch: list[str], args: list[str], path: str = "/health",
     return process, url
 
 
-def start_serve(launch: list[str], model: str, slots: int, ctx: int, home: str | Path
-                ) -> tuple[subprocess.Popen, str]:
+def start_serve(launch: list[str], model: str, slots: int, ctx: int, home: str | Path,
+                env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """`localinfer serve` (`launch`: SERVE, or a variant's command) with `model` loaded in
-    `slots` slots of `ctx` tokens, LOCALINFER_HOME at `home`: once /api/ps lists the model."""
+    `slots` slots of `ctx` tokens, LOCALINFER_HOME at `home` (and `env`): once /api/ps lists
+    the model."""
     return start_server(launch, ["--model", model, "--parallel", str(slots), "--ctx", str(ctx)],
                         path="/api/ps", ready=lambda r: bool(r.json().get("models")),
-                        env={"LOCALINFER_HOME": str(home)})
+                        env={"LOCALINFER_HOME": str(home), **(env or {})})
 
 
 def wait_until_ready(process: subprocess.Popen, url: str,
