@@ -28,8 +28,7 @@ import tempfile
 from pathlib import Path
 
 import harness
-from random_gguf import fast_step_model  # bench/, the script's own folder
-from runner_cost import measure
+from runner_cost import measure, named_models  # bench/, the script's own folder
 
 from localinfer.backends.runner.spawn import OMP_SPINS
 
@@ -50,9 +49,7 @@ def main() -> None:
     labels = [m for item in args.models for m in item.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as home:
-        models = {"fast-step": lambda: str(fast_step_model(Path(home))),
-                  "smollm2": lambda: "smollm2:135m"}
-        models = {label: models[label]() for label in labels}
+        models = named_models(labels, home)
         for label, model in models.items():
             servers = harness.start_servers({
                 name: (lambda env=env: harness.start_serve(harness.SERVE, model, max(levels),

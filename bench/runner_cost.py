@@ -43,6 +43,14 @@ def cpu_seconds(process: psutil.Process) -> float:
     return times.user + times.system
 
 
+def named_models(labels: list[str], home: str) -> dict[str, str]:
+    """What `serve --model` takes for each label: fast-step (random_gguf.py's, written into
+    `home`) or smollm2 (the embedded model)."""
+    makers = {"fast-step": lambda: str(fast_step_model(Path(home))),
+              "smollm2": lambda: "smollm2:135m"}
+    return {label: makers[label]() for label in labels}
+
+
 def measure(url: str, server: subprocess.Popen, model: str, clients: int, tokens: int,
             requests: int) -> dict:
     parent = psutil.Process(server.pid)
@@ -73,9 +81,7 @@ def main() -> None:
     labels = [m for item in args.models for m in item.split(",")]  # fast-step,smollm2 too
     rows = []
     with tempfile.TemporaryDirectory() as home:
-        models = {"fast-step": lambda: str(fast_step_model(Path(home))),
-                  "smollm2": lambda: "smollm2:135m"}
-        models = {label: models[label]() for label in labels}
+        models = named_models(labels, home)
         for label, model in models.items():
             servers = harness.start_servers({
                 name: (lambda launch=launch: harness.start_serve(
