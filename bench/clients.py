@@ -22,6 +22,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 
 SERVE_LOAD = Path(__file__).resolve().parent / "serve_load.py"
 
@@ -275,3 +276,25 @@ def level_in_subprocess(url: str, model: str, clients: int, requests: int, token
     if row["errors"] or row["empty"]:
         raise SystemExit(f"the load had errors or empty replies: {row}")
     return row
+
+
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def level_with_cpu(url: str, server: subprocess.Popen, model: str, clients: int, tokens: int,
+                   requests: int) -> dict:
+    """`level_in_subprocess` (the raw-socket client) against `localinfer serve` started as
+    `server`, with the CPU it cost per streamed token: the server process (the parent) and
+    its runners."""
+    parent = psutil.Process(server.pid)
+    runners = parent.children()
+    before = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
+    row = level_in_subprocess(url, model, clients, requests, tokens, "raw")
+    after = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
+    n = row["output_tokens"]
+    return {"clients": clients, "tokens": n, "output_tps": row["output_tps"],
+            "ttft_p50_s": row["ttft_p50_s"], "ttft_p99_s": row["ttft_p99_s"],
+            "parent_us_per_token": 1e6 * (after[0] - before[0]) / n,
+            "runner_us_per_token": 1e6 * (after[1] - before[1]) / n}

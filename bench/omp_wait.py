@@ -28,7 +28,8 @@ import tempfile
 from pathlib import Path
 
 import harness
-from runner_cost import measure, named_models  # bench/, the script's own folder
+from clients import level_with_cpu
+from random_gguf import named_models  # bench/, the script's own folder
 
 from localinfer.backends.runner.spawn import OMP_SPINS
 
@@ -49,7 +50,7 @@ def main() -> None:
     labels = [m for item in args.models for m in item.split(",")]
     rows = []
     with tempfile.TemporaryDirectory() as home:
-        models = named_models(labels, home)
+        models = named_models(labels, Path(home))
         for label, model in models.items():
             servers = harness.start_servers({
                 name: (lambda env=env: harness.start_serve(harness.SERVE, model, max(levels),
@@ -62,8 +63,8 @@ def main() -> None:
                         order = list(servers) if rep % 2 == 0 else list(servers)[::-1]
                         for name in order:
                             server, url = servers[name]
-                            row = measure(url, server, served, clients, args.tokens,
-                                          args.requests)
+                            row = level_with_cpu(url, server, served, clients,
+                                                 args.tokens, args.requests)
                             rows.append({"model": label, "variant": name, "rep": rep, **row})
                             print(f"{label:9s} {name:32s} {clients:2d} clients: "
                                   f"{row['output_tps']:7.1f} tok/s  runner "

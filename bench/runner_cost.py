@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import harness
-import psutil
-from clients import level_in_subprocess
-from random_gguf import fast_step_model  # bench/, the script's own folder
+from clients import level_with_cpu
+from random_gguf import named_models  # bench/, the script's own folder
 
 _IN_PROCESS = (  # the pool loads models in the server's own process, as before runners
     "import localinfer.pool as pool, localinfer.service as service\n"
@@ -36,33 +34,6 @@ _IN_PROCESS = (  # the pool loads models in the server's own process, as before 
     "pool.ModelPool.__init__ = in_process\n")
 VARIANTS = {"in-process": ["-c", _IN_PROCESS + harness.MAIN], "runner": ["-m", "localinfer"]}
 CTX = 512
-
-
-def cpu_seconds(process: psutil.Process) -> float:
-    times = process.cpu_times()
-    return times.user + times.system
-
-
-def named_models(labels: list[str], home: str) -> dict[str, str]:
-    """What `serve --model` takes for each label: fast-step (random_gguf.py's, written into
-    `home`) or smollm2 (the embedded model)."""
-    makers = {"fast-step": lambda: str(fast_step_model(Path(home))),
-              "smollm2": lambda: "smollm2:135m"}
-    return {label: makers[label]() for label in labels}
-
-
-def measure(url: str, server: subprocess.Popen, model: str, clients: int, tokens: int,
-            requests: int) -> dict:
-    parent = psutil.Process(server.pid)
-    runners = parent.children()
-    before = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
-    row = level_in_subprocess(url, model, clients, requests, tokens, "raw")
-    after = cpu_seconds(parent), sum(cpu_seconds(r) for r in runners)
-    n = row["output_tokens"]
-    return {"clients": clients, "tokens": n, "output_tps": row["output_tps"],
-            "ttft_p50_s": row["ttft_p50_s"], "ttft_p99_s": row["ttft_p99_s"],
-            "parent_us_per_token": 1e6 * (after[0] - before[0]) / n,
-            "runner_us_per_token": 1e6 * (after[1] - before[1]) / n}
 
 
 def main() -> None:
@@ -81,7 +52,7 @@ def main() -> None:
     labels = [m for item in args.models for m in item.split(",")]  # fast-step,smollm2 too
     rows = []
     with tempfile.TemporaryDirectory() as home:
-        models = named_models(labels, home)
+        models = named_models(labels, Path(home))
         for label, model in models.items():
             servers = harness.start_servers({
                 name: (lambda launch=launch: harness.start_serve(
@@ -92,7 +63,7 @@ def main() -> None:
                 for rep in range(args.reps):
                     for clients in levels:
                         for name, (server, url) in servers.items():
-                            row = measure(url, server, served, clients, args.tokens,
+                            row = level_with_cpu(url, server, served, clients, args.tokens,
                                           args.requests)
                             rows.append({"model": label, "server": name, "rep": rep, **row})
                             print(f"{label:9s} {name:10s} {clients:3d} clients: "

@@ -18,7 +18,7 @@ import threading
 from localinfer.model_store.hardware import SERVER_PID
 from localinfer.settings import debug
 
-__all__ = ["dismiss", "how", "spawn", "take", "warm_spare"]
+__all__ = ["OMP_SPINS", "dismiss", "how", "spawn", "take", "warm_spare"]
 
 
 def how(exitcode: int | None) -> str:
