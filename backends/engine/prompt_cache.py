@@ -28,7 +28,9 @@ would leave the machine less than `RAM_FLOOR` of memory available, not counting 
 weights localinfer's processes have mapped as available (the OS does: saved prompts would
 push them out of RAM, and every step would read them from the disk again). Where memory has
 run short since (another program grew), the oldest copies are given back: at the next save,
-and every CHECK_S seconds while any is kept, the server busy or idle.
+and every CHECK_S seconds while any is kept, the server busy or idle. Saves within FRESH_S of
+a look take its figure, less what they saved: a burst of new requests saves a slot each, and
+each look asks every process of the machine.
 Every native answer is checked: a state llama.cpp would not take back leaves the slot empty
 (its prompt is read whole) and the copy kept.
 """
@@ -68,6 +70,10 @@ class PromptCache:
     RAM_FLOOR = 1 << 30  # bytes of memory a save leaves available to everything else
     MIN_TOKENS = 16  # a sequence is worth saving, or putting back, for at least this many
     CHECK_S = 5.0  # how often the memory is looked at while copies are kept
+    # a save this soon after the memory was looked at takes that figure, less what was saved
+    # since: reading it asks every process of the machine (`mapped_file_bytes`), 1-2.5 ms
+    # with a few dozen, and a burst of new requests saves a slot each before its first step
+    FRESH_S = 0.5
     # how fast a saved state is taken to go back until one has been timed: below what a
     # copy into RAM does (bench/results/state_copy.md: 15 GB/s) and what PCIe carries
     RESTORE_BYTES_S = 2e9
@@ -77,6 +83,7 @@ class PromptCache:
         self.max_bytes = max_bytes
         self._saved: list[_Saved] = []  # oldest first
         self._checked = time.monotonic()  # when the memory was last looked at
+        self._available: tuple[float, int, int] | None = None  # then: (when, bytes, our bytes)
         self.bytes = 0
         self.saves = 0  # sequences saved, and put back (with the prompt tokens they held)
         self.restored = 0
@@ -143,7 +150,7 @@ class PromptCache:
                 common_prefix(s.tokens, cache) == len(cache) for s in self._saved):
             return  # (short, or saved already: in full, or as the start of a longer one)
         checkpoints = sum(len(c.data) for c in slot.checkpoints)
-        room = min(self.max_bytes - checkpoints, self.give_back())
+        room = min(self.max_bytes - checkpoints, self.give_back(self.FRESH_S))
         data = self.native.save_sequence(slot.id, max(0, room))
         if data is None:
             log.debug("slot %d: its %d tokens not saved (none written, or more than %d "
@@ -156,11 +163,19 @@ class PromptCache:
         log.debug("slot %d: %d tokens saved (%d bytes; %d sequences, %d bytes kept)",
                   slot.id, len(cache), len(data), len(self._saved), self.bytes)
 
-    def give_back(self) -> int:
+    def give_back(self, fresh_s: float = 0.0) -> int:
         """Let the oldest copies go while the machine has less than RAM_FLOOR to spare
-        (another program grew since they were kept): the bytes it has to spare then."""
-        self._checked = time.monotonic()
-        spare = ram_available() - self.RAM_FLOOR
+        (another program grew since they were kept): the bytes it has to spare then. The
+        memory available is looked at again unless it was less than `fresh_s` ago; then it
+        is that figure, less the bytes saved since (more, where copies went)."""
+        now = time.monotonic()
+        if self._available is not None and now - self._available[0] < fresh_s:
+            available = self._available[1] - (self.bytes - self._available[2])
+        else:
+            available = ram_available()
+            self._available = (now, available, self.bytes)
+            self._checked = now
+        spare = available - self.RAM_FLOOR
         while spare < 0 and self._saved:
             spare += self._saved[0].size
             self._drop([self._saved[0]])

@@ -355,3 +355,35 @@ def test_a_lent_state_llama_cpp_will_not_take_back_stays_saved_once(smollm2_path
     assert lent.cached_tokens == 0 and engine.prompts_restored == 0
     assert lengths == sorted([len(a), len(b)])  # a once, and b, saved as it left
     assert engine.saved_bytes == size
+
+
+class _States:
+    """What the prompt cache asks of a model here: every sequence's state is `size` bytes."""
+    stateful = windowed = False
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def save_sequence(self, seq: int, limit: int | None = None) -> ctypes.Array | None:
+        return None if limit is not None and self.size > limit else (ctypes.c_uint8 * self.size)()
+
+
+def test_a_burst_of_saves_looks_at_the_memory_once(monkeypatch):
+    """Reading the memory available asks every process of the machine; a burst of new
+    requests saves a slot each. Saves within FRESH_S of a look take its figure, less what
+    they saved since: one look for the burst, and the floor still holds. Later saves look
+    again."""
+    from localinfer.backends.engine import prompt_cache
+    from localinfer.backends.engine.slots import Slot
+
+    size, looks = 1 << 20, []
+    monkeypatch.setattr(prompt_cache, "ram_available",
+                        lambda: looks.append(1) or PromptCache.RAM_FLOOR + 5 * size // 2)
+    cache = PromptCache(_States(size), max_bytes=64 * size)
+    cache.FRESH_S = 0.2
+    for i in range(4):
+        cache.save(Slot(i, cache=list(range(100 * i, 100 * i + 20))))
+    assert (len(looks), cache.saves, cache.bytes) == (1, 2, 2 * size)  # a third: below the floor
+    time.sleep(0.25)
+    cache.save(Slot(5, cache=list(range(500, 520))))
+    assert (len(looks), cache.saves) == (2, 3)  # (the memory looked at: 2.5 MiB to spare again)
