@@ -705,13 +705,13 @@ def fast_step_model(folder: Path) -> Path:
     return path
 
 
-
 def named_models(labels: list[str], folder: Path) -> dict[str, str]:
     """What `serve --model` takes for each label: "fast-step" (`fast_step_model`, written into
     `folder`) or "smollm2" (the embedded SmolLM2-135M)."""
     makers = {"fast-step": lambda: str(fast_step_model(folder)),
               "smollm2": lambda: "smollm2:135m"}
     return {label: makers[label]() for label in labels}
+
 
 def qwen35_chat_model(source: Path, out: Path, **changes: Any) -> Path:
     """The Qwen3.5-0.8B shape (random Q8_0) with the tokenizer of llama.cpp's qwen2
