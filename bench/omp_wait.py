@@ -10,8 +10,9 @@ one with GOMP_SPINCOUNT=300000 (libgomp's default, as before) and one as shipped
 bench/serve_load.py's raw-socket load in turns, round after round, on bench/random_gguf.py's
 fast-step model (a CPU steps it at a GPU's rate) and on smollm2. Figures: streamed tokens/s
 and the runner's CPU µs per streamed token (its idle threads' spinning included). On a GPU
-the models are offloaded as localinfer plans them: the CPU figure is then what the team
-spins beside the GPU's steps.
+the models are offloaded as localinfer plans them. Wholly offloaded, a step's CPU part (the
+input layer's row lookup) runs on one thread, with no team to spin, and the two should match;
+where layers stay on the CPU, the team spins beside the GPU's part of each step.
 
     python3 bench/omp_wait.py [--levels 1,8] [--tokens 512] [--requests 3] [--reps 5]
                               [--models fast-step smollm2] [--results FOLDER]

@@ -83,7 +83,7 @@ class PromptCache:
         self.max_bytes = max_bytes
         self._saved: list[_Saved] = []  # oldest first
         self._checked = time.monotonic()  # when the memory was last looked at
-        self._available: tuple[float, int, int] | None = None  # then: (when, bytes, our bytes)
+        self._seen: tuple[int, int] | None = None  # then: (bytes available, bytes saved here)
         self.bytes = 0
         self.saves = 0  # sequences saved, and put back (with the prompt tokens they held)
         self.restored = 0
@@ -169,12 +169,11 @@ class PromptCache:
         memory available is looked at again unless it was less than `fresh_s` ago; then it
         is that figure, less the bytes saved since (more, where copies went)."""
         now = time.monotonic()
-        if self._available is not None and now - self._available[0] < fresh_s:
-            available = self._available[1] - (self.bytes - self._available[2])
+        if self._seen is not None and now - self._checked < fresh_s:
+            available = self._seen[0] - (self.bytes - self._seen[1])
         else:
             available = ram_available()
-            self._available = (now, available, self.bytes)
-            self._checked = now
+            self._seen, self._checked = (available, self.bytes), now
         spare = available - self.RAM_FLOOR
         while spare < 0 and self._saved:
             spare += self._saved[0].size
