@@ -135,7 +135,7 @@ async def _http_load(port: int, model: str, lengths: list[list[int]]) -> float:
                                "tell me a story.", {"max_tokens": n, "temperature": 0})
             if r["error"] or not r["chunks"]:
                 raise SystemExit(f"the load failed: {r}")
-            done += r["chunks"]
+            done += r["tokens"]
         return done
 
     began = time.perf_counter()

@@ -1,9 +1,10 @@
 """Drive a server with concurrent streaming clients: N clients each send chat completions
 one after another to any OpenAI-compatible server and time them from outside it.
 
-Two clients: httpx (a JSON parse a chunk) and `raw`, plain asyncio sockets that count
+Two clients: httpx (a JSON parse a chunk) and `raw`, plain asyncio sockets that find the
 content chunks in the bytes, no JSON parsed (~3x less CPU per token, so a fast server on a
-small machine is not measured against its own client). bench/serve_load.py is their command
+small machine is not measured against its own client). Both time the first content chunk
+(TTFT) and count the reply's tokens from the usage the stream ends with (`USAGE`). bench/serve_load.py is their command
 line; `level_in_subprocess` runs it in a process of its own, apart from the caller's CPU.
 """
 
@@ -25,6 +26,10 @@ import httpx
 import psutil
 
 SERVE_LOAD = Path(__file__).resolve().parent / "serve_load.py"
+# a streamed chat ends with its usage: the reply's tokens counted by the server. Content
+# chunks are not tokens where a token is part of a character (a random-weight model's byte
+# tokens: a Llama-3.2-1B shape streamed 27 chunks for 64 tokens, from either server)
+USAGE = {"stream_options": {"include_usage": True}}
 
 _WORDS = ("harbour lantern keeper tide rope gull stone window evening storm ledger candle "
           "island signal ferry").split()
@@ -128,29 +133,35 @@ def one(client: httpx.Client, url: str, model: str, system: str, question: str,
         sampling: dict) -> dict:
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": question}]
-    body = {"model": model, "messages": messages, "stream": True, **sampling}
+    body = {"model": model, "messages": messages, "stream": True, **USAGE, **sampling}
     start = time.perf_counter()
-    first, chunks, error = None, 0, None
+    first, chunks, tokens, error = None, 0, None, None
     try:
         with client.stream("POST", url + "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:
-                return {"ttft": None, "chunks": 0, "error": f"HTTP {response.status_code}"}
+                return {"ttft": None, "chunks": 0, "tokens": 0,
+                        "error": f"HTTP {response.status_code}"}
             for line in response.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
-                for choice in json.loads(line[6:]).get("choices", []):
+                event = json.loads(line[6:])
+                for choice in event.get("choices") or []:
                     if (choice.get("delta") or {}).get("content"):
                         first = first or time.perf_counter()
                         chunks += 1
+                tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
     except httpx.HTTPError as exc:  # a cut-off stream is a result here, not a crash
         error = type(exc).__name__
-    return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
+    return {"ttft": None if first is None else first - start, "chunks": chunks,
+            "tokens": chunks if tokens is None else tokens, "error": error}
 
 
 # a delta that carries text: `"content":"x` or `"role": "assistant", "content": "x` (a space
 # after each comma, as Python's json writes it), not `"content":""`, null or
 # "reasoning_content"
 _CONTENT = re.compile(rb'[{,]\s*"content":\s*"(?!")')
+# the reply's length in tokens, in the usage that ends a stream
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 
 
 async def _raw_one(host: str, port: int, model: str, system: str, question: str,
@@ -158,21 +169,22 @@ async def _raw_one(host: str, port: int, model: str, system: str, question: str,
     """One streamed chat over a bare socket: HTTP/1.1, chunked or not, SSE events counted."""
     messages = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": question}]
-    body = json.dumps({"model": model, "messages": messages, "stream": True,
+    body = json.dumps({"model": model, "messages": messages, "stream": True, **USAGE,
                        **sampling}).encode()
     start = time.perf_counter()
-    first, chunks = None, 0
+    first, chunks, tokens = None, 0, None
     try:
         reader, writer = await asyncio.open_connection(host, port)
     except OSError as exc:
-        return {"ttft": None, "chunks": 0, "error": type(exc).__name__}
+        return {"ttft": None, "chunks": 0, "tokens": 0, "error": type(exc).__name__}
     try:
         writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s:%d\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n"
                      b"Connection: close\r\n\r\n" % (host.encode(), port, len(body)) + body)
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")):
-            return {"ttft": None, "chunks": 0, "error": head.split(b"\r\n")[0].decode()}
+            return {"ttft": None, "chunks": 0, "tokens": 0,
+                    "error": head.split(b"\r\n")[0].decode()}
         chunked = b"transfer-encoding: chunked" in head.lower()
         pending = b""
         while True:
@@ -190,6 +202,8 @@ async def _raw_one(host: str, port: int, model: str, system: str, question: str,
                 if _CONTENT.search(event):
                     first = first or time.perf_counter()
                     chunks += 1
+                elif (used := _COMPLETION_TOKENS.search(event)) is not None:
+                    tokens = int(used[1])
             if b"data: [DONE]" in data:
                 break
         error = None
@@ -197,7 +211,8 @@ async def _raw_one(host: str, port: int, model: str, system: str, question: str,
         error = type(exc).__name__
     finally:
         writer.close()
-    return {"ttft": None if first is None else first - start, "chunks": chunks, "error": error}
+    return {"ttft": None if first is None else first - start, "chunks": chunks,
+            "tokens": chunks if tokens is None else tokens, "error": error}
 
 
 def _raw_clients(url: str, model: str, system: str, ids: list[int], per_client: int,
@@ -254,8 +269,9 @@ def level(url: str, model: str, clients: int, per_client: int, max_tokens: int,
     ttfts = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     return {"clients": clients, "requests": len(results), "prefix_words": prefix_words,
             "temperature": temperature,
-            "wall_s": wall, "output_tokens": sum(r["chunks"] for r in results),
-            "output_tps": sum(r["chunks"] for r in results) / wall,
+            "wall_s": wall, "output_tokens": sum(r["tokens"] for r in results),
+            "output_tps": sum(r["tokens"] for r in results) / wall,
+            "content_chunks": sum(r["chunks"] for r in results),
             "ttft_p50_s": statistics.median(ttfts) if ttfts else None,
             "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if ttfts else None,
             "empty": sum(1 for r in results if not r["chunks"]),

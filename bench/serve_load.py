@@ -4,12 +4,12 @@ N client threads (bench/clients.py) each send requests one after another to
 /v1/chat/completions (streaming, greedy unless --temperature says, a fixed max_tokens);
 optionally every prompt starts with the same long prefix (a shared system prompt), which a
 server that reuses cached prefixes reads once. Reported per level: output tok/s over wall
-time (content chunks), TTFT p50/p99, empty replies and errors.
+time (the tokens each stream's usage counts), TTFT p50/p99, empty replies and errors.
 Used to compare `localinfer serve` with llama.cpp's own server on the same model and GPU.
 
     python3 bench/serve_load.py --url http://127.0.0.1:11435 --model NAME --levels 8,32
 
-`--client raw` streams over plain asyncio sockets and counts content chunks in the bytes,
+`--client raw` streams over plain asyncio sockets and finds content chunks in the bytes,
 no JSON parsed: ~3x less CPU per token than the httpx client, so a fast server on a small
 machine is not measured against its own client.
 """

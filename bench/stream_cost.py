@@ -66,7 +66,7 @@ def measure(url: str, pid: int, model_name: str, clients: int, tokens: int, requ
     row = level_in_subprocess(url, model_name, clients, requests, tokens, client)
     client_after = resource.getrusage(resource.RUSAGE_CHILDREN)
     after = thread_seconds(pid)
-    tokens_total = row["output_tokens"]  # content chunks: one a token, as the server sends them
+    tokens_total = row["output_tokens"]  # the tokens the streams' usage counts
     loop = after.get(pid, 0) - before.get(pid, 0)
     others = sum(after[t] - before.get(t, 0) for t in after if t != pid)
     client_cpu = ((client_after.ru_utime + client_after.ru_stime)
