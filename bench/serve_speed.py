@@ -8,6 +8,10 @@ round, so the machine's noise hits both. The load is bench/serve_load.py's raw-s
 in a process of its own (greedy, --tokens a reply, --requests per client). Reported per
 level: each round's localinfer ÷ llama-server streamed tokens/s (their median and the lowest
 round), and TTFT p50 of both; each --variant (localinfer with other flags) beside them.
+Each round also times llama.cpp's own ceiling at each level (localinfer.bench.ceiling: a bare
+loop decoding as many sequences, a prompt's length in, every core, no server), and each
+server's tok/s is given as a share of it: a server streams less than the loop decodes (it
+reads the prompts too), so the shares say how far a ratio between the servers can still go.
 
 Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
@@ -25,6 +29,7 @@ Writes bench/results/serve_speed.{json,md,png}.
 
 from __future__ import annotations
 
+import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -33,7 +38,10 @@ import harness
 from clients import level_in_subprocess
 from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
+from localinfer.bench import ceiling
+
 CTX = 1024  # per slot
+PROMPT = 40  # tokens a request's prompt takes (the chat template's and the question's)
 
 
 def main() -> None:
@@ -68,6 +76,11 @@ def main() -> None:
         try:
             for rep in range(args.reps):
                 for clients in levels:
+                    bare = ceiling(model, clients, args.tokens, os.cpu_count() or 1, PROMPT)
+                    rows.append({"server": "ceiling", "rep": rep, "clients": clients,
+                                 "output_tps": bare})
+                    print(f"{rep} {'ceiling':24s} {clients:2d} streams: {bare:6.1f} tok/s",
+                          flush=True)
                     order = servers_named if rep % 2 == 0 else servers_named[::-1]
                     for server in order:
                         row = level_in_subprocess(servers[server][1], name, clients,
@@ -92,6 +105,11 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
     fig, axes = harness.figure(len(levels))
     for column, clients in enumerate(levels):
         theirs = pick("llama-server", clients)
+        bare = pick("ceiling", clients)
+
+        def share(runs: list[dict]) -> float:  # of the ceiling timed in the same round
+            return med(a["output_tps"] / b["output_tps"] for a, b in zip(runs, bare))
+
         ax = axes[0][column]
         for name in ours_named:
             ours = pick(name, clients)
@@ -100,7 +118,10 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
             facts = {"ratio_median": med(ratios), "ratio_min": min(ratios), "ratios": ratios,
                      "ttft_ratio_median": med(ttft),
                      "localinfer_tps": med(r["output_tps"] for r in ours),
-                     "llama_server_tps": med(r["output_tps"] for r in theirs)}
+                     "llama_server_tps": med(r["output_tps"] for r in theirs),
+                     "ceiling_tps": med(r["output_tps"] for r in bare),
+                     "localinfer_of_ceiling": share(ours),
+                     "llama_server_of_ceiling": share(theirs)}
             if name == "localinfer":
                 summary[clients] = facts
             else:
@@ -110,7 +131,10 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
                           f"**{med(ratios):.2f}** (lowest {min(ratios):.2f})",
                           " ".join(f"{x:.2f}" for x in ratios),
                           f"{med(r['ttft_p50_s'] for r in theirs):.3f} / "
-                          f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})"])
+                          f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})",
+                          f"{facts['ceiling_tps']:.1f}",
+                          f"{facts['llama_server_of_ceiling']:.2f} / "
+                          f"{facts['localinfer_of_ceiling']:.2f}"])
             ax.plot(range(1, len(ratios) + 1), ratios, "o-", label=name)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{clients} client(s)", xlabel="round",
@@ -121,11 +145,15 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
              f"The {args.shape} shape, random Q8_0 weights; both servers with {max(levels)} "
              f"slots of {CTX} tokens; greedy, {args.tokens} tokens a reply, {args.requests} "
              f"requests per client, the raw-socket client in a process of its own; "
-             f"{args.reps} rounds with the servers in turns.", "",
+             f"{args.reps} rounds with the servers in turns. llama.cpp's ceiling: a bare loop "
+             f"decoding as many sequences {PROMPT} tokens in, on every core, timed in each "
+             f"round; a server's share of it is its streamed tok/s (prompts read, replies "
+             f"sent) over the loop's.", "",
              *harness.markdown_table(
                  ["clients", "server", "llama-server tok/s (median)", "its tok/s (median)",
                   "÷ llama-server", "each round", "TTFT p50 llama-server / "
-                  "it, s (ratio)"], table)]
+                  "it, s (ratio)", "llama.cpp's ceiling tok/s (median)",
+                  "÷ ceiling, llama-server / it"], table)]
     meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
                              requests=args.requests, ctx=CTX, variants=args.variant,
                              llama_server=str(args.llama_server))
