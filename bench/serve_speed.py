@@ -12,6 +12,8 @@ Each round also times llama.cpp's own ceiling at each level (localinfer.bench.ce
 loop decoding as many sequences, a prompt's length in, every core, no server), and each
 server's tok/s is given as a share of it: a server streams less than the loop decodes (it
 reads the prompts too), so the shares say how far a ratio between the servers can still go.
+The loop and each server run at moments of their own: where the machine's speed drifts
+between them (a memory-bound model on a shared host), a share can pass 1.
 
 Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
@@ -148,7 +150,8 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
              f"{args.reps} rounds with the servers in turns. llama.cpp's ceiling: a bare loop "
              f"decoding as many sequences {PROMPT} tokens in, on every core, timed in each "
              f"round; a server's share of it is its streamed tok/s (prompts read, replies "
-             f"sent) over the loop's.", "",
+             f"sent) over the loop's (each timed at a moment of its own: where the machine's "
+             f"speed drifts, a share can pass 1).", "",
              *harness.markdown_table(
                  ["clients", "server", "llama-server tok/s (median)", "its tok/s (median)",
                   "÷ llama-server", "each round", "TTFT p50 llama-server / "
