@@ -4,8 +4,9 @@ one after another to any OpenAI-compatible server and time them from outside it.
 Two clients: httpx (a JSON parse a chunk) and `raw`, plain asyncio sockets that find the
 content chunks in the bytes, no JSON parsed (~3x less CPU per token, so a fast server on a
 small machine is not measured against its own client). Both time the first content chunk
-(TTFT) and count the reply's tokens from the usage the stream ends with (`USAGE`). bench/serve_load.py is their command
-line; `level_in_subprocess` runs it in a process of its own, apart from the caller's CPU.
+(TTFT) and count the reply's tokens from the usage the stream ends with (`USAGE`).
+bench/serve_load.py is their command line; `level_in_subprocess` runs it in a process of
+its own, apart from the caller's CPU.
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ step_moe() {  # MoE placement, the two sizes that split the model (PINNED=N: als
 step_serve_1b() {  # serve against llama-server, Llama 3.2 1B's shape
   want serve_1b 120 || return 0; stamp serve_1b
   python3 bench/serve_speed.py --llama-server $LLAMA_SERVER --shape $L1 --tokenizer .gpu/tok.gguf \
-    --levels ${LEVELS1:-1,8,32} --reps ${REPS:-3} --results $RES/serve_1b 2>&1 | tail -15
+    --levels ${LEVELS1:-1,8,32} --reps ${REPS:-3} --no-ceiling --results $RES/serve_1b 2>&1 | tail -15
 }
 step_gpu_memory() {  # the hybrid's plan against what the GPU holds
   want gpu_memory 60 || return 0; stamp gpu_memory
@@ -254,7 +254,7 @@ step_moe24() {  # MoE at 24 GiB (the whole model fits)
 step_serve_8b() {  # serve, Llama 3.1 8B's shape
   want serve_8b 100 || return 0; stamp serve_8b
   python3 bench/serve_speed.py --llama-server $LLAMA_SERVER --shape $L8 --tokenizer .gpu/tok.gguf \
-    --levels ${LEVELS8:-1,8} --reps ${REPS8:-2} --results $RES/serve_8b 2>&1 | tail -10
+    --levels ${LEVELS8:-1,8} --reps ${REPS8:-2} --no-ceiling --results $RES/serve_8b 2>&1 | tail -10
 }
 for step in $STEPS; do
   declare -F "step_$step" >/dev/null || { echo "no step $step"; continue; }

@@ -9,7 +9,8 @@ in a process of its own (greedy, --tokens a reply, --requests per client). Repor
 level: each round's localinfer ÷ llama-server streamed tokens/s (their median and the lowest
 round), and TTFT p50 of both; each --variant (localinfer with other flags) beside them.
 Each round also times llama.cpp's own ceiling at each level (localinfer.bench.ceiling: a bare
-loop decoding as many sequences, a prompt's length in, every core, no server), and each
+loop decoding as many sequences, a prompt's length in, every core and the GPU layers the
+planner gives the server, no server; --no-ceiling: none), and each
 server's tok/s is given as a share of it: a server streams less than the loop decodes (it
 reads the prompts too), so the shares say how far a ratio between the servers can still go.
 The loop and each server run at moments of their own: where the machine's speed drifts
@@ -18,7 +19,7 @@ between them (a memory-bound model on a shared host), a share can pass 1.
 Build llama-server once (see bench/serve_fast_steps.py's docstring).
 
     python3 bench/serve_speed.py --llama-server PATH [--reps 5] [--levels 1,8]
-                                 [--tokens 128] [--requests 2]
+                                 [--tokens 128] [--requests 2] [--no-ceiling]
                                  [--shape llama3.2-1b --tokenizer TOKENIZER.gguf]
                                  [--variant=--flash-attn]...
 
@@ -40,7 +41,7 @@ import harness
 from clients import level_in_subprocess
 from random_gguf import SHAPES, embedded_smollm2, read_tokenizer, write_model
 
-from localinfer.bench import ceiling
+from localinfer.bench import ceiling, planned_device
 
 CTX = 1024  # per slot
 PROMPT = 40  # tokens a request's prompt takes (the chat template's and the question's)
@@ -56,6 +57,8 @@ def main() -> None:
                                                        "[the embedded smollm2's]")
     parser.add_argument("--variant", action="append", default=[],
                         help="also localinfer with these flags (repeatable)")
+    parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
+                        help="time no bare loop (it loads the model again each round)")
     args = parser.parse_args()
     servers_named = ("llama-server", "localinfer", *(f"localinfer {v}" for v in args.variant))
     name = f"{args.shape}-random"  # the file's stem: localinfer's name for it
@@ -75,14 +78,18 @@ def main() -> None:
             **{f"localinfer {v}": lambda v=v: harness.start_serve(
                 [*harness.SERVE, *v.split()], str(model), slots, CTX, home)
                for v in args.variant}})
+        layers, device = planned_device(model, CTX, slots)
+        print(f"the ceiling's device: {device}", flush=True)
         try:
             for rep in range(args.reps):
                 for clients in levels:
-                    bare = ceiling(model, clients, args.tokens, os.cpu_count() or 1, PROMPT)
-                    rows.append({"server": "ceiling", "rep": rep, "clients": clients,
-                                 "output_tps": bare})
-                    print(f"{rep} {'ceiling':24s} {clients:2d} streams: {bare:6.1f} tok/s",
-                          flush=True)
+                    if args.ceiling:  # (on the layers the planner gives the server)
+                        bare = ceiling(model, clients, args.tokens, os.cpu_count() or 1, PROMPT,
+                                       gpu_layers=layers)
+                        rows.append({"server": "ceiling", "rep": rep, "clients": clients,
+                                     "output_tps": bare})
+                        print(f"{rep} {'ceiling':24s} {clients:2d} streams: {bare:6.1f} tok/s",
+                              flush=True)
                     order = servers_named if rep % 2 == 0 else servers_named[::-1]
                     for server in order:
                         row = level_in_subprocess(servers[server][1], name, clients,
@@ -93,10 +100,11 @@ def main() -> None:
                               f"{row['ttft_p50_s']:.3f} s", flush=True)
         finally:
             harness.stop_servers(servers)
-    report(args, levels, rows, servers_named[1:])
+    report(args, levels, rows, servers_named[1:], device)
 
 
-def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...]) -> None:
+def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...],
+           device: str) -> None:
     med = statistics.median
 
     def pick(server: str, clients: int) -> list[dict]:
@@ -109,8 +117,9 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
         theirs = pick("llama-server", clients)
         bare = pick("ceiling", clients)
 
-        def share(runs: list[dict]) -> float:  # of the ceiling timed in the same round
-            return med(a["output_tps"] / b["output_tps"] for a, b in zip(runs, bare))
+        def share(runs: list[dict]) -> float | None:  # of the ceiling timed in the same round
+            return (med(a["output_tps"] / b["output_tps"] for a, b in zip(runs, bare))
+                    if bare else None)
 
         ax = axes[0][column]
         for name in ours_named:
@@ -121,7 +130,7 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
                      "ttft_ratio_median": med(ttft),
                      "localinfer_tps": med(r["output_tps"] for r in ours),
                      "llama_server_tps": med(r["output_tps"] for r in theirs),
-                     "ceiling_tps": med(r["output_tps"] for r in bare),
+                     "ceiling_tps": med(r["output_tps"] for r in bare) if bare else None,
                      "localinfer_of_ceiling": share(ours),
                      "llama_server_of_ceiling": share(theirs)}
             if name == "localinfer":
@@ -134,9 +143,9 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
                           " ".join(f"{x:.2f}" for x in ratios),
                           f"{med(r['ttft_p50_s'] for r in theirs):.3f} / "
                           f"{med(r['ttft_p50_s'] for r in ours):.3f} ({med(ttft):.2f})",
-                          f"{facts['ceiling_tps']:.1f}",
-                          f"{facts['llama_server_of_ceiling']:.2f} / "
-                          f"{facts['localinfer_of_ceiling']:.2f}"])
+                          *([f"{facts['ceiling_tps']:.1f}",
+                             f"{facts['llama_server_of_ceiling']:.2f} / "
+                             f"{facts['localinfer_of_ceiling']:.2f}"] if bare else [])])
             ax.plot(range(1, len(ratios) + 1), ratios, "o-", label=name)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set(title=f"{clients} client(s)", xlabel="round",
@@ -147,19 +156,21 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
              f"The {args.shape} shape, random Q8_0 weights; both servers with {max(levels)} "
              f"slots of {CTX} tokens; greedy, {args.tokens} tokens a reply, {args.requests} "
              f"requests per client, the raw-socket client in a process of its own; "
-             f"{args.reps} rounds with the servers in turns. llama.cpp's ceiling: a bare loop "
-             f"decoding as many sequences {PROMPT} tokens in, on every core, timed in each "
-             f"round; a server's share of it is its streamed tok/s (prompts read, replies "
-             f"sent) over the loop's (each timed at a moment of its own: where the machine's "
-             f"speed drifts, a share can pass 1).", "",
+             f"{args.reps} rounds with the servers in turns." + (
+                 f" llama.cpp's ceiling: a bare loop decoding as many sequences {PROMPT} tokens "
+                 f"in, on every core, timed in each round; a server's share of it is its "
+                 f"streamed tok/s (prompts read, replies sent) over the loop's (each timed at a "
+                 f"moment of its own: where the machine's speed drifts, a share can pass 1)."
+                 if args.ceiling else ""), "",
              *harness.markdown_table(
                  ["clients", "server", "llama-server tok/s (median)", "its tok/s (median)",
-                  "÷ llama-server", "each round", "TTFT p50 llama-server / "
-                  "it, s (ratio)", "llama.cpp's ceiling tok/s (median)",
-                  "÷ ceiling, llama-server / it"], table)]
+                  "÷ llama-server", "each round", "TTFT p50 llama-server / it, s (ratio)",
+                  *(["llama.cpp's ceiling tok/s (median)", "÷ ceiling, llama-server / it"]
+                    if args.ceiling else [])], table)]
     meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
                              requests=args.requests, ctx=CTX, variants=args.variant,
-                             llama_server=str(args.llama_server))
+                             llama_server=str(args.llama_server),
+                             ceiling_device=device if args.ceiling else None)
     harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
                   args.results)
 
