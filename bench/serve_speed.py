@@ -78,8 +78,9 @@ def main() -> None:
             **{f"localinfer {v}": lambda v=v: harness.start_serve(
                 [*harness.SERVE, *v.split()], str(model), slots, CTX, home)
                for v in args.variant}})
-        layers, device = planned_device(model, CTX, slots)
-        print(f"the ceiling's device: {device}", flush=True)
+        layers, device = planned_device(model, CTX, slots) if args.ceiling else (0, None)
+        if device:
+            print(f"the ceiling's device: {device}", flush=True)
         try:
             for rep in range(args.reps):
                 for clients in levels:
@@ -104,7 +105,7 @@ def main() -> None:
 
 
 def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...],
-           device: str) -> None:
+           device: str | None) -> None:
     med = statistics.median
 
     def pick(server: str, clients: int) -> list[dict]:
@@ -170,7 +171,7 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
     meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
                              requests=args.requests, ctx=CTX, variants=args.variant,
                              llama_server=str(args.llama_server),
-                             ceiling_device=device if args.ceiling else None)
+                             ceiling_device=device)
     harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
                   args.results)
 

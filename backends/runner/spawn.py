@@ -33,7 +33,6 @@ def how(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
-
 # How long llama.cpp's idle OpenMP threads spin before they sleep, in libgomp's spins (~23
 # ns each on a 2-core EPYC). libgomp's own default, 300,000 (~7 ms there), outlasts a whole
 # decode step of a small model or a GPU's: after each step the team spins on while the engine
