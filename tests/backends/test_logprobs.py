@@ -4,10 +4,12 @@ near the best and widens the window until k are in it)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy
 import pytest
 
-from localinfer.backends.native.model import _likeliest
+from localinfer.backends.native.model import _likeliest, _within
 
 
 @pytest.mark.parametrize("n", [5, 100, 262_144])
@@ -26,3 +28,22 @@ def test_ties_and_a_flat_row_give_k_tokens():
     assert len(_likeliest(flat, 0.0, 20)) == 20
     few = numpy.full(10, -5.0, dtype=numpy.float32)
     assert len(_likeliest(few, -5.0, 20)) == 10  # (a vocabulary smaller than asked)
+
+
+def test_a_row_of_nan_or_of_too_few_finite_logits_ends():
+    """A model whose logits came out NaN (overflow) had its engine thread widen the window
+    for ever, every stream of the model stalled; fewer finite logits than asked doubled it
+    a thousand times. Now: the tokens that are not NaN, at once."""
+    nan = numpy.full(262_144, numpy.nan, dtype=numpy.float32)
+    sparse = numpy.full(262_144, -numpy.inf, dtype=numpy.float32)
+    sparse[:3] = (1.0, 2.0, 3.0)
+    sparse[3] = numpy.nan
+    got = {}
+    work = threading.Thread(target=lambda: got.update(
+        nan=_likeliest(nan, float(nan.max()), 20), sparse=_within(sparse, 3.0, 20, 4.0)[0]),
+        daemon=True)
+    work.start()
+    work.join(10)
+    assert not work.is_alive()
+    assert len(got["nan"]) == 0
+    assert len(got["sparse"]) == 262_144 - 1 and 3 not in set(got["sparse"][:5])

@@ -56,11 +56,18 @@ SHORTCUT_CASES = {
                                              presence_penalty=0.5, seed=3, max_tokens=40),
     "negative presence (no cut)": SamplingParams(temperature=1.0, top_k=20, seed=5,
                                                  presence_penalty=-2.0, max_tokens=40),
+    "localinfer's defaults": SamplingParams(seed=11, max_tokens=40),
+    "no top_k (no cut)": SamplingParams(temperature=1.0, top_k=0, top_p=0.9, seed=13,
+                                        max_tokens=40),
     # a grammar asked of the drawn token only, and of every token where it refuses that one
     "greedy, JSON grammar": SamplingParams(temperature=0, grammar=ANY_JSON, max_tokens=40),
     "greedy, JSON grammar and penalties": SamplingParams(temperature=0, grammar=ANY_JSON,
                                                          repeat_penalty=1.3, max_tokens=40),
 }
+# where the chain's first sampler is a cut to the best candidates: the chain is given only
+# the tokens near the best logit
+CUT_CASES = {"greedy, repeat penalty", "Ollama's defaults", "frequency and presence",
+             "localinfer's defaults"}
 
 
 class _Twin:
@@ -94,9 +101,10 @@ class _Twin:
 @pytest.mark.parametrize("case", SHORTCUT_CASES)
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
 def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, model, case):
-    """Greedy as an argmax, penalties after a cut to the best candidates: same tokens as
-    llama.cpp's plain chain, on a 49k and a 262k vocabulary. Both chains sample the same
-    logits at every step (two runs would be two batch shapes, whose floats may differ)."""
+    """Greedy as an argmax, penalties after a cut to the best candidates, a chain that cuts
+    first given only the tokens near the best logit: same tokens as llama.cpp's plain chain,
+    on a 49k and a 262k vocabulary. Both chains sample the same logits at every step (two
+    runs would be two batch shapes, whose floats may differ)."""
     backend = request.getfixturevalue(model)
     ask = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
     monkeypatch.setattr(_Twin, "made", [], raising=False)
@@ -106,6 +114,10 @@ def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, mode
     (twin,) = _Twin.made
     assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
     assert all(fast == plain for fast, plain in twin.picks), twin.picks
+    if case in CUT_CASES:  # (a draw whose gap held too many tokens goes to llama.cpp's)
+        assert twin.fast.cut_draws >= len(twin.picks) // 2, (twin.fast.cut_draws, twin.picks)
+    else:
+        assert twin.fast.cut_draws == 0
 
 
 @pytest.mark.parametrize("seed", range(4))
