@@ -697,11 +697,19 @@ def write_talker(out: Path, tokenizer: dict, words: list[int], stop: int, end: i
                 fixed={"token_embd.weight": embeddings, "output.weight": output})
 
 
-def fast_step_model(folder: Path) -> Path:
-    """The fast-step shape with smollm2's tokenizer, written into `folder` (a second)."""
-    path = folder / "fast-step.gguf"
-    write_model(SHAPES["fast-step"], path, read_tokenizer(embedded_smollm2()),
-                "random fast-step Q8_0")
+def fast_step_model(folder: Path, vocab: Path | None = None) -> Path:
+    """The fast-step shape with smollm2's tokenizer, written into `folder` (a second); with
+    `vocab`, over that GGUF's vocabulary (llama.cpp's models/ggml-vocab-qwen2.gguf: Qwen's
+    151,936 tokens, where choosing each token costs more) as fast-step-<its name>.gguf."""
+    if vocab is None:
+        path = folder / "fast-step.gguf"
+        write_model(SHAPES["fast-step"], path, read_tokenizer(embedded_smollm2()),
+                    "random fast-step Q8_0")
+        return path
+    tokenizer = read_tokenizer(vocab)
+    shape = dataclasses.replace(SHAPES["fast-step"], n_vocab=len(tokenizer["tokenizer.ggml.tokens"][0]))
+    path = folder / f"fast-step-{vocab.stem.removeprefix('ggml-vocab-')}.gguf"
+    write_model(shape, path, tokenizer, f"random fast-step Q8_0 over {vocab.name}")
     return path
 
 

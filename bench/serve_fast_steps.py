@@ -25,8 +25,13 @@ the same kernels. Elsewhere it changes nothing.
 
     python3 bench/serve_fast_steps.py --llama-server PATH [--levels 8,32] [--reps 3]
                                       [--tokens 256] [--requests 3] [--results FOLDER]
+                                      [--vocab GGUF --out NAME]
 
-Writes bench/results/serve_fast_steps.{json,md,png}.
+`--vocab`: the fast-step shape over that GGUF's vocabulary instead of smollm2's 49k (the
+models people run have larger ones: llama.cpp's models/ggml-vocab-qwen2.gguf holds Qwen's
+151,936 tokens), where what choosing a token costs shows.
+
+Writes bench/results/serve_fast_steps.{json,md,png} (`--out`: another name).
 """
 
 from __future__ import annotations
@@ -54,10 +59,12 @@ def main() -> None:
     parser.add_argument("--llama-server", type=Path, required=True)
     parser.add_argument("--levels", default="8,32", help="concurrent clients")
     parser.add_argument("--requests", type=int, default=3, help="per client")
+    parser.add_argument("--vocab", type=Path, help="a GGUF whose vocabulary the model takes")
+    parser.add_argument("--out", default="serve_fast_steps", help="file names")
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     with tempfile.TemporaryDirectory() as home:
-        model = fast_step_model(Path(home))
+        model = fast_step_model(Path(home), args.vocab)
         slots = max(levels)
         servers = harness.start_servers({  # llama-server with its defaults; localinfer as a user runs it
             "llama-server": lambda: harness.start_server(
@@ -80,8 +87,10 @@ def main() -> None:
         finally:
             harness.stop_servers(servers)
     meta = harness.run_facts(llama_server=args.llama_server.name, levels=levels,
-                             tokens=args.tokens, requests=args.requests, reps=args.reps)
+                             tokens=args.tokens, requests=args.requests, reps=args.reps,
+                             vocab=args.vocab and args.vocab.name)
     write_report(meta, rows, args, levels)
+
 
 
 def write_report(meta: dict, rows: list[dict], args, levels: list[int]) -> None:
@@ -92,11 +101,13 @@ def write_report(meta: dict, rows: list[dict], args, levels: list[int]) -> None:
         return statistics.median(r[key] or 0 for r in rows if r["server"] == server
                                  and r["scenario"] == scenario and r["clients"] == clients)
 
+    vocab = f"the vocabulary of {args.vocab.name}" if args.vocab else "smollm2's 49k vocabulary"
+    flags = f" --vocab {args.vocab} --out {args.out}" if args.vocab else ""
     lines = [
         "# `localinfer serve` against llama-server at a GPU's step rates (on a CPU)",
         "",
-        f"`python3 bench/serve_fast_steps.py --llama-server PATH`: the fast-step random model "
-        f"(one thin layer over smollm2's 49k vocabulary; a CPU steps it in a few ms, as a GPU "
+        f"`python3 bench/serve_fast_steps.py --llama-server PATH{flags}`: the fast-step random "
+        f"model (one thin layer over {vocab}; a CPU steps it in a few ms, as a GPU "
         f"steps a 1B model), {max(levels)} slots of {CTX} tokens, {args.tokens} tokens a "
         f"request, {args.requests} requests per client, bench/serve_load.py's raw-socket "
         f"client; medians of {args.reps} runs with the servers in turns. {os.cpu_count()} "
@@ -125,7 +136,7 @@ def write_report(meta: dict, rows: list[dict], args, levels: list[int]) -> None:
     ax.set_ylabel("streamed tokens/s")
     ax.legend()
     ax.set_title("localinfer serve vs llama-server, fast-step model on a CPU")
-    harness.write("serve_fast_steps", meta, {"runs": rows}, lines, fig, folder=args.results)
+    harness.write(args.out, meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":
