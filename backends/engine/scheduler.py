@@ -362,14 +362,16 @@ class Engine:
             task = self.queue.waiting[0]
             tokens = task.resume.tokens if task.resume else task.prompt
             limit = len(tokens) - (0 if task.resume else 1)
-            slot = max(idle, key=lambda s: self._worth(s, tokens, limit))
+            prefixes = self.cells.prefixes(tokens, self.slots)
+            slot = max(idle, key=lambda s: self._worth(s, tokens, limit, prefixes))
             if not self.cells.admit(slot, tokens, self.slots):
                 return  # first come, first served: nobody overtakes the head of the queue
             self.queue.waiting.popleft()
             self.queue.taken(task)
             self._start(slot, task)
 
-    def _worth(self, slot: Slot, tokens: list[int], limit: int) -> tuple[int, ...]:
+    def _worth(self, slot: Slot, tokens: list[int], limit: int, prefixes: dict[int, int]
+               ) -> tuple[int, ...]:
         """How good `slot` is for a request. First the slots it would go on from: the tokens
         it finds cached there (the slot's prefix and runs to be moved into place, or a longer
         prefix borrowed from another slot) outweigh those of the slot's own it drops, each
@@ -379,7 +381,7 @@ class Engine:
         template's first tokens is not one to go on from: another conversation is kept there
         for when it comes back)."""
         own = self.cells.reusable(slot, tokens, limit, self.slots)
-        kept = self.cells.kept(slot, tokens, limit, self.slots, own)
+        kept = self.cells.kept(slot, tokens, limit, self.slots, own, prefixes)
         gain = kept - (len(slot.cache) - (own if kept == own else 0)) // 2
         if gain > 0:
             return 1, gain, -slot.last_used

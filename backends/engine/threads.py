@@ -100,6 +100,10 @@ class OthersLoad:
 
     def __init__(self) -> None:
         self._process = psutil.Process()
+        # (asked once: psutil reads the physical count from /sys at each call, 3% of the
+        # engine's thread at a GPU's step rate, where the tuner probes often)
+        self._cores = physical_cores()
+        self._logical = psutil.cpu_count() or self._cores
         self._last = self._sample()
 
     def _sample(self) -> tuple[float, float, float]:
@@ -112,12 +116,11 @@ class OthersLoad:
     def __call__(self) -> int:
         then, self._last = self._last, self._sample()
         elapsed = self._last[0] - then[0]
-        cores = physical_cores()
+        cores = self._cores
         if elapsed <= 0:
             return cores
         others = max(0.0, (self._last[1] - then[1]) - (self._last[2] - then[2])) / elapsed
-        logical = psutil.cpu_count() or cores
-        return max(1, min(cores, round(cores - others * cores / logical)))
+        return max(1, min(cores, round(cores - others * cores / self._logical)))
 
 
 # pid, its start time (a pid the system gave again is not the same process), threads (< 0:
