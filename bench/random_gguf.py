@@ -707,7 +707,8 @@ def fast_step_model(folder: Path, vocab: Path | None = None) -> Path:
                     "random fast-step Q8_0")
         return path
     tokenizer = read_tokenizer(vocab)
-    shape = dataclasses.replace(SHAPES["fast-step"], n_vocab=len(tokenizer["tokenizer.ggml.tokens"][0]))
+    shape = dataclasses.replace(SHAPES["fast-step"],
+                                n_vocab=len(tokenizer["tokenizer.ggml.tokens"][0]))
     path = folder / f"fast-step-{vocab.stem.removeprefix('ggml-vocab-')}.gguf"
     write_model(shape, path, tokenizer, f"random fast-step Q8_0 over {vocab.name}")
     return path
