@@ -650,7 +650,7 @@ class SamplerChain:
         # next time: a narrower gap where this one held many more than the cut needs; the
         # first again where it had to take every token (fewer than the cut were finite)
         self._gap = (_FIRST_GAP if gap > _WIDEST_GAP
-                     else gap / 2 if len(ids) > 8 * self.cut else gap)
+                     else max(gap / 2, _NARROWEST_GAP) if len(ids) > 8 * self.cut else gap)
         if len(ids) < self.cut or len(ids) > len(logits) // 4:
             return None
         few = numpy.empty(len(ids), dtype=_Candidates.DTYPE)
@@ -713,6 +713,9 @@ class SamplerChain:
 # dozen within 4, a thousand within 8
 _FIRST_GAP = 4.0
 _WIDEST_GAP = 1e6  # past this, the bound is -inf: the logits that are not NaN
+# a gap is never narrowed below this (rows of many equal logits halve it at each draw; at
+# 0 it could not widen again)
+_NARROWEST_GAP = 1e-3
 
 
 def _within(logits: numpy.ndarray, best: float, k: int, gap: float
@@ -725,7 +728,8 @@ def _within(logits: numpy.ndarray, best: float, k: int, gap: float
         ids = numpy.flatnonzero(logits >= bound)
         if len(ids) >= k or len(ids) == len(logits) or not numpy.isfinite(bound):
             return ids, gap  # (a NaN best: none)
-        gap = gap * 2 if gap < _WIDEST_GAP else numpy.inf  # (then every token not NaN)
+        gap = (max(gap * 2, _NARROWEST_GAP) if gap < _WIDEST_GAP
+               else numpy.inf)  # (then every token not NaN)
 
 
 def _likeliest(logits: numpy.ndarray, best: float, k: int) -> numpy.ndarray:

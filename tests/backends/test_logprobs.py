@@ -47,3 +47,15 @@ def test_a_row_of_nan_or_of_too_few_finite_logits_ends():
     assert not work.is_alive()
     assert len(got["nan"]) == 0
     assert len(got["sparse"]) == 262_144 - 1 and 3 not in set(got["sparse"][:5])
+
+
+def test_a_window_narrowed_to_nothing_still_widens():
+    """A sampler's window is narrowed while rows hold many equal logits; from 0 it could
+    never widen again (0 doubled), and the engine's thread would spin."""
+    logits = numpy.arange(1000, dtype=numpy.float32)
+    work = threading.Thread(target=lambda: _within(logits, 999.0, 40, 0.0), daemon=True)
+    work.start()
+    work.join(10)
+    assert not work.is_alive()
+    ids, gap = _within(logits, 999.0, 40, 0.0)
+    assert len(ids) >= 40 and gap > 0
