@@ -655,9 +655,7 @@ class SamplerChain:
             return None
         few = numpy.empty(len(ids), dtype=_Candidates.DTYPE)
         few["id"], few["logit"], few["p"] = ids, logits[ids], 0.0
-        array = llama_cpp.llama_token_data_array(
-            data=few.ctypes.data_as(llama_cpp.llama_token_data_p), size=len(ids), selected=-1,
-            sorted=False)
+        array = _token_data(few)
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(array))
         if not 0 <= array.selected < array.size:  # (llama.cpp's own draw asserts the same)
             raise EngineError(f"llama.cpp's sampler chose candidate {array.selected} of "
@@ -749,13 +747,9 @@ class _Candidates:
     def __init__(self, n_vocab: int):
         self.ids = numpy.arange(n_vocab, dtype=numpy.int32)
         self.data = numpy.zeros(n_vocab, dtype=self.DTYPE)
-        self.array = llama_cpp.llama_token_data_array(
-            data=self.data.ctypes.data_as(llama_cpp.llama_token_data_p), size=n_vocab,
-            selected=-1, sorted=False)
+        self.array = _token_data(self.data)
         self.one = numpy.zeros(1, dtype=self.DTYPE)
-        self.one_array = llama_cpp.llama_token_data_array(
-            data=self.one.ctypes.data_as(llama_cpp.llama_token_data_p), size=1, selected=-1,
-            sorted=False)
+        self.one_array = _token_data(self.one)
 
     def fill(self, logits: numpy.ndarray) -> Any:
         self.data["id"] = self.ids  # (samplers sort the entries in place)
@@ -772,6 +766,14 @@ class _Candidates:
         self.one_array.size, self.one_array.selected, self.one_array.sorted = 1, -1, False
         llama_cpp.llama_sampler_apply(grammar, ctypes.byref(self.one_array))
         return bool(numpy.isfinite(self.one["logit"][0]))
+
+
+def _token_data(records: numpy.ndarray) -> Any:
+    """A llama_token_data_array over `records` (of _Candidates.DTYPE, which llama.cpp's
+    samplers read and sort in place), none selected, unsorted."""
+    return llama_cpp.llama_token_data_array(
+        data=records.ctypes.data_as(llama_cpp.llama_token_data_p), size=len(records),
+        selected=-1, sorted=False)
 
 
 def _logit_bias_sampler(n_vocab: int, bias: Sequence[tuple[int, float]]) -> llama_cpp.llama_sampler_p:
