@@ -14,7 +14,7 @@ from localinfer.backends.engine import batch as batch_module
 from localinfer.backends.base import DoneEvent, SamplingParams, TokenEvent
 from localinfer.backends.native.model import SamplerChain
 from localinfer.chat_formats.grammar import ANY_JSON, json_schema_grammar
-from localinfer.errors import InvalidRequest
+from localinfer.errors import EngineError, InvalidRequest
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -241,3 +241,15 @@ def test_greedy_streams_picked_together_match_llama_cpps_greedy(smollm2, monkeyp
     assert len(set(map(tuple, replies))) == len(prompts)  # four different replies
     assert len(checked) > 20  # most steps picked for two streams at once
     assert all(shared == own for shared, own in checked), checked
+
+
+def test_a_draw_whose_chain_selects_nothing_fails_the_request_not_the_next(monkeypatch,
+                                                                            smollm2):
+    """The draw over the tokens near the best logit reads the candidate llama.cpp's chain
+    selected; an index outside them (none selected) ends the request with an error rather
+    than writing a token read from past the candidates, and the engine serves the next."""
+    monkeypatch.setattr(llama_cpp, "llama_sampler_apply", lambda chain, array: None)
+    with pytest.raises(EngineError, match="sampler chose candidate -1"):
+        smollm2.chat(QUESTION, SamplingParams(seed=1, max_tokens=8)).text()
+    monkeypatch.undo()
+    assert smollm2.chat(QUESTION, SamplingParams(seed=1, max_tokens=8)).text()
