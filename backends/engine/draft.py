@@ -131,18 +131,16 @@ class DraftModel:
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens two sequences share (compared a block of 256 at a time, at C
-    speed: slots and saved prompts are compared with each prompt)."""
+    """How many leading tokens two sequences share (compared in blocks at C speed, 256
+    tokens, then 64, 16, 4 and 1 where they differ: slots and saved prompts are compared
+    with each prompt)."""
     a = a if isinstance(a, list) else list(a)
     b = b if isinstance(b, list) else list(b)
-    n, end = 0, min(len(a), len(b))
-    while n < end and a[n:n + 256] == b[n:n + 256]:
-        n += 256
-    n = min(n, end)
-    for x, y in zip(a[n:n + 256], b[n:n + 256]):
-        if x != y:
-            break
-        n += 1
+    n, end, block = 0, min(len(a), len(b)), 256
+    while block:
+        while n + block <= end and a[n:n + block] == b[n:n + block]:
+            n += block
+        block //= 4
     return n
 
 
