@@ -535,8 +535,8 @@ class NativeModel:
 class SamplerChain:
     """One llama.cpp sampler chain per request, in llama.cpp's own default order.
 
-    Logit bias and grammar see the full vocabulary first, so a banned or ungrammatical
-    token can never be picked; penalties follow, then the truncations and the draw.
+    Logit bias and grammar come first, so a banned or ungrammatical token can never be
+    picked; penalties follow, then the truncations and the draw.
 
     Three shortcuts pick the same tokens for less work, which counts on a large vocabulary
     (gemma3's 262k: llama.cpp's greedy chain takes 0.46 ms a token, its chain with penalties
@@ -549,12 +549,13 @@ class SamplerChain:
     - where the chain's first sampler is such a cut to the best `cut` (top_k, or the cut
       before the penalties), the chain is given only the tokens within a gap of the best
       logit, the gap wide enough that at least `cut` are in it (`_within`): the best `cut`
-      are all there, and every later sampler sees only what the cut keeps. llama.cpp
-      copies the whole vocabulary into a candidate array for each draw, a chain of its own
-      each, which the streams of a step push out of the CPU's cache: drawn in turn for 32
-      streams, 53 µs a token over 49,152 tokens, 157 over Qwen's 151,936, 241 over Gemma's
-      262,144; with the gap, 31, 79 and 108 (2-core EPYC, the default chain; the same tokens,
-      bench/results/sampling_cost.md).
+      are all there, and every later sampler sees only what the cut keeps (after a logit
+      bias, `cut` counts as many more as tokens are biased, and the biased are given too:
+      `_cut`; `ignore_eos` bans the end tokens so). llama.cpp copies the whole vocabulary
+      into a candidate array for each draw, a chain of its own each, which the streams of a
+      step push out of the CPU's cache: drawn in turn for 32 streams, 53 µs a token over
+      49,152 tokens, 157 over Qwen's 151,936, 241 over Gemma's 262,144; with the gap, 31, 79
+      and 108 (2-core EPYC, the default chain; the same tokens, bench/results/sampling_cost.md).
     """
 
     _PENALTY_LAST_N = 64
@@ -590,11 +591,14 @@ class SamplerChain:
                 self.grammar = None
             else:
                 self._candidates = _Candidates(native.n_vocab)
-        # the chain's first sampler keeps the best `cut` tokens (0: it reads them all)
+        # the chain's first sampler after the bias keeps the best `cut` tokens (0: it reads
+        # them all); the bias sees the tokens near the best and every token it moves
         self.cut = 0
         self._gap = _FIRST_GAP  # how far below the best logit the last draw had to look
         self.cut_draws = 0  # draws that read only the tokens within the gap (tests)
-        first_is_cut = self.shortcuts and not bias and not params.grammar
+        first_is_cut = self.shortcuts and not params.grammar
+        self._biased = numpy.array(sorted({t for t, _ in bias if 0 <= t < native.n_vocab}),
+                                   dtype=numpy.int64)
         if penalised:
             keep = 1 if params.greedy else min(params.top_k, native.n_vocab)
             only_lower = (params.repeat_penalty >= 1 and params.frequency_penalty >= 0
@@ -602,7 +606,7 @@ class SamplerChain:
             if self.shortcuts and keep and only_lower:
                 add(llama_cpp.llama_sampler_init_top_k(keep + self._PENALTY_LAST_N))
                 if first_is_cut:
-                    self.cut = min(keep + self._PENALTY_LAST_N, native.n_vocab)
+                    self.cut = self._cut(keep + self._PENALTY_LAST_N, native.n_vocab)
             penalties = llama_cpp.llama_sampler_init_penalties(
                 native.n_vocab, self._PENALTY_LAST_N, params.repeat_penalty,
                 params.frequency_penalty, params.presence_penalty)
@@ -617,12 +621,19 @@ class SamplerChain:
         if params.top_k > 0:  # (within llama.cpp's int32: a cut past the vocabulary is none)
             add(llama_cpp.llama_sampler_init_top_k(min(params.top_k, native.n_vocab)))
             if first_is_cut and not penalised:
-                self.cut = min(params.top_k, native.n_vocab)
+                self.cut = self._cut(params.top_k, native.n_vocab)
         add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
         add(llama_cpp.llama_sampler_init_temp(params.temperature))
         seed = llama_cpp.LLAMA_DEFAULT_SEED if params.seed is None else params.seed
         add(llama_cpp.llama_sampler_init_dist(seed))
+
+    def _cut(self, keep: int, n_vocab: int) -> int:
+        """How many of the best logits the chain's draw must see to keep the best `keep`
+        after the bias: a token below the best `keep` + (tokens biased) has at least `keep`
+        tokens the bias leaves alone above it (the biased themselves are drawn from, where
+        a raise lifts them)."""
+        return min(keep + len(self._biased), n_vocab)
 
     def sample(self, native: NativeModel, batch_index: int) -> int:
         """Sample from the logits at `batch_index` of the last decode (and accept the token)."""
@@ -653,6 +664,10 @@ class SamplerChain:
                      else max(gap / 2, _NARROWEST_GAP) if len(ids) > 8 * self.cut else gap)
         if len(ids) < self.cut or len(ids) > len(logits) // 4:
             return None
+        if len(self._biased):  # (those not near the best, in order of id as in the vocabulary)
+            missing = self._biased[~(logits[self._biased] >= best - gap)]
+            if len(missing):
+                ids = numpy.sort(numpy.concatenate((ids, missing)))
         few = numpy.empty(len(ids), dtype=_Candidates.DTYPE)
         few["id"], few["logit"], few["p"] = ids, logits[ids], 0.0
         array = _token_data(few)

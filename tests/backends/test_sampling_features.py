@@ -59,6 +59,16 @@ SHORTCUT_CASES = {
     "localinfer's defaults": SamplingParams(seed=11, max_tokens=40),
     "no top_k (no cut)": SamplingParams(temperature=1.0, top_k=0, top_p=0.9, seed=13,
                                         max_tokens=40),
+    # a bias before the cut: the first 1,000 tokens banned (a BPE vocabulary's commonest
+    # pieces, often the best logits) over a flat distribution; a token raised from far below
+    # the best
+    "logit bias, bans": SamplingParams(temperature=1.5, top_k=100, top_p=1.0, min_p=0.0,
+                                       seed=17, max_tokens=40,
+                                       logit_bias=tuple((t, -100.0) for t in range(1000))),
+    "logit bias, a raise": SamplingParams(seed=23, max_tokens=40, logit_bias=((4000, 100.0),)),
+    "ignore_eos, Ollama's defaults": SamplingParams(temperature=0.8, top_k=40, top_p=0.9,
+                                                    repeat_penalty=1.1, seed=19,
+                                                    ignore_eos=True, max_tokens=40),
     # a grammar asked of the drawn token only, and of every token where it refuses that one
     "greedy, JSON grammar": SamplingParams(temperature=0, grammar=ANY_JSON, max_tokens=40),
     "greedy, JSON grammar and penalties": SamplingParams(temperature=0, grammar=ANY_JSON,
@@ -67,7 +77,8 @@ SHORTCUT_CASES = {
 # where the chain's first sampler is a cut to the best candidates: the chain is given only
 # the tokens near the best logit
 CUT_CASES = {"greedy, repeat penalty", "Ollama's defaults", "frequency and presence",
-             "localinfer's defaults"}
+             "localinfer's defaults", "logit bias, bans", "logit bias, a raise",
+             "ignore_eos, Ollama's defaults"}
 
 
 class _Twin:
@@ -115,9 +126,13 @@ def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, mode
     assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
     assert all(fast == plain for fast, plain in twin.picks), twin.picks
     if case in CUT_CASES:  # (a draw whose gap held too many tokens goes to llama.cpp's)
-        assert twin.fast.cut_draws >= len(twin.picks) // 2, (twin.fast.cut_draws, twin.picks)
+        # (a flat distribution's: many, past 1,000 banned)
+        least = 1 if case == "logit bias, bans" else len(twin.picks) // 2
+        assert twin.fast.cut_draws >= least, (twin.fast.cut_draws, twin.picks)
     else:
         assert twin.fast.cut_draws == 0
+    if case == "logit bias, a raise":  # (drawn from far below the best logit)
+        assert any(fast == 4000 for fast, _ in twin.picks), twin.picks
 
 
 @pytest.mark.parametrize("seed", range(4))
