@@ -7,7 +7,7 @@ Streams decode together from short prompts, greedy and sampled: Ollama's default
 0.8, top_k 40, top_p 0.95, min_p 0.05). With the shortcuts off, every token goes through
 llama.cpp's plain sampler chain (see SamplerChain in backends/native/model.py); the tokens
 are the same either way (tests check it), so both runs do the same work: no end token is
-banned (a logit bias is a sampler the shortcuts leave to llama.cpp). The models: SmolLM2-135M
+banned (a logit bias keeps greedy streams off the argmax). The models: SmolLM2-135M
 (1 and 8 streams) and Gemma 3 270M's 262k vocabulary, and with `--vocab`, bench/random_gguf.py's
 fast-step shape (a CPU steps it at a GPU's rate) over that file's vocabulary (llama.cpp's
 models/ggml-vocab-qwen2.gguf: Qwen's 151,936 tokens), 8 and 32 streams. Reported: output
@@ -34,7 +34,9 @@ MODELS = {"smollm2:135m": (1, 8), "gemma3:270m": (1, 8)}  # name: streams
 VOCAB_STREAMS = (8, 32)  # the fast-step shape over a --vocab file's vocabulary
 CASES = {"greedy": dict(temperature=0),
          "Ollama defaults": dict(temperature=0.8, top_k=40, top_p=0.9, repeat_penalty=1.1),
-         "localinfer defaults": dict()}
+         "localinfer defaults": dict(),
+         # (a bias first: what benchmark clients send to have every reply run its length)
+         "localinfer defaults, ignore_eos": dict(ignore_eos=True)}
 
 
 def _run(backend: LlamaCppBackend, n: int, case: dict, tokens: int, shortcuts: bool) -> float:
