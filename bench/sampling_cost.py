@@ -4,7 +4,8 @@
 
 Streams decode together from short prompts, greedy and sampled: Ollama's default sampling
 (temperature 0.8, top_k 40, top_p 0.9, repeat_penalty 1.1) and localinfer's (temperature
-0.8, top_k 40, top_p 0.95, min_p 0.05). With the shortcuts off, every token goes through
+0.8, top_k 40, top_p 0.95, min_p 0.05), also with `ignore_eos` (the end tokens banned by a
+logit bias, first in the chain). With the shortcuts off, every token goes through
 llama.cpp's plain sampler chain (see SamplerChain in backends/native/model.py); the tokens
 are the same either way (tests check it), so both runs do the same work: no end token is
 banned (a logit bias keeps greedy streams off the argmax). The models: SmolLM2-135M
