@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import math
 import time
 
 import llama_cpp
+import numpy
 import pytest
 
 from localinfer.backends.engine import batch as batch_module
@@ -59,16 +61,17 @@ SHORTCUT_CASES = {
     "localinfer's defaults": SamplingParams(seed=11, max_tokens=40),
     "no top_k (no cut)": SamplingParams(temperature=1.0, top_k=0, top_p=0.9, seed=13,
                                         max_tokens=40),
-    # a bias before the cut: the first 1,000 tokens banned (a BPE vocabulary's commonest
-    # pieces, often the best logits) over a flat distribution; a token raised from far below
-    # the best
-    "logit bias, bans": SamplingParams(temperature=1.5, top_k=100, top_p=1.0, min_p=0.0,
-                                       seed=17, max_tokens=40,
-                                       logit_bias=tuple((t, -100.0) for t in range(1000))),
+    # a bias before the cut (more: test_a_bias_before_the_cut_picks_what_llama_cpp_picks):
+    # a token raised from far below the best logit; the end tokens banned; 1,000 tokens
+    # biased, which llama.cpp would look for among the candidates one by one
     "logit bias, a raise": SamplingParams(seed=23, max_tokens=40, logit_bias=((4000, 100.0),)),
+    "greedy, ignore_eos": SamplingParams(temperature=0, ignore_eos=True, max_tokens=40),
     "ignore_eos, Ollama's defaults": SamplingParams(temperature=0.8, top_k=40, top_p=0.9,
                                                     repeat_penalty=1.1, seed=19,
                                                     ignore_eos=True, max_tokens=40),
+    "1,000 tokens biased (no cut)": SamplingParams(
+        temperature=1.5, top_k=100, top_p=1.0, min_p=0.0, seed=17, max_tokens=40,
+        logit_bias=tuple((t, -100.0) for t in range(1000))),
     # a grammar asked of the drawn token only, and of every token where it refuses that one
     "greedy, JSON grammar": SamplingParams(temperature=0, grammar=ANY_JSON, max_tokens=40),
     "greedy, JSON grammar and penalties": SamplingParams(temperature=0, grammar=ANY_JSON,
@@ -77,7 +80,7 @@ SHORTCUT_CASES = {
 # where the chain's first sampler is a cut to the best candidates: the chain is given only
 # the tokens near the best logit
 CUT_CASES = {"greedy, repeat penalty", "Ollama's defaults", "frequency and presence",
-             "localinfer's defaults", "logit bias, bans", "logit bias, a raise",
+             "localinfer's defaults", "logit bias, a raise", "greedy, ignore_eos",
              "ignore_eos, Ollama's defaults"}
 
 
@@ -108,6 +111,21 @@ class _Twin:
         self.plain.close()
 
 
+POEM = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
+
+
+def _twin_reply(backend, monkeypatch, params: SamplingParams) -> _Twin:
+    """A reply to POEM drawn through a _Twin: the picks of both chains, each the same."""
+    monkeypatch.setattr(_Twin, "made", [], raising=False)
+    native = backend.native
+    monkeypatch.setattr(native, "sampler", lambda params, prompt=(): _Twin(native, params, prompt))
+    backend.chat(POEM, params).text()
+    (twin,) = _Twin.made
+    assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
+    assert all(fast == plain for fast, plain in twin.picks), twin.picks
+    return twin
+
+
 @pytest.mark.numerics
 @pytest.mark.parametrize("case", SHORTCUT_CASES)
 @pytest.mark.parametrize("model", ["smollm2", "gemma3"])
@@ -116,23 +134,73 @@ def test_sampling_shortcuts_pick_what_llama_cpp_picks(request, monkeypatch, mode
     first given only the tokens near the best logit: same tokens as llama.cpp's plain chain,
     on a 49k and a 262k vocabulary. Both chains sample the same logits at every step (two
     runs would be two batch shapes, whose floats may differ)."""
-    backend = request.getfixturevalue(model)
-    ask = [{"role": "user", "content": "Write a short poem about the sea, repeating its words."}]
-    monkeypatch.setattr(_Twin, "made", [], raising=False)
-    native = backend.native
-    monkeypatch.setattr(native, "sampler", lambda params, prompt=(): _Twin(native, params, prompt))
-    backend.chat(ask, SHORTCUT_CASES[case]).text()
-    (twin,) = _Twin.made
-    assert len(twin.picks) >= 5  # (a sampled reply may end early, on another CPU's floats)
-    assert all(fast == plain for fast, plain in twin.picks), twin.picks
+    twin = _twin_reply(request.getfixturevalue(model), monkeypatch, SHORTCUT_CASES[case])
     if case in CUT_CASES:  # (a draw whose gap held too many tokens goes to llama.cpp's)
-        # (a flat distribution's: many, past 1,000 banned)
-        least = 1 if case == "logit bias, bans" else len(twin.picks) // 2
-        assert twin.fast.cut_draws >= least, (twin.fast.cut_draws, twin.picks)
+        assert twin.fast.cut_draws >= len(twin.picks) // 2, (twin.fast.cut_draws, twin.picks)
     else:
         assert twin.fast.cut_draws == 0
     if case == "logit bias, a raise":  # (drawn from far below the best logit)
         assert any(fast == 4000 for fast, _ in twin.picks), twin.picks
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_a_bias_before_the_cut_picks_what_llama_cpp_picks(request, monkeypatch, model):
+    """A logit bias comes first in the chain; with a few tokens biased, the chain is still
+    given only the tokens near the best logit: as many more as tokens are biased, and the
+    biased with them. The same tokens as llama.cpp's plain chain, with the reply's
+    commonest pieces banned over a flat distribution (often the best logits: the draw comes
+    from below them), and an end token raised where `ignore_eos` bans it (two entries for
+    one token, which llama.cpp sums where it finds the token at its own index and not where
+    it looks for it among candidates: an editor's /infill request)."""
+    backend = request.getfixturevalue(model)
+    common = {t for piece in ("The", " The", " the", " sea", ",", ".", "\n", " and", " a",
+                              " of", " waves", " I", " to", " in", " is", " its")
+              for t in backend.tokenize(piece, add_special=False)}
+    end = backend.native.eog_tokens()[0]
+    twin = _twin_reply(backend, monkeypatch, SamplingParams(
+        temperature=1.5, top_k=100, top_p=1.0, min_p=0.0, seed=17, max_tokens=40,
+        ignore_eos=True, logit_bias=((end, 100.0), *((t, -100.0) for t in common))))
+    assert twin.fast.cut_draws >= len(twin.picks) // 2, (twin.fast.cut_draws, twin.picks)
+    assert not set(common) & {fast for fast, _ in twin.picks}
+
+
+def test_banned_tokens_near_the_best_widen_the_cut(smollm2, monkeypatch):
+    """Rows made for it: 105 tokens near the best logit, 20 of them banned, the next 200
+    just past the first gap. The best 100 after the bias reach into those 200, so the
+    chain must see as many more as tokens are biased (a window of 105 held too few: 85 it
+    may draw from, where llama.cpp's whole-vocabulary chain draws from 100). Each draw
+    against that chain on the same row, with the same seed."""
+    from localinfer.backends.native.model import _Candidates
+
+    native = smollm2.native
+    rng = numpy.random.default_rng(3)
+    banned = tuple((int(t), -100.0) for t in rng.choice(105, 20, replace=False) + 1000)
+    params = SamplingParams(temperature=2.0, top_k=100, top_p=1.0, min_p=0.0, seed=9,
+                            logit_bias=banned)
+    fast = SamplerChain(native, params)
+    SamplerChain.shortcuts = False
+    try:
+        plain = SamplerChain(native, params)
+    finally:
+        SamplerChain.shortcuts = True
+    whole = _Candidates(native.n_vocab)
+    row = numpy.empty(native.n_vocab, dtype=numpy.float32)
+    monkeypatch.setattr(llama_cpp, "llama_get_logits_ith", lambda ctx, i: row.ctypes.data_as(
+        ctypes.POINTER(ctypes.c_float)))
+    try:
+        for _ in range(60):
+            row[:] = rng.uniform(-20.0, -10.0, native.n_vocab)
+            row[1000:1105] = rng.uniform(9.0, 10.0, 105)
+            row[2000:2200] = rng.uniform(5.0, 5.9, 200)
+            token = fast.sample(native, 0)
+            llama_cpp.llama_sampler_apply(plain.chain, whole.fill(row))
+            assert token == whole.selected()
+            llama_cpp.llama_sampler_accept(plain.chain, token)
+    finally:
+        fast.close()
+        plain.close()
+    assert fast.cut_draws == 60
 
 
 @pytest.mark.parametrize("seed", range(4))
