@@ -552,11 +552,11 @@ class SamplerChain:
       are all there, and every later sampler sees only what the cut keeps (after a logit
       bias on a few tokens, `cut` counts as many more as tokens are biased, and the biased
       are given too: `_cut`; `ignore_eos` bans the end tokens so, and greedy cuts to 1
-      then). llama.cpp copies the whole vocabulary
-      into a candidate array for each draw, a chain of its own each, which the streams of a
-      step push out of the CPU's cache: drawn in turn for 32 streams, 53 µs a token over
-      49,152 tokens, 157 over Qwen's 151,936, 241 over Gemma's 262,144; with the gap, 31, 79
-      and 108 (2-core EPYC, the default chain; the same tokens, bench/results/sampling_cost.md).
+      then). llama.cpp copies the whole vocabulary into a candidate array for each draw, a
+      chain of its own each, which the streams of a step push out of the CPU's cache: drawn
+      in turn for 32 streams, 53 µs a token over 49,152 tokens, 157 over Qwen's 151,936, 241
+      over Gemma's 262,144; with the gap, 31, 79 and 108 (2-core EPYC, the default chain;
+      the same tokens, bench/results/sampling_cost.md).
     """
 
     _PENALTY_LAST_N = 64
