@@ -154,7 +154,7 @@ class PromptCache:
         behind one system prompt, a prompt is compared with a few of them, not each."""
         tokens = tokens if isinstance(tokens, list) else list(tokens)
         order, least = self._order, max(have, self.MIN_TOKENS - 1)
-        cut = self.native.stateful or self.native.windowed  # (a slot may keep fewer: _keeps)
+        cut = self._cut_back  # (a slot may keep fewer: _keeps)
         best, shared = None, least
         lo = hi = bisect_left(order, tokens, key=_tokens)
 
@@ -197,11 +197,16 @@ class PromptCache:
         return (token_s is not None
                 and 2 * len(saved.data) * self._restore_s_per_byte < spared * token_s)
 
+    @property
+    def _cut_back(self) -> bool:
+        """Whether a saved state may not be cut anywhere, only at its checkpoints."""
+        return self.native.stateful or self.native.windowed
+
     def _keeps(self, saved: _Saved, n: int) -> int:
         """How many tokens a slot would keep of a saved sequence cut back to `n`: all `n`,
         or, where its state cannot be cut there (a recurrent one; a sliding window's cells
         may be gone), its newest checkpoint at or before them."""
-        if n < len(saved.tokens) and (self.native.stateful or self.native.windowed):
+        if n < len(saved.tokens) and self._cut_back:
             return max((c.n_tokens for c in saved.checkpoints if c.n_tokens <= n), default=0)
         return n
 
