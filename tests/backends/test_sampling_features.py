@@ -178,12 +178,9 @@ def test_banned_tokens_near_the_best_widen_the_cut(smollm2, monkeypatch):
     banned = tuple((int(t), -100.0) for t in rng.choice(105, 20, replace=False) + 1000)
     params = SamplingParams(temperature=2.0, top_k=100, top_p=1.0, min_p=0.0, seed=9,
                             logit_bias=banned)
-    fast = SamplerChain(native, params)
-    SamplerChain.shortcuts = False
-    try:
-        plain = SamplerChain(native, params)
-    finally:
-        SamplerChain.shortcuts = True
+    monkeypatch.setattr(_Twin, "made", [], raising=False)
+    twin = _Twin(native, params)
+    fast, plain = twin.fast, twin.plain
     whole = _Candidates(native.n_vocab)
     row = numpy.empty(native.n_vocab, dtype=numpy.float32)
     monkeypatch.setattr(llama_cpp, "llama_get_logits_ith", lambda ctx, i: row.ctypes.data_as(
@@ -198,8 +195,7 @@ def test_banned_tokens_near_the_best_widen_the_cut(smollm2, monkeypatch):
             assert token == whole.selected()
             llama_cpp.llama_sampler_accept(plain.chain, token)
     finally:
-        fast.close()
-        plain.close()
+        twin.close()
     assert fast.cut_draws == 60
 
 
