@@ -88,6 +88,11 @@ class LlamaCppBackend(Backend):
             cpu_experts=options.cpu_experts,
             swa_full=options.swa_full,
         )
+        try:  # (its first decode's cost goes to the load, not the first request's TTFT)
+            self.native.warm_up()
+        except Exception:
+            self.native.close()
+            raise
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
             self._template_source() or fallback_template(architecture),
@@ -96,6 +101,9 @@ class LlamaCppBackend(Backend):
         )
         for marker in detect(self.template.source).preserved:
             self.native.preserve(marker)
+        # what the first request asks of every token, asked now (after `preserve`, which
+        # changes the pieces)
+        self.native.learn_vocabulary()
         n_batch = min(options.n_batch, self.native.n_batch())  # more would abort the process
         self.projector = None
         if options.projector:  # on the GPU where the model's layers are

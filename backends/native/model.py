@@ -165,6 +165,7 @@ class NativeModel:
         self._pieces: dict[int, bytes] = {}
         self._preserved: set[int] = set()  # control tokens rendered as their text
         self._longest: int | None = None
+        self._vocabulary_lock = threading.Lock()  # (learn_vocabulary)
 
     # -- model facts
     @property
@@ -277,6 +278,32 @@ class NativeModel:
 
     def forget_all(self) -> None:
         llama_cpp.llama_memory_clear(self.memory, True)
+
+    def warm_up(self) -> None:
+        """Decode the start and end tokens once and empty the cache again, as llama-server
+        does at load: a context's first decode costs more than the next ones (the weights
+        of a mapped file read in on a CPU, the device's buffers and kernels made ready),
+        and paid here it is part of the load, not of the first request's TTFT (the 1B shape
+        from a cold page cache on a CPU: 1.9 s to the first token instead of 0.3;
+        bench/results/first_reply.md). A decode llama.cpp refuses, or a cache it does not
+        empty, fails the load: the model would fail its first request the same way."""
+        if llama_cpp.llama_model_has_encoder(self.model):
+            return  # (an encoder-decoder model decodes only after an encode; none is served)
+        tokens = [t for t in (self.bos(), self.eos()) if t >= 0][:self.n_batch()] or [0]
+        batch = self.batch(len(tokens))
+        try:
+            for i, token in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = i == len(tokens) - 1
+            batch.n_tokens = len(tokens)
+            rc = self.decode(batch)
+        finally:
+            self.free_batch(batch)
+        self.forget_all()
+        if rc != 0 or self.next_position(0) != 0:
+            raise ModelLoadFailed(f"llama.cpp could not decode with this model (its first "
+                                  f"decode returned {rc}) — run with --verbose to see why")
 
     def save_partial(self, seq: int, limit: int | None = None) -> ctypes.Array | None:
         """The part of a sequence's state that cannot be cut back (a recurrent state; a
@@ -458,12 +485,9 @@ class NativeModel:
     def control_heads(self) -> frozenset[str]:
         """The first characters of the texts that tokenizing with parse_special turns into
         control tokens (a text without any of them tokenizes the same either way). Asked of
-        every token once."""
+        every token once (`learn_vocabulary`)."""
         if self._heads is None:
-            special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
-            texts = (self.token_text(t) for t in range(self.n_vocab)
-                     if llama_cpp.llama_vocab_get_attr(self.vocab, t) & special)
-            self._heads = frozenset(text[0] for text in texts if text)
+            self.learn_vocabulary()
         return self._heads
 
     def piece(self, token: int) -> bytes:
@@ -493,11 +517,33 @@ class NativeModel:
 
     def longest_piece(self) -> int:
         """The most bytes one token stands for (smollm2: 81, gemma3: 48). A text of B bytes
-        is at least B / this many tokens. Asked of every token once (gemma3: ~0.3 s)."""
+        is at least B / this many tokens. Asked of every token once (`learn_vocabulary`)."""
         if self._longest is None:
-            buf = ctypes.create_string_buffer(256)
-            self._longest = max(len(self._piece(t, buf)) for t in range(self.n_vocab)) or 1
+            self.learn_vocabulary()
         return self._longest
+
+    def learn_vocabulary(self) -> None:
+        """Ask llama.cpp about every token once, for `control_heads` and `longest_piece`: a
+        ctypes call or two a token, 0.1 s for smollm2's 49k, 0.36 s for Qwen's 152k. The
+        first request needs both (a message's text checked for control tokens, a long
+        prompt's least count of tokens): the backend asks as the model loads, so that
+        several first requests at once do not each ask every token, beside their prompts'
+        decodes. Any thread; a second caller waits for the first."""
+        with self._vocabulary_lock:
+            if self._longest is not None:
+                return
+            special = llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+            heads: set[str] = set()
+            longest = 0
+            buf = ctypes.create_string_buffer(256)
+            for t in range(self.n_vocab):
+                if llama_cpp.llama_vocab_get_attr(self.vocab, t) & special:
+                    text = self.token_text(t)
+                    if text:
+                        heads.add(text[0])
+                longest = max(longest, len(self._piece(t, buf)))
+            self._heads = frozenset(heads)
+            self._longest = longest or 1
 
     def detokenize(self, tokens: Sequence[int]) -> str:
         """Any thread: uses its own buffer, not the engine's."""

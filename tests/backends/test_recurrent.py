@@ -188,3 +188,17 @@ def test_a_recurrent_draft_model_is_refused_in_one_line(smollm2_path, path):
     which a recurrent state cannot."""
     with pytest.raises(ModelLoadFailed, match="recurrent state"):
         LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=256, draft_model=str(path)))
+
+
+def test_the_first_decode_at_load_leaves_no_state_behind(path, reference):
+    """The load decodes the start and end tokens once and empties the cache
+    (NativeModel.warm_up): a recurrent state that kept them would answer the first request
+    as if they came before its prompt, with no error."""
+    with _backend(path) as backend:
+        assert backend.native.next_position(0) == 0
+        prompt = backend.tokenize(TEXT)
+        generation = backend.generate(prompt, GREEDY)
+        text = generation.text()
+    valid = text.split("\ufffd")[0]  # (judged up to a byte that is no UTF-8, as above)
+    finish = generation.stats.finish_reason if valid == text else None
+    assert reference.follows(prompt, valid, finish) >= min(len(valid), 10)
