@@ -16,12 +16,13 @@ the same way), and llama-server (--llama-server) beside them. --cold empties the
 before each start (root only), so the first decode reads the weights from the disk.
 
     python3 bench/first_reply.py [--llama-server PATH] [--vocab GGUF] [--shape llama3.2-1b]
-                                 [--clients 1 8] [--reps 3] [--cold]
+                                 [--clients 1 8] [--reps 3] [--cold] [--only MODEL]
+                                 [--out NAME]
 
 Models: fast-step (bench/random_gguf.py: a CPU steps it at a GPU's rate) over smollm2's
 49k vocabulary, and over --vocab's (llama.cpp's models/ggml-vocab-qwen2.gguf: Qwen's 152k);
 the embedded smollm2; --shape: one of random_gguf.py's llama shapes, random Q8_0 weights.
-Writes bench/results/first_reply.{json,md,png}.
+Writes bench/results/first_reply.{json,md,png} (--out: another name).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--shape", choices=sorted(SHAPES), help="also this llama shape")
     parser.add_argument("--cold", action="store_true",
                         help="empty the page cache before each start (root only)")
+    parser.add_argument("--only", help="only this model (fast-step, smollm2, the --shape)")
+    parser.add_argument("--out", default="first_reply", help="file names under --results")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as home:
@@ -79,6 +82,8 @@ def main() -> None:
             write_model(SHAPES[args.shape], path, read_tokenizer(embedded_smollm2()),
                         f"random {args.shape} Q8_0")
             models[args.shape] = path
+        if args.only:
+            models = {args.only: models[args.only]}
         for rep in range(args.reps):
             for label, model in models.items():
                 for clients in args.clients:
@@ -172,7 +177,7 @@ def write_report(meta: dict, rows: list[dict], args, models: list[str]) -> None:
     ax.set_ylabel("first request's TTFT p50 (s)")
     ax.legend()
     ax.set_title("The first reply after a model loads")
-    harness.write("first_reply", meta, {"runs": rows}, lines, fig, folder=args.results)
+    harness.write(args.out, meta, {"runs": rows}, lines, fig, folder=args.results)
 
 
 if __name__ == "__main__":
