@@ -250,11 +250,13 @@ def _clients(url: str, model: str, system: str, ids: list[int], per_client: int,
 
 def level(url: str, model: str, clients: int, per_client: int, max_tokens: int,
           prefix_words: int, processes: int = 1, client: str = "httpx",
-          temperature: float = 0.0) -> dict:
+          temperature: float = 0.0, system: str | None = None) -> dict:
     """`processes` > 1 spreads the client threads over that many processes: one Python
     process parses SSE for at most ~1500 tokens a second (bench/stream_cost.py), which a
-    fast server outruns."""
-    system = prefix_text(prefix_words) if prefix_words else ""
+    fast server outruns. `system`: every request's system prompt, in place of
+    `prefix_words` words."""
+    if system is None:
+        system = prefix_text(prefix_words) if prefix_words else ""
     sampling = {"max_tokens": max_tokens, "temperature": temperature}
     groups = [list(range(clients))[p::processes] for p in range(processes)]
     run = _raw_clients if client == "raw" else _clients

@@ -23,7 +23,7 @@ from typing import TypeVar
 
 from localinfer.backends.engine.checkpoints import Checkpoints
 from localinfer.backends.engine.batch import StepBatch
-from localinfer.backends.engine.draft import DraftModel
+from localinfer.backends.engine.draft import DraftModel, common_prefix
 from localinfer.backends.engine.cells import SharedCells, SplitCells
 from localinfer.backends.base import DoneEvent, ErrorEvent, Generation, SamplingParams, TokenEvent
 from localinfer.backends.native.model import NativeModel
@@ -545,6 +545,7 @@ class Engine:
         batch = self.batch
         batch.clear()
         depths = 0.0  # Σ over the prompt tokens carried of their depth
+        waiting = self._share_reads()
         shape, fillers = self._fillers()
         for slot in self.slots:
             slot.batch_index = -1
@@ -566,7 +567,7 @@ class Engine:
         for slot in self.slots:
             read = batch.n_tokens - n_decode - len(fillers)
             room = min(self.prefill_chunk, allowed - read)
-            if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0:
+            if slot.state is not SlotState.PROCESSING_PROMPT or room <= 0 or slot in waiting:
                 continue
             encoding = False
             while (slot.task and slot.n_prompt_done < len(slot.to_read)
@@ -604,6 +605,45 @@ class Engine:
             slot.n_prompt_done = end
         n_prompt = batch.n_tokens - n_decode - len(fillers)
         return n_decode, n_prompt, depths / n_prompt if n_prompt else 0.0, shape
+
+    def _share_reads(self) -> list[Slot]:
+        """Prompts being read at once that start alike (clients arriving together with the
+        same system prompt, an agent's parallel tasks with the same tools) read what they
+        share once: the slot furthest along reads it, those behind it wait, and each takes
+        the shared start (`borrow_prefix`) once a slot holds all of it, then reads its own
+        rest. Before, each read the whole of it, side by side: 8 requests with one 300-word
+        system prompt cost 8 times its reading (bench/results/first_reply.md). The slots
+        that wait this step. Only where a sequence's KV can be cut back to the shared start
+        (not a recurrent state's, nor a sliding window's) and the prompt has no images; a
+        shared start shorter than `MIN_SHARED` is read by each."""
+        if self.native.stateful or self.native.windowed:
+            return []
+        reading = sorted((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT
+                          and s.task and not s.rebuilding and not s.task.pictures),
+                         key=lambda s: (-s.n_prompt_done, s.id))
+        if len(reading) < 2:
+            return []
+        readers: list[Slot] = []  # (the furthest along first)
+        waiting = []
+        for slot in reading:
+            last = len(slot.to_read) - 1  # (a prompt's last token is read for its logits)
+            # what a slot reading ahead of it will hold, and what any slot holds now
+            coming = max((common_prefix(r.to_read, slot.to_read) for r in readers), default=0)
+            held = max((common_prefix(s.cache, slot.to_read) for s in self.slots
+                        if s is not slot and s.cache), default=0)
+            target = min(max(coming, held), last)
+            if target < slot.n_prompt_done + self.cells.MIN_SHARED:
+                readers.append(slot)
+            elif held < target:  # (this step's tokens are not in the caches yet)
+                waiting.append(slot)
+            else:
+                task, done = slot.task, slot.n_prompt_done
+                self.cells.borrow_prefix(slot, slot.to_read, self.slots)
+                if len(slot.cache) > done:  # (the prompt's tokens read here stay counted)
+                    task.stats.cached_tokens = len(slot.cache) - (done - task.stats.cached_tokens)
+                slot.n_prompt_done = len(slot.cache)
+                readers.append(slot)
+        return waiting
 
     def _read_image(self, slot: Slot) -> bool:
         """The image whose placeholders come next in the slot's prompt. It is encoded on the
