@@ -284,9 +284,10 @@ class NativeModel:
         does at load: a context's first decode costs more than the next ones (the weights
         of a mapped file read in on a CPU, the device's buffers and kernels made ready),
         and paid here it is part of the load, not of the first request's TTFT
-        (bench/results/first_reply.md; the 1B shape from a cold page cache, 2-core CPU: its
-        first request took 1.95 s, the next 0.29). A decode llama.cpp refuses, or a cache it
-        does not empty, fails the load: the model would fail its first request the same way."""
+        (bench/results/first_reply.md; from a cold page cache, the 1B shape's load took 0.8 s
+        longer and its first request 1.1 s less: first_reply_1b_cold.md). A decode llama.cpp
+        refuses, or a cache it does not empty, fails the load: the model would fail its first
+        request the same way."""
         if llama_cpp.llama_model_has_encoder(self.model):
             return  # (an encoder-decoder model decodes only after an encode; none is served)
         tokens = [t for t in (self.bos(), self.eos()) if t >= 0][:self.n_batch()] or [0]
