@@ -77,6 +77,7 @@ class Engine:
         # an image is encoded while the other streams decode (False: they wait for it, as
         # before; bench/vision.py's baseline)
         self.overlap_images = True
+        self._followers: set[int] = set()  # slots that waited last step (_share_reads)
         # the longest reply of a request that sets no limit (the one place it is applied:
         # every front end's requests pass here); None or 0: none
         self.reply_cap = reply_cap or None
@@ -621,18 +622,24 @@ class Engine:
         reading = sorted((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT
                           and s.task and not s.rebuilding and not s.task.pictures),
                          key=lambda s: (-s.n_prompt_done, s.id))
-        if len(reading) < 2:
+        if len(reading) < 2 and not any(s.id in self._followers for s in reading):
+            self._followers = set()
             return []
         readers: list[Slot] = []  # (the furthest along first)
         waiting = []
         for slot in reading:
             last = len(slot.to_read) - 1  # (a prompt's last token is read for its logits)
-            # what a slot reading ahead of it will hold, and what any slot holds now
+            # what a slot reading ahead of it will hold; for one that waits, or would, what
+            # any slot holds now (its reader may have read all it has to, or stopped)
             coming = max((common_prefix(r.to_read, slot.to_read) for r in readers), default=0)
+            least = slot.n_prompt_done + self.cells.MIN_SHARED
+            if min(coming, last) < least and slot.id not in self._followers:
+                readers.append(slot)
+                continue
             held = max((common_prefix(s.cache, slot.to_read) for s in self.slots
                         if s is not slot and s.cache), default=0)
             target = min(max(coming, held), last)
-            if target < slot.n_prompt_done + self.cells.MIN_SHARED:
+            if target < least:
                 readers.append(slot)
             elif held < target:  # (this step's tokens are not in the caches yet)
                 waiting.append(slot)
@@ -643,6 +650,7 @@ class Engine:
                     task.stats.cached_tokens = len(slot.cache) - (done - task.stats.cached_tokens)
                 slot.n_prompt_done = len(slot.cache)
                 readers.append(slot)
+        self._followers = {s.id for s in waiting}
         return waiting
 
     def _read_image(self, slot: Slot) -> bool:
