@@ -88,11 +88,6 @@ class LlamaCppBackend(Backend):
             cpu_experts=options.cpu_experts,
             swa_full=options.swa_full,
         )
-        try:  # (its first decode's cost goes to the load, not the first request's TTFT)
-            self.native.warm_up()
-        except Exception:
-            self.native.close()
-            raise
         architecture = self.native.meta("general.architecture") or "unknown"
         self.template = ChatTemplate(
             self._template_source() or fallback_template(architecture),
@@ -169,6 +164,18 @@ class LlamaCppBackend(Backend):
             fim=self.native.fim().complete,
             vision=self.projector is not None,
         )
+        try:  # what a first decode costs beyond the next, paid by the load, not the first
+            # request's TTFT, on the engine's thread: the one that calls llama_decode (a team of
+            # OpenMP threads each thread that decodes keeps; two make each other's barriers sleep)
+            self.engine.call(self._warm_up)
+        except Exception:
+            self.close()
+            raise
+
+    def _warm_up(self) -> None:
+        self.native.warm_up()
+        if self.engine.speculator.drafter is not None:
+            self.engine.speculator.drafter.native.warm_up()  # (its first guesses, as fast)
 
     def _quant(self) -> str:
         file_type = self.native.meta("general.file_type")

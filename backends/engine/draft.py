@@ -65,7 +65,6 @@ class DraftModel:
                                       "be rolled back to a rejected guess — pick a "
                                       "transformer of the same family")
             _check_same_vocabulary(self.native, target)
-            self.native.warm_up()  # (its first guesses: as fast as the next)
         except ModelLoadFailed:
             self.native.close()
             raise

@@ -78,6 +78,7 @@ class Engine:
         # before; bench/vision.py's baseline)
         self.overlap_images = True
         self._followers: set[int] = set()  # slots that waited last step (_share_reads)
+        self._shares: dict[tuple[int, int], int] = {}  # two reading prompts' shared start
         # the longest reply of a request that sets no limit (the one place it is applied:
         # every front end's requests pass here); None or 0: none
         self.reply_cap = reply_cap or None
@@ -559,7 +560,8 @@ class Engine:
         self.speculator.add_guesses(self.slots, batch, min(
             self.n_batch - batch.n_tokens, self.cells.free(self.slots)), self.n_ctx_slot)
         n_decode = batch.n_tokens - len(fillers)
-        reading = next((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT), None)
+        reading = next((s for s in self.slots if s.state is SlotState.PROCESSING_PROMPT
+                        and s not in waiting), None)
         allowed = self.budget.allowance(n_decode, self.n_batch - n_decode,
                                         depth=len(reading.cache) if reading else 0)
         # (the decode tokens' cells are already counted in the caches)
@@ -623,15 +625,24 @@ class Engine:
                           and s.task and not s.rebuilding and not s.task.pictures),
                          key=lambda s: (-s.n_prompt_done, s.id))
         if len(reading) < 2 and not any(s.id in self._followers for s in reading):
-            self._followers = set()
+            self._followers, self._shares = set(), {}
             return []
         readers: list[Slot] = []  # (the furthest along first)
         waiting = []
+        known, self._shares = self._shares, {}
         for slot in reading:
             last = len(slot.to_read) - 1  # (a prompt's last token is read for its logits)
-            # what a slot reading ahead of it will hold; for one that waits, or would, what
-            # any slot holds now (its reader may have read all it has to, or stopped)
-            coming = max((common_prefix(r.to_read, slot.to_read) for r in readers), default=0)
+            # what a slot reading ahead of it will hold (two prompts' shared start, asked
+            # once a pair); for one that waits, or would, what any slot holds now (its
+            # reader may have read all it has to, or stopped)
+            coming = 0
+            for r in readers:
+                pair = r.task.id, slot.task.id
+                shared = known.get(pair)
+                if shared is None:
+                    shared = common_prefix(r.to_read, slot.to_read)
+                self._shares[pair] = shared
+                coming = max(coming, shared)
             least = slot.n_prompt_done + self.cells.MIN_SHARED
             if min(coming, last) < least and slot.id not in self._followers:
                 readers.append(slot)
@@ -646,8 +657,10 @@ class Engine:
             else:
                 task, done = slot.task, slot.n_prompt_done
                 self.cells.borrow_prefix(slot, slot.to_read, self.slots)
-                if len(slot.cache) > done:  # (the prompt's tokens read here stay counted)
-                    task.stats.cached_tokens = len(slot.cache) - (done - task.stats.cached_tokens)
+                # (the prompt's tokens read here stay counted; all of them, where the copy
+                # was refused and the slot reads its prompt from the start)
+                task.stats.cached_tokens = max(0, len(slot.cache)
+                                               - (done - task.stats.cached_tokens))
                 slot.n_prompt_done = len(slot.cache)
                 readers.append(slot)
         self._followers = {s.id for s in waiting}

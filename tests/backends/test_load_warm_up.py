@@ -52,13 +52,16 @@ def test_the_first_decode_runs_at_load_and_leaves_the_cache_empty(smollm2_path,
     real = llama_cpp.llama_decode
 
     def decode(ctx, batch):
-        decoded.append([batch.token[i] for i in range(batch.n_tokens)])
+        decoded.append(([batch.token[i] for i in range(batch.n_tokens)],
+                        threading.current_thread()))
         return real(ctx, batch)
 
     monkeypatch.setattr(llama_cpp, "llama_decode", decode)
     with LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=512, n_slots=2)) as backend:
         native = backend.native
-        assert decoded == [[native.bos(), native.eos()]]  # before any request
+        # before any request, and on the engine's thread: the one that calls llama_decode
+        # (a team of OpenMP threads for each thread that decodes; two make each other sleep)
+        assert decoded == [([native.bos(), native.eos()], backend.engine._thread)]
         assert [native.next_position(seq) for seq in (0, 1)] == [0, 0]
         # the first request is answered as from a context that never decoded anything
         prompt = backend.tokenize(backend.apply_chat_template(

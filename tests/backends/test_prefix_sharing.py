@@ -69,26 +69,30 @@ def test_a_file_whose_first_lines_went_keeps_the_rest_cached(smollm2):
     assert again.stats.cached_tokens == len(head + rest + typed) - 1
 
 
-@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("n, unified", [(2, False), (4, False), (4, True)])
 def test_prompts_arriving_together_read_their_shared_start_once(smollm2_path, smollm2_reference,
-                                                                n):
+                                                                n, unified):
     """Requests with one long system prompt, taken in the same step (the engine held until
     all are queued): the first reads the system prompt, the others wait for it and take its
     KV, then read their questions (Engine._share_reads; with two, the one left reading is
-    the one that waited). Before, each read it side by side, n times the work. Each reply
-    is still the reference's."""
+    the one that waited; in one pool of cells, --kv-unified, the copy shares the cells).
+    Before, each read it side by side, n times the work. Each reply is still the
+    reference's."""
     import threading
 
     system = "You are a careful librarian who answers questions about old maps. " * 12
     messages = [[{"role": "system", "content": system}, {"role": "user", "content": q}]
                 for q in (QUESTIONS + ["Which river is the longest?"])[:n]]
-    with LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=4)) as backend:
+    with LlamaCppBackend(smollm2_path, LoadOptions(n_ctx=1024, n_slots=4,
+                                                   kv_unified=unified)) as backend:
         prompts = [backend.tokenize(backend.apply_chat_template(m)) for m in messages]
         shared = min(common_prefix(prompts[0], p) for p in prompts[1:])
         assert shared > 120 and all(len(p) - shared < 30 for p in prompts)
-        gate = threading.Event()
-        held = threading.Thread(target=backend.engine.call, args=(lambda: gate.wait(30),))
-        held.start()  # (the engine thread waits in it, between two steps)
+        entered, gate = threading.Event(), threading.Event()
+        held = threading.Thread(target=backend.engine.call,
+                                args=(lambda: entered.set() or gate.wait(30),))
+        held.start()
+        assert entered.wait(30)  # the engine thread waits in it, between two steps
         before = backend.stats().tokens_evaluated
         generations = [backend.generate(p, GREEDY) for p in prompts]
         gate.set()
