@@ -51,13 +51,7 @@ _BEFORE = (
     "    if sys._getframe(1).f_code.co_name != '__init__':\n"
     "        learn(self)\n"
     "NativeModel.learn_vocabulary = on_first_use\n")
-_IN_PROCESS = (  # the pool loads models in the server's own process (both localinfer rows)
-    "import localinfer.pool as pool, localinfer.service as service\n"
-    "init = pool.ModelPool.__init__\n"
-    "def in_process(self, *args, **kw):\n"
-    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
-    "pool.ModelPool.__init__ = in_process\n")
-LOCALINFER = {"localinfer": _IN_PROCESS, "localinfer before": _IN_PROCESS + _BEFORE}
+LOCALINFER = {"localinfer": harness.IN_PROCESS, "localinfer before": harness.IN_PROCESS + _BEFORE}
 
 
 def main() -> None:

@@ -182,6 +182,14 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
 MAIN = "from localinfer.cli import main\nmain()\n"
 # `localinfer serve` as an installed user runs it
 SERVE = [sys.executable, "-c", MAIN, "serve"]
+# a variant's patch: the pool loads models in the server's own process, as before runners (a
+# patch of the engine then applies to the model's process: a runner is another)
+IN_PROCESS = (
+    "import localinfer.pool as pool, localinfer.service as service\n"
+    "init = pool.ModelPool.__init__\n"
+    "def in_process(self, *args, **kw):\n"
+    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
+    "pool.ModelPool.__init__ = in_process\n")
 
 
 def free_port() -> int:

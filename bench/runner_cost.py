@@ -26,13 +26,7 @@ import harness
 from clients import level_with_cpu
 from random_gguf import named_models  # bench/, the script's own folder
 
-_IN_PROCESS = (  # the pool loads models in the server's own process, as before runners
-    "import localinfer.pool as pool, localinfer.service as service\n"
-    "init = pool.ModelPool.__init__\n"
-    "def in_process(self, *args, **kw):\n"
-    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
-    "pool.ModelPool.__init__ = in_process\n")
-VARIANTS = {"in-process": ["-c", _IN_PROCESS + harness.MAIN], "runner": ["-m", "localinfer"]}
+VARIANTS = {"in-process": ["-c", harness.IN_PROCESS + harness.MAIN], "runner": ["-m", "localinfer"]}
 CTX = 512
 
 

@@ -31,16 +31,10 @@ from clients import level, shuffled_prompt
 from random_gguf import embedded_smollm2, fast_step_model
 
 CTX = 2048  # per slot: the system prompt, a question and the reply
-_IN_PROCESS = (  # the pool loads models in the server's own process (both localinfer rows)
-    "import localinfer.pool as pool, localinfer.service as service\n"
-    "init = pool.ModelPool.__init__\n"
-    "def in_process(self, *args, **kw):\n"
-    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
-    "pool.ModelPool.__init__ = in_process\n")
 _BEFORE = (  # every slot reads its whole prompt, as before
     "from localinfer.backends.engine.scheduler import Engine\n"
     "Engine._share_reads = lambda self: []\n")
-LOCALINFER = {"localinfer": _IN_PROCESS, "localinfer before": _IN_PROCESS + _BEFORE}
+LOCALINFER = {"localinfer": harness.IN_PROCESS, "localinfer before": harness.IN_PROCESS + _BEFORE}
 
 
 def main() -> None:
