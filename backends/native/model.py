@@ -291,16 +291,9 @@ class NativeModel:
         if llama_cpp.llama_model_has_encoder(self.model):
             return  # (an encoder-decoder model decodes only after an encode; none is served)
         tokens = [t for t in (self.bos(), self.eos()) if t >= 0][:self.n_batch()] or [0]
-        batch = self.batch(len(tokens))
-        try:
-            for i, token in enumerate(tokens):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-                batch.seq_id[i][0] = 0
-                batch.logits[i] = i == len(tokens) - 1
-            batch.n_tokens = len(tokens)
-            rc = self.decode(batch)
-        finally:
-            self.free_batch(batch)
+        array = (llama_cpp.llama_token * len(tokens))(*tokens)
+        # (sequence 0 from position 0, the last token's logits: llama.cpp's defaults)
+        rc = self.decode(llama_cpp.llama_batch_get_one(array, len(tokens)))
         self.forget_all()
         if rc != 0 or self.next_position(0) != 0:
             raise ModelLoadFailed(f"llama.cpp could not decode with this model (its first "
