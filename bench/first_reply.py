@@ -28,7 +28,6 @@ Writes bench/results/first_reply.{json,md,png} (--out: another name).
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -128,8 +127,7 @@ def write_report(meta: dict, rows: list[dict], args, models: list[str]) -> None:
     servers = _servers(args)
 
     def median(key: str, model: str, server: str, clients: int) -> float:
-        return statistics.median(r[key] for r in rows if r["model"] == model
-                                 and r["server"] == server and r["clients"] == clients)
+        return harness.median_of(rows, key, model=model, server=server, clients=clients)
 
     lines = [
         "# The first reply after a model loads",

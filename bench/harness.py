@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import socket
 import subprocess
 import sys
@@ -169,6 +170,14 @@ def reproduce() -> str:
     except ValueError:
         shown = script
     return shlex.join(["python3", str(shown), *sys.argv[1:]])
+
+
+def median_of(rows: Sequence[dict[str, Any]], key: str, **match: Any) -> float | None:
+    """The median of `key` over the rows whose fields equal `match` (a missing figure, None,
+    left out); None where no row has one."""
+    values = [r[key] for r in rows if all(r[k] == v for k, v in match.items())
+              and r[key] is not None]
+    return statistics.median(values) if values else None
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:

@@ -20,7 +20,6 @@ Writes bench/results/shared_start.{json,md,png}.
 from __future__ import annotations
 
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -99,9 +98,7 @@ def write_report(meta: dict, rows: list[dict], args) -> None:
     cases = [(m, n) for m in args.models for n in args.clients]
 
     def median(key: str, model: str, server: str, clients: int) -> float | None:
-        values = [r[key] for r in rows if r["model"] == model and r["server"] == server
-                  and r["clients"] == clients and r[key] is not None]
-        return statistics.median(values) if values else None
+        return harness.median_of(rows, key, model=model, server=server, clients=clients)
 
     def each(model: str, server: str, clients: int) -> str:
         return " ".join(f"{r['ttft_p50_s']:.2f}" for r in rows if r["model"] == model
