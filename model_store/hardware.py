@@ -17,7 +17,7 @@ import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import psutil
@@ -25,7 +25,8 @@ import psutil
 from localinfer.errors import InvalidRequest
 
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
-           "SERVER_PID", "free_gpu_memory", "gpu_count", "mapped_file_bytes", "parse_size",
+           "SERVER_PID", "by_bus", "free_gpu_memory", "gpu_count", "mapped_file_bytes",
+           "parse_size",
            "ram_available", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi",
            "parse_system_info", "run_tool", "survey"]
 
@@ -337,6 +338,13 @@ def parse_system_info(text: str) -> tuple[str, ...]:
 # set in a runner's environment (backends/runner/spawn.py): the server whose processes hold
 # its models, its own and every runner's
 SERVER_PID = "LOCALINFER_SERVER_PID"
+
+
+def by_bus(environ: MutableMapping[str, str]) -> None:
+    """CUDA numbers its devices fastest first unless told otherwise; NVML, nvidia-smi and so
+    `hw` and the planner number them by PCI bus: one order for both, in `environ` (this
+    process's before CUDA starts, a runner's as it is started), unless the user chose one."""
+    environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 
 def ram_available() -> int:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from localinfer.model_store.hardware import BackendLibrary, Device
+from localinfer.model_store.hardware import BackendLibrary, Device, by_bus
 
 if TYPE_CHECKING:
     import numpy
@@ -193,9 +193,7 @@ def ensure_loaded() -> bool:
     True when backends were loaded at run time, False when the build links them in.
     """
     route_llama_log()  # llama.cpp says which library it loaded: into our log, not stderr
-    # CUDA numbers its devices fastest first unless told otherwise; NVML, nvidia-smi and so
-    # `hw` and the planner number them by PCI bus: one order for both (before CUDA starts)
-    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    by_bus(os.environ)  # devices numbered as NVML numbers them (before CUDA starts)
     with _state_lock:
         if _state["at_run_time"] is None:
             lib = _ggml()

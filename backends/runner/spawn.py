@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 
-from localinfer.model_store.hardware import SERVER_PID
+from localinfer.model_store.hardware import SERVER_PID, by_bus
 from localinfer.settings import debug
 
 __all__ = ["OMP_SPINS", "dismiss", "how", "spawn", "take", "warm_spare"]
@@ -45,10 +45,8 @@ def how(exitcode: int | None) -> str:
 OMP_SPINS = "3000"
 
 
-def spawn() -> subprocess.Popen[bytes]:
-    """A new runner process, waiting for its Load."""
-    command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
-               else [sys.executable, "-m", "localinfer.backends.runner.child"])
+def _environment() -> dict[str, str]:
+    """The environment a runner started now gets: this process's, with what a runner needs."""
     # when llama.cpp aborts it (a worker lost), it ends at once with a line on stderr rather
     # than attaching a debugger for a backtrace (seconds, and pages in the server's log)
     env = {**os.environ, **({} if debug() else {"GGML_NO_BACKTRACE": "1"}),
@@ -56,9 +54,20 @@ def spawn() -> subprocess.Popen[bytes]:
            SERVER_PID: str(os.getpid())}
     if "GOMP_SPINCOUNT" not in env and "OMP_WAIT_POLICY" not in env:
         env["GOMP_SPINCOUNT"] = OMP_SPINS  # (read once, as libgomp loads)
+    # as this process sets its own once it plans (`ggml.ensure_loaded`): a spare started
+    # before then has the environment of one started after
+    by_bus(env)
+    return env
+
+
+def spawn(env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A new runner process, waiting for its Load (`env`: `_environment()`'s)."""
+    command = ([sys.executable, "__runner__"] if getattr(sys, "frozen", False)
+               else [sys.executable, "-m", "localinfer.backends.runner.child"])
     # its own session: a Ctrl-C or a terminal's hang-up goes to us, not to it
     return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0,
-                            start_new_session=os.name == "posix", env=env)
+                            start_new_session=os.name == "posix",
+                            env=env if env is not None else _environment())
 
 
 _spare: tuple[subprocess.Popen[bytes], dict[str, str]] | None = None
@@ -72,28 +81,31 @@ def warm_spare() -> None:
     global _spare
     with _spare_lock:
         if _spare is None or _spare[0].poll() is not None:
-            _spare = spawn(), dict(os.environ)
+            env = _environment()
+            _spare = spawn(env), env
 
 
 def take() -> subprocess.Popen[bytes]:
-    """The spare runner if it is waiting and started with the environment of now (tests set
-    variables a runner reads), else a new one."""
+    """The spare runner if it is waiting and started with the environment a runner started
+    now would get (tests set variables a runner reads), else a new one."""
     global _spare
     with _spare_lock:
         spare, _spare = _spare, None
     if spare is not None:
-        process, environ = spare
-        if process.poll() is None and environ == os.environ:
+        process, env = spare
+        if process.poll() is None and env == _environment():
             return process
         dismiss(process)
     return spawn()
 
 
 def dismiss(process: subprocess.Popen[bytes]) -> None:
-    """End a runner that was never given a model."""
+    """End a runner that was never given a model. It holds nothing, so it is killed: told by
+    end-of-file, it would end only once it had loaded llama.cpp (it reads its pipe after),
+    and a load that waited for it waited that long."""
     for stream in (process.stdin, process.stdout):
         with contextlib.suppress(OSError):
-            stream.close()  # end-of-file: it exits
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        process.wait(5)
-
+            stream.close()
+    with contextlib.suppress(OSError):
+        process.kill()
+    process.wait()

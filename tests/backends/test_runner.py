@@ -216,6 +216,27 @@ def test_a_spare_runner_is_taken_by_the_next_load_unless_the_environment_changed
         backend.close()
 
 
+def test_the_spare_started_before_planning_is_the_one_that_loads(smollm2_path, monkeypatch):
+    """A command starts its spare, then plans, which probes llama.cpp's devices (and sets
+    the order CUDA numbers them in, in this process's environment), then loads: the load
+    takes that spare. Each command had discarded it for a fresh runner, after waiting for
+    it to load llama.cpp."""
+    import localinfer.backends.runner.spawn as spawn_module
+    from localinfer.service import prepare
+
+    _no_spare()
+    monkeypatch.delenv("CUDA_DEVICE_ORDER", raising=False)  # a command's fresh process
+    spawn_module.warm_spare()
+    spare = spawn_module._spare[0]
+    options = prepare(str(smollm2_path), LoadOptions(n_ctx=256)).options
+    backend = RunnerBackend(smollm2_path, options, name="smollm2")
+    try:
+        assert backend.pid == spare.pid
+        assert psutil.Process(spare.pid).environ()["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    finally:
+        backend.close()
+
+
 def _no_spare() -> None:
     import localinfer.backends.runner.spawn as spawn_module
 
