@@ -26,9 +26,8 @@ from localinfer.errors import InvalidRequest
 
 __all__ = ["CPU", "GPU", "BackendLibrary", "Device", "Hardware", "NativeFacts", "Probe",
            "SERVER_PID", "by_bus", "free_gpu_memory", "gpu_count", "mapped_file_bytes",
-           "parse_size",
-           "ram_available", "select_gpus", "what_if", "parse_nvidia_smi", "parse_rocm_smi",
-           "parse_system_info", "run_tool", "survey"]
+           "parse_size", "ram_available", "select_gpus", "what_if", "parse_nvidia_smi",
+           "parse_rocm_smi", "parse_system_info", "run_tool", "survey"]
 
 _MIB = 1024 * 1024
 TIMEOUT_S = 5.0
