@@ -10,6 +10,7 @@ error being shown.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from enum import StrEnum
@@ -24,8 +25,8 @@ from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSourc
 
 from localinfer.errors import LocalinferError
 
-__all__ = ["DEFAULT_MODEL", "ImageUrls", "KvType", "Settings", "SettingsError", "SplitMode", "debug", "default",
-           "explain", "flag_help"]
+__all__ = ["DEFAULT_MODEL", "ImageUrls", "KvType", "Settings", "SettingsError", "SplitMode",
+           "debug", "default", "explain", "flag_help", "is_loopback"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
 
@@ -59,6 +60,18 @@ class SplitMode(StrEnum):
 
 class SettingsError(LocalinferError):
     """A setting's value, named where it came from: flag, variable or config file."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a host (a --host, a Host header's name) is this machine alone: localhost, a
+    name under .localhost, or a loopback address (IPv6 bracketed or not)."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def debug() -> bool:

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import psutil
 
-from localinfer.backends.rpc.workers import DEFAULT_PORT, WorkerFront, is_loopback
+from localinfer.backends.rpc.workers import DEFAULT_PORT, WorkerFront
 from localinfer.errors import LocalinferError
+from localinfer.settings import is_loopback
 
 __all__ = ["DEFAULT_PORT", "start_worker"]
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import ipaddress
 import json
 import secrets
 import socket
@@ -38,7 +37,7 @@ from dataclasses import dataclass
 from localinfer.errors import LocalinferError
 
 __all__ = ["DEFAULT_PORT", "RemoteDevice", "Tunnel", "WorkerFront", "WorkerInfo", "WorkerUnusable",
-           "is_loopback", "parse_endpoint", "probe"]
+           "parse_endpoint", "probe"]
 
 DEFAULT_PORT = 50052  # llama.cpp's rpc-server's
 _LINE_MAX = 64 * 1024  # a preamble line longer than this is not ours
@@ -88,15 +87,6 @@ def parse_endpoint(text: str) -> tuple[str, int]:
         raise WorkerUnusable(f"'{text}' is not a worker address — write it as host:port, "
                              f"e.g. 192.168.1.20:{DEFAULT_PORT}")
     return host, int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def _proof(key: str | None, nonce: str) -> str | None:
