@@ -19,7 +19,7 @@ from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
 from localinfer.errors import EngineClosed
 from localinfer.installed import installed_models
-from localinfer.pool import ModelPool
+from localinfer.pool import LoadedModel, ModelPool
 from localinfer import web
 from localinfer.settings import Settings
 
@@ -28,12 +28,17 @@ __all__ = ["create_app"]
 log = logging.getLogger("localinfer.api")
 
 
-def create_app(pool: ModelPool, settings: Settings, preload: str | None = None) -> FastAPI:
+def create_app(pool: ModelPool, settings: Settings, preload: str | None = None,
+               loading: asyncio.Task[LoadedModel] | None = None) -> FastAPI:
+    """preload: a model to load as the server starts; loading: that load, begun already
+    (`server.serve` begins it before it imports FastAPI). /health says 503 until it ends."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
-        if preload:
-            app.state.preloading = asyncio.create_task(_preload(app, pool, preload))
+        task = loading or (asyncio.create_task(pool.get(preload)) if preload else None)
+        if task is not None:
+            app.state.preloading = task
+            task.add_done_callback(lambda done: _preloaded(app, preload, done))
         else:
             app.state.ready = True
         yield
@@ -78,15 +83,15 @@ def create_app(pool: ModelPool, settings: Settings, preload: str | None = None) 
     return app
 
 
-async def _preload(app: FastAPI, pool: ModelPool, ref: str) -> None:
-    try:
-        await pool.get(ref)
-    except EngineClosed:  # shut down before it was loaded: nothing went wrong
-        pass
-    except Exception:
-        log.exception("could not load %s at startup; requests will retry", ref)
-    finally:
-        app.state.ready = True
+def _preloaded(app: FastAPI, name: str | None, task: asyncio.Task[LoadedModel]) -> None:
+    """The startup model's load has ended: the server is ready, whatever came of it."""
+    app.state.ready = True
+    if task.cancelled():
+        return
+    error = task.exception()
+    # EngineClosed: shut down before it was loaded, nothing went wrong
+    if error is not None and not isinstance(error, EngineClosed):
+        log.error("could not load %s at startup; requests will retry", name, exc_info=error)
 
 
 def _catalog(pool: ModelPool, settings: Settings) -> list[str]:

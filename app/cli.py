@@ -198,10 +198,10 @@ def _read_text_file(path: Path) -> str:
 def _warm_runner() -> None:
     """For a command that loads a model: its runner process starts now and loads llama.cpp
     while this one imports, reads the model's header and plans (bench/results/
-    runner_start.md). Started before `localinfer.service` is imported (~0.4 s of it)."""
-    from localinfer.backends.runner.spawn import warm_spare
+    runner_start.md), started before the rest of the services are imported."""
+    from localinfer.runners import warm_runner
 
-    warm_spare()
+    warm_runner()
 
 
 def _read_piped_text() -> str:

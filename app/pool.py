@@ -35,8 +35,8 @@ from localinfer.backends.runner.replicas import Replicas
 from localinfer.model_store.hardware import Hardware, free_gpu_memory
 from localinfer.model_store.planner import free_memory
 from localinfer.model_store.sources import ResolvedModel, resolve
-from localinfer.service import (BackendFactory, Prepared, default_context, prepare,
-                                ram_available, runner_backend, warm_runner)
+from localinfer.runners import BackendFactory, runner_backend, warm_runner
+from localinfer.service import Prepared, default_context, prepare, ram_available
 from localinfer.settings import Settings, default
 
 __all__ = ["LoadedModel", "ModelPool", "parse_keep_alive"]

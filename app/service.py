@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from localinfer.backends.base import Backend, LoadOptions
 from localinfer.backends.rpc.workers import HEAD
@@ -27,47 +25,18 @@ from localinfer.model_store.fit import (MemoryEstimate, beyond_training, check_c
 from localinfer.model_store.gguf_info import GGUFInfo, read_gguf_info, read_projector_info
 from localinfer.model_store.sources import ResolvedModel, catalog_names, is_embedded, resolve
 from localinfer.model_store.pulled import Manifest
+from localinfer.runners import BackendFactory, runner_backend, warm_runner
 from localinfer.settings import Settings
 
 if TYPE_CHECKING:
     from localinfer.backends.native.attention_probe import AttentionShape, Verdict
 
-__all__ = ["Prepared", "check_writes_text", "checkpoints_of", "choose_quant", "draft_memory", "gpu_plan", "less_gpu_memory", "llama_cpp_backend",
-           "less_memory", "load_model", "placed", "plan_for", "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available", "runner_backend",
-           "warm_runner", "describe", "hardware_report", "kv_cache_bytes", "Hardware",
-           "resolve"]
+__all__ = ["Prepared", "check_writes_text", "checkpoints_of", "choose_quant", "draft_memory",
+           "gpu_plan", "less_gpu_memory", "less_memory", "load_model", "placed", "plan_for",
+           "plan_remote", "projector_bytes", "prepare", "pull_model", "ram_available",
+           "describe", "hardware_report", "kv_cache_bytes", "Hardware", "resolve"]
 
 log = logging.getLogger("localinfer.service")
-
-# (path, options, name, loop=None): loop is the event loop of the server that will use it
-BackendFactory = Callable[..., Backend]
-
-
-def llama_cpp_backend(path: Path, options: LoadOptions, name: str,
-                      loop: asyncio.AbstractEventLoop | None = None) -> Backend:
-    """The model in this process (benchmarks and tests of the engine itself)."""
-    from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
-
-    return LlamaCppBackend(path, options, name=name)
-
-
-def runner_backend(path: Path, options: LoadOptions, name: str,
-                   loop: asyncio.AbstractEventLoop | None = None) -> Backend:
-    """The model in a runner process of its own: a crash inside llama.cpp ends that runner,
-    not the program that uses it. loop: a server's, to read the runner's events on."""
-    from localinfer.backends.runner.process import RunnerBackend
-
-    return RunnerBackend(path, options, name=name, loop=loop)
-
-
-def warm_runner(factory: BackendFactory) -> None:
-    """Before planning a load by `factory`: a runner's process starts meanwhile (see
-    spawn.warm_spare), so the load that follows waits ~0.25 s less."""
-    if factory is runner_backend:
-        from localinfer.backends.runner.spawn import warm_spare
-
-        warm_spare()
-
 
 def usable_cpus() -> int:
     """The CPUs this process may run on (its affinity where the system has one)."""

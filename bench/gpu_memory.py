@@ -36,7 +36,7 @@ logging.getLogger("localinfer.llama_cpp").addHandler(Keep())
 logging.getLogger("localinfer.llama_cpp").setLevel(logging.DEBUG)
 import dataclasses, pickle
 from localinfer.backends.base import SamplingParams
-from localinfer.service import llama_cpp_backend
+from localinfer.runners import llama_cpp_backend
 path, options = sys.argv[1], pickle.loads(bytes.fromhex(sys.argv[2]))
 backend = llama_cpp_backend(path, options, os.path.basename(path))
 backend.generate(backend.tokenize("hello " * 600), SamplingParams(temperature=0, max_tokens=4)).text()

@@ -194,10 +194,10 @@ SERVE = [sys.executable, "-c", MAIN, "serve"]
 # a variant's patch: the pool loads models in the server's own process, as before runners (a
 # patch of the engine then applies to the model's process: a runner is another)
 IN_PROCESS = (
-    "import localinfer.pool as pool, localinfer.service as service\n"
+    "import localinfer.pool as pool, localinfer.runners as runners\n"
     "init = pool.ModelPool.__init__\n"
     "def in_process(self, *args, **kw):\n"
-    "    init(self, *args, **{**kw, 'backend_factory': service.llama_cpp_backend})\n"
+    "    init(self, *args, **{**kw, 'backend_factory': runners.llama_cpp_backend})\n"
     "pool.ModelPool.__init__ = in_process\n")
 
 

@@ -26,10 +26,10 @@ import harness
 _MAIN = "import sys\nfrom localinfer.cli import main\nsys.argv[0] = 'localinfer'\nmain()\n"
 _NO_SPARE = ("import localinfer.backends.runner.spawn as runner\n"
              "runner.warm_spare = lambda: None  # the runner starts when the load does\n")
-_IN_PROCESS = ("import localinfer.service as service\n"  # no runner: the model in `run` itself
-               "load = service.load_model\n"
+_IN_PROCESS = ("import localinfer.runners as runners, localinfer.service as service\n"
+               "load = service.load_model  # no runner: the model in `run` itself\n"
                "service.load_model = lambda *a, **k: load(*a, **{**k, 'backend_factory': "
-               "service.llama_cpp_backend})\n")
+               "runners.llama_cpp_backend})\n")
 VARIANTS = {"at the load": ["-c", _NO_SPARE + _MAIN], "at the start": ["-m", "localinfer"],
             "none (in process)": ["-c", _IN_PROCESS + _MAIN]}
 

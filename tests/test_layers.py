@@ -17,7 +17,7 @@ LAYERS = [
     ("model store", ["localinfer.model_store"]),
     ("chat formats", ["localinfer.chat_formats"]),
     ("backends", ["localinfer.backends"]),
-    ("services", ["localinfer.service", "localinfer.pool", "localinfer.repl",
+    ("services", ["localinfer.service", "localinfer.runners", "localinfer.pool", "localinfer.repl",
                   "localinfer.model_rows", "localinfer.bench", "localinfer.worker",
                   "localinfer.images", "localinfer.installed"]),
     ("front ends", ["localinfer.api", "localinfer.tui", "localinfer.web"]),

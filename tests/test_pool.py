@@ -10,7 +10,7 @@ import pytest
 from localinfer.backends.base import LoadOptions
 from localinfer.errors import EngineBusy, InvalidRequest, LocalinferError
 from localinfer.pool import ModelPool, parse_keep_alive
-from localinfer.service import llama_cpp_backend
+from localinfer.runners import llama_cpp_backend
 from localinfer.settings import Settings
 
 
@@ -139,10 +139,9 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
 
     monkeypatch.setattr(pool_module, "detect", counted)
     monkeypatch.setattr(service, "detect", counted)
-    uvicorn_server, sock = server._prepare_server(Settings(host="127.0.0.1", port=0),
-                                                  LoadOptions(n_ctx=256), "smollm2:135m", False)
+    pool, _, sock = server._prepare(Settings(host="127.0.0.1", port=0), LoadOptions(n_ctx=256),
+                                    "smollm2:135m")
     sock.close()
-    pool = uvicorn_server.config.app.state.pool
 
     async def preload():
         loaded = await pool.get(None)  # what the server's start does with its model
@@ -151,6 +150,50 @@ def test_serve_with_a_model_probes_the_hardware_once(monkeypatch):
 
     assert asyncio.run(preload()) == "smollm2:135m"
     assert len(probes) == 1
+
+
+def test_serve_loads_its_model_while_it_builds_the_app(monkeypatch):
+    """`serve` starts the served model's load before it imports FastAPI and builds the app
+    (~0.8 s on 2 cores): the runner loads meanwhile. It built the app first, then started
+    the server, whose start began the load."""
+    import threading
+    import time
+
+    from localinfer.api import server as server_module
+    from localinfer.backends.runner.link import Link
+
+    began = threading.Event()
+    load = Link._load
+
+    def loading(self, *args, **kwargs):
+        began.set()
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(Link, "_load", loading)
+    built = []
+    build = server_module._server
+
+    def server(*args, **kwargs):
+        built.append(began.wait(30))  # the load began before the app was built
+        built.append(build(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(server_module, "_server", server)
+    thread = threading.Thread(target=server_module.serve, daemon=True, args=(
+        Settings(host="127.0.0.1", port=0), LoadOptions(n_ctx=256), "smollm2:135m"))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        while len(built) < 2 or not built[1].started or not built[1].config.app.state.ready:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        assert built[0] is True
+        assert [m.name for m in built[1].config.app.state.pool.loaded()] == ["smollm2:135m"]
+    finally:
+        if len(built) == 2:
+            built[1].should_exit = True
+        thread.join(60)
+    assert not thread.is_alive()
 
 
 def _machine(gpu_free: int):
@@ -333,7 +376,7 @@ def test_a_runner_that_died_holds_no_room_and_loads_again_through_the_check(sett
     import os
     import signal
 
-    from localinfer.service import runner_backend
+    from localinfer.runners import runner_backend
 
     async def scenario():
         pool = ModelPool(settings, LoadOptions(n_ctx=256), max_loaded=1,
@@ -402,7 +445,8 @@ def test_a_loaded_models_weights_are_not_free_ram_for_the_next(settings):
     again at every step."""
     import psutil
 
-    from localinfer.service import ram_available, runner_backend
+    from localinfer.runners import runner_backend
+    from localinfer.service import ram_available
 
     def unmapped() -> int:  # what the OS calls available and the pool does not
         return psutil.virtual_memory().available - ram_available()
