@@ -17,7 +17,7 @@ from localinfer.api import anthropic, infill, ollama, openai, rerank, responses
 from localinfer.api.errors import install_handlers
 from localinfer.api.metrics import render, track_pool
 from localinfer.api.security import Guard
-from localinfer.errors import EngineClosed
+from localinfer.errors import EngineClosed, LocalinferError
 from localinfer.installed import installed_models
 from localinfer.pool import LoadedModel, ModelPool
 from localinfer import web
@@ -89,8 +89,11 @@ def _preloaded(app: FastAPI, name: str | None, task: asyncio.Task[LoadedModel]) 
     if task.cancelled():
         return
     error = task.exception()
-    # EngineClosed: shut down before it was loaded, nothing went wrong
-    if error is not None and not isinstance(error, EngineClosed):
+    if error is None or isinstance(error, EngineClosed):  # (shut down before it was loaded)
+        return
+    if isinstance(error, LocalinferError):  # its own line says what to do
+        log.error("could not load %s at startup: %s (requests will retry)", name, error)
+    else:
         log.error("could not load %s at startup; requests will retry", name, exc_info=error)
 
 

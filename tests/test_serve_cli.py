@@ -134,6 +134,26 @@ def test_serve_options_read_their_environment_variables(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_startup_model_that_fails_to_load_is_one_line_in_the_log(tmp_path, smollm2_path):
+    """The server serves on (requests retry the load) and says why in one line: a load cut
+    short by LOCALINFER_LOAD_TIMEOUT is the user's error to fix, not a traceback."""
+    from .api.conftest import start_server, stop_server
+
+    server = start_server(tmp_path / "home", "--model", str(smollm2_path), "--parallel", "1",
+                          "--ctx", "256", env={"LOCALINFER_LOAD_TIMEOUT": "0.01"})
+    try:
+        reply = server.post("/v1/chat/completions", json={
+            "model": smollm2_path.stem, "max_tokens": 1,
+            "messages": [{"role": "user", "content": "Hi"}]})
+        assert reply.status_code >= 500 and "LOCALINFER_LOAD_TIMEOUT" in reply.text, reply.text
+    finally:
+        stop_server(server)
+    log = server.log.read_text()
+    lines = [line for line in log.splitlines() if "could not load" in line]
+    assert len(lines) == 1 and "LOCALINFER_LOAD_TIMEOUT" in lines[0], log
+    assert "Traceback" not in log, log
+
+
 def test_a_request_that_names_no_model_gets_the_served_one(tmp_path):
     from .api.conftest import start_server, stop_server
 
