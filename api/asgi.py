@@ -30,15 +30,14 @@ log = logging.getLogger("localinfer.api")
 
 def create_app(pool: ModelPool, settings: Settings, preload: str | None = None,
                loading: asyncio.Task[LoadedModel] | None = None) -> FastAPI:
-    """preload: a model to load as the server starts; loading: that load, begun already
-    (`server.serve` begins it before it imports FastAPI). /health says 503 until it ends."""
+    """preload: the model served from the start, and loading: its load, begun by the caller
+    before the app is built (api/server.py). /health says 503 until that load ends."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
-        task = loading or (asyncio.create_task(pool.get(preload)) if preload else None)
-        if task is not None:
-            app.state.preloading = task
-            task.add_done_callback(lambda done: _preloaded(app, preload, done))
+        if loading is not None:
+            app.state.preloading = loading
+            loading.add_done_callback(lambda done: _preloaded(app, preload, done))
         else:
             app.state.ready = True
         yield

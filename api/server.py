@@ -66,11 +66,13 @@ def serve(settings: Settings, options: LoadOptions, model: str | None,
     banner = (f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
               f"— OpenAI API at /v1, Ollama API at /api")
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        runner.run(_serve(pool, settings, preload, sock, verbose, banner))
+        runner.run(_serve(pool, settings, preload, sock, verbose,
+                          lambda _: print(banner, file=sys.stderr, flush=True)))
 
 
 async def _serve(pool: ModelPool, settings: Settings, preload: str | None,
-                 sock: socket.socket, verbose: bool, banner: str) -> None:
+                 sock: socket.socket, verbose: bool, built: Callable[[_Server], None]) -> None:
+    """The server on this thread's loop; `built` is called with it before it starts."""
     # the model loads (in its runner) while this process imports FastAPI and builds the app
     loading = asyncio.create_task(pool.get(preload)) if preload else None
     try:
@@ -79,7 +81,7 @@ async def _serve(pool: ModelPool, settings: Settings, preload: str | None,
         pool.cancel_all()  # (stopped before it served: as a shutdown would)
         await pool.close()
         raise
-    print(banner, file=sys.stderr, flush=True)
+    built(server)
     await server.serve(sockets=[sock])
 
 
@@ -97,16 +99,20 @@ def serve_in_thread(settings: Settings, options: LoadOptions, model: str | None,
     """The same server on a thread of this process (`localinfer app`): its URL, the server
     (set `should_exit` to stop it) and the thread. Returns once it answers."""
     pool, preload, sock = _prepare(settings, options, model)
-    server = _server(pool, settings, verbose, preload=preload)
     host, port = sock.getsockname()[:2]
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
-                              name="localinfer-server")
+    made: list[_Server] = []
+
+    def run() -> None:
+        with asyncio.Runner(loop_factory=_new_loop) as runner:
+            runner.run(_serve(pool, settings, preload, sock, verbose, made.append))
+
+    thread = threading.Thread(target=run, daemon=True, name="localinfer-server")
     thread.start()
-    while not server.started and thread.is_alive():
+    while not (made and made[0].started) and thread.is_alive():
         time.sleep(0.02)
     if not thread.is_alive():
         raise LocalinferError("the server stopped as it started — run with --verbose to see why")
-    return f"http://{host}:{port}", server, thread
+    return f"http://{host}:{port}", made[0], thread
 
 
 def _prepare(settings: Settings, options: LoadOptions, model: str | None
@@ -133,8 +139,8 @@ def _prepare(settings: Settings, options: LoadOptions, model: str | None
     return pool, preload, _bind(settings.host, settings.port)
 
 
-def _server(pool: ModelPool, settings: Settings, verbose: bool, preload: str | None = None,
-            loading: asyncio.Task[LoadedModel] | None = None) -> _Server:
+def _server(pool: ModelPool, settings: Settings, verbose: bool, preload: str | None,
+            loading: asyncio.Task[LoadedModel] | None) -> _Server:
     """uvicorn's server of the app (`create_app`'s `preload` and `loading`)."""
     from localinfer.api.asgi import create_app  # FastAPI
 
