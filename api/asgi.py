@@ -28,16 +28,16 @@ __all__ = ["create_app"]
 log = logging.getLogger("localinfer.api")
 
 
-def create_app(pool: ModelPool, settings: Settings, preload: str | None = None,
-               loading: asyncio.Task[LoadedModel] | None = None) -> FastAPI:
-    """preload: the model served from the start, and loading: its load, begun by the caller
+def create_app(pool: ModelPool, settings: Settings,
+               preload: tuple[str, asyncio.Task[LoadedModel]] | None = None) -> FastAPI:
+    """preload: the model served from the start, by name, and its load, begun by the caller
     before the app is built (api/server.py). /health says 503 until that load ends."""
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         pool.start()
-        if loading is not None:
-            app.state.preloading = loading
-            loading.add_done_callback(lambda done: _preloaded(app, preload, done))
+        if preload is not None:
+            name, app.state.preloading = preload
+            app.state.preloading.add_done_callback(lambda done: _preloaded(app, name, done))
         else:
             app.state.ready = True
         yield
@@ -82,7 +82,7 @@ def create_app(pool: ModelPool, settings: Settings, preload: str | None = None,
     return app
 
 
-def _preloaded(app: FastAPI, name: str | None, task: asyncio.Task[LoadedModel]) -> None:
+def _preloaded(app: FastAPI, name: str, task: asyncio.Task[LoadedModel]) -> None:
     """The startup model's load has ended: the server is ready, whatever came of it."""
     app.state.ready = True
     if task.cancelled():

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import re
 from collections.abc import Iterable
@@ -29,7 +30,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from localinfer.api.errors import error_body
 from localinfer.api.metrics import REQUESTS
-from localinfer.settings import is_loopback
 
 __all__ = ["Guard"]
 
@@ -40,6 +40,18 @@ def _open(path: str) -> bool:
     """Paths without an API key: liveness, and the web app's own files (no secrets in
     them; the page then calls the API with the key)."""
     return path in _OPEN_PATHS or path.startswith("/ui/")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether a Host header's or an origin's name is this machine: localhost, a name under
+    .localhost (browsers resolve those to loopback themselves), or a loopback address."""
+    host = host.strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # a Host header, or an origin after its scheme: a name, an IPv4 address or a bracketed IPv6

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import FrameType
+from typing import Any
 
 import uvicorn
 
@@ -22,7 +24,7 @@ from localinfer.backends.base import LoadOptions
 from localinfer.errors import LocalinferError
 from localinfer.pool import LoadedModel, ModelPool, parse_keep_alive
 from localinfer.service import prepare
-from localinfer.settings import Settings, is_loopback
+from localinfer.settings import Settings, binds_loopback
 
 __all__ = ["serve", "serve_in_thread"]
 
@@ -65,24 +67,62 @@ def serve(settings: Settings, options: LoadOptions, model: str | None,
     shown = f"[{host}]" if ":" in host else host
     banner = (f"localinfer {'' if not model else model + ' '}serving on http://{shown}:{port} "
               f"— OpenAI API at /v1, Ollama API at /api")
+    _run(_serve(pool, settings, preload, sock, verbose,
+                lambda _: print(banner, file=sys.stderr, flush=True)))
+
+
+def _run(main: Coroutine[Any, Any, None]) -> None:
     with asyncio.Runner(loop_factory=_new_loop) as runner:
-        runner.run(_serve(pool, settings, preload, sock, verbose,
-                          lambda _: print(banner, file=sys.stderr, flush=True)))
+        runner.run(main)
 
 
 async def _serve(pool: ModelPool, settings: Settings, preload: str | None,
                  sock: socket.socket, verbose: bool, built: Callable[[_Server], None]) -> None:
-    """The server on this thread's loop; `built` is called with it before it starts."""
-    # the model loads (in its runner) while this process imports FastAPI and builds the app
+    """The server on this thread's loop; `built` is called with it before it starts.
+
+    The served model loads (in its runner) while this process imports FastAPI and builds
+    the app. Until uvicorn takes them, SIGTERM stops the start as Ctrl-C does (asyncio's
+    Runner cancels this task). However the start or the serving ends, every request and
+    load is stopped and the pool closed: uvicorn's shutdown does that once its lifespan
+    began, and this, again, for a server that ended before (a second close does nothing)."""
     loading = asyncio.create_task(pool.get(preload)) if preload else None
+    if loading is not None:  # its error is read even where the start stops before the app
+        loading.add_done_callback(lambda task: task.cancelled() or task.exception())  # logs it
+    terminated: list[int] = []
+    stop = _stop_on_sigterm(asyncio.current_task(), terminated)
     try:
         server = await asyncio.to_thread(_server, pool, settings, verbose, preload, loading)
-    except BaseException:
-        pool.cancel_all()  # (stopped before it served: as a shutdown would)
+        stop()
+        built(server)
+        await server.serve(sockets=[sock])
+    except asyncio.CancelledError:
+        if not terminated:
+            raise
+    finally:
+        stop()
+        pool.cancel_all()
         await pool.close()
-        raise
-    built(server)
-    await server.serve(sockets=[sock])
+    if terminated:  # the process ends by the signal it was sent, as uvicorn ends it
+        signal.raise_signal(signal.SIGTERM)
+
+
+def _stop_on_sigterm(task: asyncio.Task | None, terminated: list[int]) -> Callable[[], None]:
+    """SIGTERM cancels `task` and is noted in `terminated` (on the main thread; asyncio's
+    Runner does the same for Ctrl-C); the returned call undoes it (before uvicorn installs
+    its own handlers, and before the signal is raised again)."""
+    loop = asyncio.get_running_loop()
+    if task is None or threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def terminate() -> None:
+        terminated.append(signal.SIGTERM)
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+    except (NotImplementedError, RuntimeError, ValueError):  # (not on Windows' loop)
+        return lambda: None
+    return lambda: loop.remove_signal_handler(signal.SIGTERM)
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -101,17 +141,23 @@ def serve_in_thread(settings: Settings, options: LoadOptions, model: str | None,
     pool, preload, sock = _prepare(settings, options, model)
     host, port = sock.getsockname()[:2]
     made: list[_Server] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
-        with asyncio.Runner(loop_factory=_new_loop) as runner:
-            runner.run(_serve(pool, settings, preload, sock, verbose, made.append))
+        try:
+            _run(_serve(pool, settings, preload, sock, verbose, made.append))
+        except BaseException as exc:  # noqa: BLE001 - the caller raises it
+            failed.append(exc)
 
     thread = threading.Thread(target=run, daemon=True, name="localinfer-server")
     thread.start()
     while not (made and made[0].started) and thread.is_alive():
         time.sleep(0.02)
     if not thread.is_alive():
-        raise LocalinferError("the server stopped as it started — run with --verbose to see why")
+        if failed and isinstance(failed[0], LocalinferError):
+            raise failed[0]
+        raise LocalinferError("the server stopped as it started — run with --verbose to see "
+                              "why") from (failed[0] if failed else None)
     return f"http://{host}:{port}", made[0], thread
 
 
@@ -122,7 +168,7 @@ def _prepare(settings: Settings, options: LoadOptions, model: str | None
         raise LocalinferError("the API key is blank — anyone could send it; choose one "
                               "(e.g. `openssl rand -hex 16`)")
     _check_host(settings.host)
-    if not is_loopback(settings.host) and not settings.api_key:
+    if not binds_loopback(settings.host) and not settings.api_key:
         raise LocalinferError(
             f"listening on {settings.host} would expose your models to the network — "
             f"set an API key with --api-key or LOCALINFER_API_KEY first")
@@ -141,10 +187,10 @@ def _prepare(settings: Settings, options: LoadOptions, model: str | None
 
 def _server(pool: ModelPool, settings: Settings, verbose: bool, preload: str | None,
             loading: asyncio.Task[LoadedModel] | None) -> _Server:
-    """uvicorn's server of the app (`create_app`'s `preload` and `loading`)."""
+    """uvicorn's server of the app (`loading`: the load of `preload`, the model served)."""
     from localinfer.api.asgi import create_app  # FastAPI
 
-    app = create_app(pool, settings, preload=preload, loading=loading)
+    app = create_app(pool, settings, None if loading is None else (preload, loading))
     config = uvicorn.Config(app, log_level="info" if verbose else "warning",
                             timeout_graceful_shutdown=5, access_log=verbose,
                             http=_http_protocol(settings.header_timeout,

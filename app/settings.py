@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 import tomllib
 from enum import StrEnum
 from pathlib import Path
@@ -26,7 +27,7 @@ from pydantic_settings import (BaseSettings, NoDecode, PydanticBaseSettingsSourc
 from localinfer.errors import LocalinferError
 
 __all__ = ["DEFAULT_MODEL", "ImageUrls", "KvType", "Settings", "SettingsError", "SplitMode",
-           "debug", "default", "explain", "flag_help", "is_loopback"]
+           "binds_loopback", "debug", "default", "explain", "flag_help"]
 
 DEFAULT_MODEL = "smollm2:135m"  # embedded in the package (model_store.sources.EMBEDDED)
 
@@ -62,16 +63,17 @@ class SettingsError(LocalinferError):
     """A setting's value, named where it came from: flag, variable or config file."""
 
 
-def is_loopback(host: str) -> bool:
-    """Whether a host (a --host, a Host header's name) is this machine alone: localhost, a
-    name under .localhost, or a loopback address (IPv6 bracketed or not)."""
-    host = host.strip("[]").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
+def binds_loopback(host: str) -> bool:
+    """Whether listening on `host` (a --host) is listening on this machine alone: every
+    address it resolves to is a loopback one. A name is asked of the resolver, as the bind
+    will ask it (a hosts file may give a .localhost name any address)."""
     try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
+        found = socket.getaddrinfo(host.strip("[]"), None, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (OSError, UnicodeError):
         return False
+    return bool(found) and all(
+        ipaddress.ip_address(address[4][0].split("%")[0]).is_loopback for address in found)
 
 
 def debug() -> bool:

@@ -17,7 +17,7 @@ import psutil
 
 from localinfer.backends.rpc.workers import DEFAULT_PORT, WorkerFront
 from localinfer.errors import LocalinferError
-from localinfer.settings import is_loopback
+from localinfer.settings import binds_loopback
 
 __all__ = ["DEFAULT_PORT", "start_worker"]
 
@@ -46,7 +46,7 @@ def start_worker(host: str, port: int, key: str | None, threads: int | None,
                  cache: Path | None, say: Callable[[str], None] = print) -> WorkerFront:
     """Start ggml's RPC server on this machine's GPUs (or its CPU where it has none) and the
     front before it; the front is returned bound, not yet serving (`serve_forever`)."""
-    if not is_loopback(host) and key is None:
+    if not binds_loopback(host) and key is None:
         raise LocalinferError(f"a worker listening on {host} takes a key: set "
                               f"LOCALINFER_WORKER_KEY (at least 8 characters) here and on the "
                               f"head")
@@ -90,6 +90,6 @@ def start_worker(host: str, port: int, key: str | None, threads: int | None,
     say(f"worker at {where} serving {served}; RPC {build.protocol}"
         + (", key required" if key else ""))
     say(f"on the head: localinfer serve --workers {where}")
-    if not is_loopback(host):
+    if not binds_loopback(host):
         say("the traffic is not encrypted: use a network you trust (or an SSH tunnel / VPN)")
     return front

@@ -133,7 +133,6 @@ def test_serve_options_read_their_environment_variables(tmp_path):
         stop_server(server)
 
 
-@pytest.mark.slow
 def test_a_startup_model_that_fails_to_load_is_one_line_in_the_log(tmp_path, smollm2_path):
     """The server serves on (requests retry the load) and says why in one line: a load cut
     short by LOCALINFER_LOAD_TIMEOUT is the user's error to fix, not a traceback."""
@@ -154,6 +153,7 @@ def test_a_startup_model_that_fails_to_load_is_one_line_in_the_log(tmp_path, smo
     assert "Traceback" not in log, log
 
 
+@pytest.mark.slow
 def test_a_request_that_names_no_model_gets_the_served_one(tmp_path):
     from .api.conftest import start_server, stop_server
 

@@ -119,3 +119,16 @@ def test_a_config_file_too_big_to_be_one_is_refused(home):
     (home / "config.toml").write_bytes(b"# " + b"x" * (1 << 20) + b"\n")
     with pytest.raises(SettingsError, match="over 1 MiB"):
         Settings.read()
+
+
+@pytest.mark.parametrize("host, alone", [
+    ("127.0.0.1", True), ("localhost", True), ("::1", True), ("[::1]", True),
+    ("0.0.0.0", False), ("::", False), ("192.0.2.1", False), ("no-such-host.invalid", False),
+])
+def test_a_host_binds_this_machine_alone_only_where_every_address_it_names_is_loopback(
+        host, alone):
+    """`serve` and `worker` ask for a key unless they listen on this machine alone: what
+    the host resolves to, as the bind resolves it, not what its name looks like."""
+    from localinfer.settings import binds_loopback
+
+    assert binds_loopback(host) is alone

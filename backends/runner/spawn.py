@@ -108,4 +108,5 @@ def dismiss(process: subprocess.Popen[bytes]) -> None:
             stream.close()
     with contextlib.suppress(OSError):
         process.kill()
-    process.wait()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5)  # (one stuck in a driver's call ends when it returns)
