@@ -86,8 +86,9 @@ async def _serve(pool: ModelPool, settings: Settings, preload: str | None,
     load is stopped and the pool closed: uvicorn's shutdown does that once its lifespan
     began, and this, again, for a server that ended before (a second close does nothing)."""
     loading = asyncio.create_task(pool.get(preload)) if preload else None
-    if loading is not None:  # its error is read even where the start stops before the app
-        loading.add_done_callback(lambda task: task.cancelled() or task.exception())  # logs it
+    if loading is not None:  # its error read even where the start stops before the app (whose
+        # own callback logs it)
+        loading.add_done_callback(lambda task: task.cancelled() or task.exception())
     terminated: list[int] = []
     stop = _stop_on_sigterm(asyncio.current_task(), terminated)
     try:
