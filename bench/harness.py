@@ -201,6 +201,20 @@ IN_PROCESS = (
     "pool.ModelPool.__init__ = in_process\n")
 
 
+def first_byte(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(seconds to the first byte on its stdout, seconds to its exit) of one command, as a
+    user's `localinfer run --prompt ...` (unbuffered); one that fails ends the run."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               stdin=subprocess.DEVNULL, env={**env, "PYTHONUNBUFFERED": "1"})
+    first = process.stdout.read(1)
+    first_at = time.perf_counter() - started
+    process.stdout.read()
+    if process.wait() != 0 or not first:
+        raise SystemExit(f"`{' '.join(command)}` failed")
+    return first_at, time.perf_counter() - started
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

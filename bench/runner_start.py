@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import os
 import statistics
-import subprocess
 import sys
-import time
 
 import harness
 
@@ -38,16 +36,7 @@ def once(variant: list[str], model: str) -> tuple[float, float]:
     """(seconds to the reply's first byte, seconds to exit) of one `run`."""
     command = [sys.executable, *variant, "run", model, "--prompt", "Say hello.",
                "--max-tokens", "8", "--temperature", "0"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    started = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                               env=env)
-    first = process.stdout.read(1)
-    first_at = time.perf_counter() - started
-    process.stdout.read()
-    if process.wait() != 0 or not first:
-        raise SystemExit(f"`{' '.join(command)}` failed")
-    return first_at, time.perf_counter() - started
+    return harness.first_byte(command, dict(os.environ))
 
 
 def main() -> None:

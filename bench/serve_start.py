@@ -115,17 +115,8 @@ def _report(row: dict, rows: list[dict]) -> None:
 
 def first_byte(env: dict[str, str]) -> float:
     """`localinfer run`'s start to its reply's first byte on stdout."""
-    started = time.perf_counter()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "localinfer", "run", MODEL, "--prompt", "Say hello.",
-         "--max-tokens", "1", "--temperature", "0"], stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, env={**env, "PYTHONUNBUFFERED": "1"})
-    first = process.stdout.read(1)
-    seconds = time.perf_counter() - started
-    process.stdout.read()
-    if process.wait() != 0 or not first:
-        raise SystemExit("`localinfer run` failed")
-    return seconds
+    return harness.first_byte([sys.executable, "-m", "localinfer", "run", MODEL, "--prompt",
+                               "Say hello.", "--max-tokens", "1", "--temperature", "0"], env)[0]
 
 
 @contextlib.contextmanager
