@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -157,7 +158,6 @@ def test_serve_loads_its_model_while_it_builds_the_app(monkeypatch):
     (~0.8 s on 2 cores): the runner loads meanwhile. It built the app first, then started
     the server, whose start began the load."""
     import threading
-    import time
 
     from localinfer.api import server as server_module
     from localinfer.backends.runner.link import Link
@@ -194,6 +194,33 @@ def test_serve_loads_its_model_while_it_builds_the_app(monkeypatch):
             built[1].should_exit = True
         thread.join(60)
     assert not thread.is_alive()
+
+
+def test_a_start_that_fails_before_serving_says_why_and_leaves_no_runner(monkeypatch):
+    """The app cannot be built while the served model loads: the caller gets that error
+    (not "the server stopped as it started"), and the load's runner is gone with the pool."""
+    from localinfer.api import server as server_module
+    from localinfer.backends.runner.link import Link
+
+    runners = []
+    load = Link._load
+
+    def loading(self, *args, **kwargs):
+        runners.append(self.process)
+        return load(self, *args, **kwargs)
+
+    def broken(*args, **kwargs):
+        while not runners:  # (the load has begun)
+            time.sleep(0.01)
+        raise LocalinferError("the app could not be built")
+
+    monkeypatch.setattr(Link, "_load", loading)
+    monkeypatch.setattr(server_module, "_server", broken)
+    with pytest.raises(LocalinferError, match="could not be built"):
+        server_module.serve_in_thread(Settings(host="127.0.0.1", port=0),
+                                      LoadOptions(n_ctx=256), "smollm2:135m")
+    assert len(runners) == 1
+    runners[0].wait(30)  # its pipe closed as the pool closed: it has ended
 
 
 def _machine(gpu_free: int):
