@@ -80,6 +80,7 @@ class _Runner:
         # tests only: a faster heartbeat (every millisecond, it met every close)
         self._beat_seconds = float(os.environ.get("LOCALINFER_RUNNER_BEAT") or BEAT_SECONDS)
         self._closing = threading.Event()  # the heartbeat stops
+        self._loaded = threading.Event()  # Ready sent: beats may follow
 
     def send(self, message: object) -> None:
         try:
@@ -88,17 +89,22 @@ class _Runner:
             os._exit(0)  # the parent has gone
 
     def serve(self, load: p.Load) -> None:
-        if self._fault:
-            self._check_fault()  # (tests: `hang` here is a load that never ends)
-        if not self._load(load.version, load.path, load.options, load.name):
-            return
-        self.backend.engine.after_pass = self._flush
-        self.send(p.Ready(self.backend.info))  # before any Beat: the parent reads it first
+        # from the load on: a parent killed while a big model loads (SIGKILL, SIGTERM to
+        # `run`) reads nothing of it, and its runner must not load on for minutes
         beat = threading.Thread(target=self._beat, daemon=True, name="runner-beat")
         beat.start()
-        self._read()
-        self._closing.set()
-        beat.join()  # (it may be sending: it touches llama.cpp no more once it has stopped)
+        try:
+            if self._fault:
+                self._check_fault()  # (tests: `hang` here is a load that never ends)
+            if not self._load(load.version, load.path, load.options, load.name):
+                return
+            self.backend.engine.after_pass = self._flush
+            self.send(p.Ready(self.backend.info))  # before any Beat: the parent reads it first
+            self._loaded.set()
+            self._read()
+        finally:
+            self._closing.set()
+            beat.join()  # (it may be sending: it touches llama.cpp no more once it has stopped)
         self._calls.shutdown(wait=True, cancel_futures=True)  # none still uses the model
         self.backend.close()  # the engine's last pass flushes its events
         self._flush()
@@ -223,12 +229,15 @@ class _Runner:
                 self.send(p.Events(batch))
 
     def _beat(self) -> None:
-        """Progress for the parent's watchdog: the engine's step count, a counter of its
-        own (its full figures ask llama.cpp, which this thread must not, racing a close)."""
+        """Progress for the parent's watchdog, once loaded: the engine's step count, a
+        counter of its own (its full figures ask llama.cpp, which this thread must not,
+        racing a close). From the load on, an orphaned runner exits (the pipe's end-of-file
+        is the usual sign, but a loading runner reads no pipe)."""
         while not self._closing.wait(self._beat_seconds):
-            if os.getppid() != self.parent:  # orphaned (the pipe's end-of-file is the usual sign)
+            if os.getppid() != self.parent:
                 os._exit(0)
-            self.send(p.Beat(self.backend.engine.steps))
+            if self._loaded.is_set():
+                self.send(p.Beat(self.backend.engine.steps))
 
     def _check_fault(self) -> None:
         """Tests: the file named by LOCALINFER_RUNNER_FAULT, once it exists, says what goes
