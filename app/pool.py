@@ -9,7 +9,8 @@ owner of its models' runners: it starts them (a load), stops them (an unload) an
 them again — a model whose runner died (its backend `ended`, each call RunnerDied) is
 loaded again by its next request, through the same plan and check. Told to shut down
 (`cancel_all`), it ends the requests of the loaded models and those still waiting for a
-plan or a load alike: the latter with EngineClosed (a 503) at once, not when the load ends.
+plan or a load alike: the latter with EngineClosed (a 503) at once, not when the load ends;
+a load still running is stopped, its runner killed (a big model's load takes minutes).
 """
 
 from __future__ import annotations
@@ -178,6 +179,9 @@ class ModelPool:
                                     else dict)
         self.closing = False  # shutting down: no request starts, none waits for a load
         self._closed = asyncio.Event()
+        # set as it shuts down: a load still running is stopped (its runner killed), not
+        # waited for — a big model's takes minutes, and Ctrl-C must not
+        self._stop_loads = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def hardware(self) -> Hardware:
@@ -527,13 +531,13 @@ class ModelPool:
     def _start_copies(self, prepared: Prepared, loop: asyncio.AbstractEventLoop) -> Backend:
         """The model's backend: one runner, or one per copy (`--replicas`) serving as one."""
         path, name = prepared.model.path, prepared.model.name
-        first = self._factory(path, prepared.options, name, loop)
+        first = self._factory(path, prepared.options, name, loop, stop=self._stop_loads)
         if not prepared.copies:
             return first
         members = [first]
         try:
             for options in prepared.copies:
-                members.append(self._factory(path, options, name, loop))
+                members.append(self._factory(path, options, name, loop, stop=self._stop_loads))
         except BaseException:
             for member in members:
                 member.close()
@@ -572,6 +576,7 @@ class ModelPool:
         """Shutting down: end every request of every loaded model, and those waiting for a
         plan or a load (EngineClosed); no request starts after it. Safe from a signal."""
         self.closing = True
+        self._stop_loads.set()  # (no lock is taken by what reads it: safe from a signal)
         for model in list(self._loaded.values()):
             model.backend.cancel_all()
         if self._loop is not None and not self._loop.is_closed():
@@ -594,6 +599,7 @@ class ModelPool:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        self._stop_loads.set()
         for task in list(self._loading.values()):
             with contextlib.suppress(Exception):
                 await task

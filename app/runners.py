@@ -14,29 +14,36 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import threading
+
     from localinfer.backends.base import Backend, LoadOptions
 
 __all__ = ["BackendFactory", "llama_cpp_backend", "runner_backend", "warm_runner"]
 
-# (path, options, name, loop=None): loop is the event loop of the server that will use it
+# (path, options, name, loop=None, stop=None): loop is the event loop of the server that will
+# use it; stop, once set, ends a load still running (its owner is shutting down)
 BackendFactory = Callable[..., "Backend"]
 
 
 def llama_cpp_backend(path: Path, options: LoadOptions, name: str,
-                      loop: asyncio.AbstractEventLoop | None = None) -> Backend:
-    """The model in this process (benchmarks and tests of the engine itself)."""
+                      loop: asyncio.AbstractEventLoop | None = None,
+                      stop: threading.Event | None = None) -> Backend:
+    """The model in this process (benchmarks and tests of the engine itself); its load,
+    one llama.cpp call, cannot be stopped."""
     from localinfer.backends.llamacpp import LlamaCppBackend  # loads the native library
 
     return LlamaCppBackend(path, options, name=name)
 
 
 def runner_backend(path: Path, options: LoadOptions, name: str,
-                   loop: asyncio.AbstractEventLoop | None = None) -> Backend:
+                   loop: asyncio.AbstractEventLoop | None = None,
+                   stop: threading.Event | None = None) -> Backend:
     """The model in a runner process of its own: a crash inside llama.cpp ends that runner,
-    not the program that uses it. loop: a server's, to read the runner's events on."""
+    not the program that uses it. loop: a server's, to read the runner's events on; stop:
+    set, the load ends at once (its runner killed) with EngineClosed."""
     from localinfer.backends.runner.process import RunnerBackend
 
-    return RunnerBackend(path, options, name=name, loop=loop)
+    return RunnerBackend(path, options, name=name, loop=loop, stop=stop)
 
 
 def warm_runner(factory: BackendFactory = runner_backend) -> None:

@@ -45,7 +45,7 @@ class CountingFactory:
     def __init__(self):
         self.loads: list[str] = []
 
-    def __call__(self, path, options, name, loop=None):
+    def __call__(self, path, options, name, loop=None, stop=None):
         self.loads.append(name)
         return llama_cpp_backend(path, options, name)
 
@@ -378,7 +378,7 @@ def test_two_loads_at_once_do_not_both_take_the_same_room(settings):
         beside: list[list[str]] = []
         loads = factory.__call__
 
-        def watched(path, options, name, loop=None):
+        def watched(path, options, name, loop=None, stop=None):
             beside.append([m.name for m in pool.loaded()])
             return loads(path, options, name, loop)
 

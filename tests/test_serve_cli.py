@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 
+import httpx
+import psutil
 import pytest
 
 from localinfer.service import usable_cpus
@@ -151,6 +156,48 @@ def test_a_startup_model_that_fails_to_load_is_one_line_in_the_log(tmp_path, smo
     lines = [line for line in log.splitlines() if "could not load" in line]
     assert len(lines) == 1 and "LOCALINFER_LOAD_TIMEOUT" in lines[0], log
     assert "Traceback" not in log, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_stopping_the_server_while_its_model_loads_stops_the_load(tmp_path, smollm2_path, sig):
+    """Ctrl-C (or SIGTERM) while the served model loads ends the server at once: the load's
+    runner is killed, not waited for (a big model's load takes minutes; it had waited for
+    the load to end, here its time limit)."""
+    from .api.conftest import free_port
+
+    fault = tmp_path / "fault"
+    fault.write_text("hang")  # the runner's load never ends
+    port = free_port()
+    env = {**os.environ, "LOCALINFER_HOME": str(tmp_path / "home"),
+           "LOCALINFER_RUNNER_FAULT": str(fault), "LOCALINFER_LOAD_TIMEOUT": "120"}
+    process = subprocess.Popen([*SERVE, "--model", str(smollm2_path), "--port", str(port),
+                                "--ctx", "256", "--parallel", "1"], env=env, text=True,
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # serving, its model loading
+            assert time.monotonic() < deadline and process.poll() is None, process.returncode
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                if health.status_code == 503:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        assert health.json()["models_loading"] == [smollm2_path.stem], health.text
+        runners = psutil.Process(process.pid).children(recursive=True)
+        assert runners
+        process.send_signal(sig)
+        log, _ = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+    assert process.returncode in (130, -sig), (process.returncode, log)
+    assert "Traceback" not in log, log
+    _, left = psutil.wait_procs(runners, timeout=5)
+    assert not left, [r.cmdline() for r in left]
 
 
 @pytest.mark.slow

@@ -69,9 +69,11 @@ class Link:
     """The parent's side of one runner process: started loaded, or an error."""
 
     def __init__(self, path: str, options: LoadOptions, name: str, hang: float,
-                 loop: asyncio.AbstractEventLoop | None = None):
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 stop: threading.Event | None = None):
         """loop: read the runner's messages on this event loop (a server's) instead of a
-        thread of our own: one wake-up a step fewer."""
+        thread of our own: one wake-up a step fewer. stop: set, the load ends at once (its
+        runner killed) with EngineClosed: its owner is shutting down."""
         self.name = name
         self.hang_seconds = hang
         self.process = take()
@@ -85,7 +87,7 @@ class Link:
         self._ended: LocalinferError | None = None
         self._closing = False
         self._hung = False
-        self.info = self._load(path, options)
+        self.info = self._load(path, options, stop)
         self._steps = -1
         self._progress = time.monotonic()
         self._wake = threading.Event()
@@ -104,13 +106,17 @@ class Link:
             loop.call_soon_threadsafe(self._attach)
         threading.Thread(target=self._watch, daemon=True, name=f"runner-watch {self.name}").start()
 
-    def _load(self, path: str, options: LoadOptions) -> ModelInfo:
+    def _load(self, path: str, options: LoadOptions,
+              stop: threading.Event | None) -> ModelInfo:
         """The runner's hello checked, the model loaded: its facts, or the load's error."""
         limit = load_seconds()
-        # a crash reads as end-of-file; so does a load stopped for taking too long
-        too_long = threading.Timer(limit, self.process.kill)
-        too_long.daemon = True
-        too_long.start()
+        # a crash reads as end-of-file; so does a load stopped for taking too long, or
+        # because its owner is shutting down (a big model's load takes minutes: Ctrl-C
+        # must not wait for it)
+        ended = threading.Event()
+        stopped: list[str] = []
+        threading.Thread(target=self._guard_load, args=(limit, stop, ended, stopped),
+                         daemon=True, name=f"runner-load {self.name}").start()
         try:
             levels = {logger: logging.getLogger(logger).getEffectiveLevel()
                       for logger in ("localinfer", "localinfer.llama_cpp")}
@@ -124,21 +130,40 @@ class Link:
                 self._exit_code()
                 raise
             self._close_pipes()
-            ended = how(self._exit_code())
-            if too_long.finished.is_set():
+            how_it_ended = how(self._exit_code())
+            ended.set()
+            if stopped == ["closing"]:
+                raise EngineClosed(f"the load of {self.name} was stopped: localinfer is "
+                                   f"shutting down") from None
+            if stopped:
                 raise ModelLoadFailed(
                     f"{self.name} did not finish loading within {limit:g} s, so it was "
                     f"stopped — LOCALINFER_LOAD_TIMEOUT gives it longer") from None
             raise ModelLoadFailed(
-                f"llama.cpp ended while loading {self.name} ({ended}) "
+                f"llama.cpp ended while loading {self.name} ({how_it_ended}) "
                 f"— the file may be damaged, or too big for this machine") from None
         finally:
-            too_long.cancel()
+            ended.set()
         if not isinstance(message, p.Ready):
             self._close_pipes()
             self._exit_code()
             raise message.error.error()
         return message.info
+
+    def _guard_load(self, limit: float, stop: threading.Event | None,
+                    ended: threading.Event, stopped: list[str]) -> None:
+        """Kills the loading runner once `stop` is set or `limit` has passed, noting which
+        in `stopped`; ends with the load."""
+        deadline = time.monotonic() + limit
+        while not ended.wait(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if stop is not None and stop.is_set():
+                stopped.append("closing")
+            elif time.monotonic() >= deadline:
+                stopped.append("slow")
+            else:
+                continue
+            self.process.kill()
+            return
 
     def _check_hello(self, hello: object) -> None:
         """RunnerMismatch unless the runner speaks our protocol's version."""

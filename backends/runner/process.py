@@ -57,10 +57,12 @@ class RunnerBackend(Backend):
 
     def __init__(self, path: str | os.PathLike[str], options: LoadOptions,
                  name: str | None = None, *, hang: float | None = None,
-                 loop: asyncio.AbstractEventLoop | None = None):
-        """loop: the event loop of a server that uses this model, to read on (see link.Link)."""
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 stop: threading.Event | None = None):
+        """loop: the event loop of a server that uses this model, to read on; stop: set, the
+        load ends at once with EngineClosed (see link.Link)."""
         self.name = name or Path(path).stem
-        self._link = Link(str(path), options, self.name, hang or hang_seconds(), loop)
+        self._link = Link(str(path), options, self.name, hang or hang_seconds(), loop, stop)
         self.info = self._link.info
         self._closed = False
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -14,8 +16,8 @@ import pytest
 
 from localinfer.backends.base import DoneEvent, LoadOptions, SamplingParams
 from localinfer.backends.runner.process import RunnerBackend
-from localinfer.errors import (InvalidRequest, ModelLoadFailed, PromptTooLong, RunnerDied,
-                               RunnerMismatch)
+from localinfer.errors import (EngineClosed, InvalidRequest, ModelLoadFailed, PromptTooLong,
+                               RunnerDied, RunnerMismatch)
 from localinfer.model_store.hardware import SERVER_PID
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -171,6 +173,54 @@ def test_a_load_that_never_ends_is_stopped(tmp_path, smollm2_path, monkeypatch):
     with pytest.raises(ModelLoadFailed, match="did not finish loading within 1 s"):
         RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2:135m")
     assert time.monotonic() - began < 10
+
+
+def test_a_load_stopped_by_its_owner_ends_at_once_with_engine_closed(tmp_path, smollm2_path,
+                                                                     monkeypatch):
+    """The owner shutting down (the pool's `stop`, set by Ctrl-C) ends a load that would
+    otherwise run to its time limit, and kills its runner."""
+    fault = tmp_path / "fault"
+    fault.write_text("hang")
+    monkeypatch.setenv("LOCALINFER_RUNNER_FAULT", str(fault))
+    monkeypatch.setenv("LOCALINFER_LOAD_TIMEOUT", "120")
+    stop = threading.Event()
+    threading.Timer(1.0, stop.set).start()
+    before = {c.pid for c in psutil.Process().children()}  # (a spare is not this load's: its
+    began = time.monotonic()  # environment lacks the fault)
+    with pytest.raises(EngineClosed, match="shutting down"):
+        RunnerBackend(smollm2_path, LoadOptions(n_ctx=256), name="smollm2:135m", stop=stop)
+    assert time.monotonic() - began < 10
+    assert not fault.exists()  # (the runner had begun its load)
+    assert not [c.pid for c in psutil.Process().children()
+                if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_a_runner_whose_parent_dies_while_it_loads_exits(tmp_path, smollm2_path):
+    """A loading runner reads no pipe, so its parent's end (SIGKILL, SIGTERM to `run`) had
+    left it loading on, for minutes with a big model (here, for ever)."""
+    fault = tmp_path / "fault"
+    fault.write_text("hang")
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import sys\n"
+         "from localinfer.backends.base import LoadOptions\n"
+         "from localinfer.backends.runner.process import RunnerBackend\n"
+         "RunnerBackend(sys.argv[1], LoadOptions(n_ctx=256), name='smollm2')", str(smollm2_path)],
+        env={**os.environ, "LOCALINFER_RUNNER_FAULT": str(fault),
+             "LOCALINFER_LOAD_TIMEOUT": "120"})
+    try:
+        deadline = time.monotonic() + 60
+        while fault.exists():  # the runner reads it as its load begins
+            assert time.monotonic() < deadline and parent.poll() is None
+            time.sleep(0.05)
+        runners = psutil.Process(parent.pid).children()
+        assert runners
+    finally:
+        parent.kill()
+        parent.wait()
+    _, left = psutil.wait_procs(runners, timeout=5)
+    for runner in left:
+        runner.kill()
+    assert not left
 
 
 def test_a_long_embedding_is_not_taken_for_a_hang(smollm2_path):
