@@ -5,7 +5,8 @@ calls as `Request`s and matches each `Reply` or `Refused` to its caller, hands e
 pass's `Events` to the generations they belong to, and, when the runner ends, ends every
 open request and call with why. Messages are read on a server's event loop where one is
 given (one wake-up a step fewer), else on a reader thread. The watchdog kills a runner that
-has work and shows no progress for its hang limit; a load past `load_seconds` is stopped.
+has work and shows no progress for its hang limit; a load past `load_seconds` is stopped, and
+so is one whose owner says `stop` (it is shutting down).
 """
 
 from __future__ import annotations
@@ -64,6 +65,44 @@ class Waiting:
         self.done.set()
 
 
+class _LoadGuard:
+    """Kills a loading runner once its owner's `stop` is set or `limit` seconds have passed
+    (a thread of its own, until `end`). `end` says why it killed it, if it did: after `end`,
+    it kills nothing (a load that has just ended is not killed after the fact)."""
+
+    def __init__(self, process: subprocess.Popen[bytes], limit: float,
+                 stop: threading.Event | None):
+        self._process, self._stop = process, stop
+        self._deadline = time.monotonic() + limit
+        self._ended = threading.Event()
+        self._lock = threading.Lock()
+        self._why: str | None = None
+        threading.Thread(target=self._watch, daemon=True, name="runner-load").start()
+
+    def _watch(self) -> None:
+        while True:
+            left = self._deadline - time.monotonic()
+            # (with no owner to say stop, long waits: an hour at most, as a wait takes)
+            if self._ended.wait(max(0.0, min(left, 3600.0 if self._stop is None
+                                             else _STOP_POLL_S))):
+                return
+            why = ("closing" if self._stop is not None and self._stop.is_set()
+                   else "slow" if time.monotonic() >= self._deadline else None)
+            if why is None:
+                continue
+            with self._lock:
+                if self._ended.is_set():
+                    return
+                self._why = why
+                self._process.kill()
+                return
+
+    def end(self) -> str | None:
+        """The load has ended: why the guard killed its runner (`closing`, `slow`), or None."""
+        with self._lock:
+            self._ended.set()
+            return self._why
+
 
 class Link:
     """The parent's side of one runner process: started loaded, or an error."""
@@ -113,10 +152,7 @@ class Link:
         # a crash reads as end-of-file; so does a load stopped for taking too long, or
         # because its owner is shutting down (a big model's load takes minutes: Ctrl-C
         # must not wait for it)
-        ended = threading.Event()
-        stopped: list[str] = []
-        threading.Thread(target=self._guard_load, args=(limit, stop, ended, stopped),
-                         daemon=True, name=f"runner-load {self.name}").start()
+        guard = _LoadGuard(self.process, limit, stop)
         try:
             levels = {logger: logging.getLogger(logger).getEffectiveLevel()
                       for logger in ("localinfer", "localinfer.llama_cpp")}
@@ -124,46 +160,38 @@ class Link:
             self._check_hello(self._pipe.recv())
             message = self._pipe.recv()
         except BaseException as exc:
+            stopped = guard.end()  # (before the waits below: a crash is not a stop)
             if not isinstance(exc, (EOFError, OSError)):  # not what a runner says: stop it
                 self.process.kill()
                 self._close_pipes()
                 self._exit_code()
                 raise
             self._close_pipes()
-            how_it_ended = how(self._exit_code())
-            ended.set()
-            if stopped == ["closing"]:
-                raise EngineClosed(f"the load of {self.name} was stopped: localinfer is "
-                                   f"shutting down") from None
-            if stopped:
-                raise ModelLoadFailed(
-                    f"{self.name} did not finish loading within {limit:g} s, so it was "
-                    f"stopped — LOCALINFER_LOAD_TIMEOUT gives it longer") from None
+            ended = how(self._exit_code())
+            self._check_stopped(stopped, limit)
             raise ModelLoadFailed(
-                f"llama.cpp ended while loading {self.name} ({how_it_ended}) "
+                f"llama.cpp ended while loading {self.name} ({ended}) "
                 f"— the file may be damaged, or too big for this machine") from None
-        finally:
-            ended.set()
+        stopped = guard.end()
+        if stopped:  # (killed just after it answered: stopped all the same)
+            self._close_pipes()
+            self._exit_code()
+            self._check_stopped(stopped, limit)
         if not isinstance(message, p.Ready):
             self._close_pipes()
             self._exit_code()
             raise message.error.error()
         return message.info
 
-    def _guard_load(self, limit: float, stop: threading.Event | None,
-                    ended: threading.Event, stopped: list[str]) -> None:
-        """Kills the loading runner once `stop` is set or `limit` has passed, noting which
-        in `stopped`; ends with the load."""
-        deadline = time.monotonic() + limit
-        while not ended.wait(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if stop is not None and stop.is_set():
-                stopped.append("closing")
-            elif time.monotonic() >= deadline:
-                stopped.append("slow")
-            else:
-                continue
-            self.process.kill()
-            return
+    def _check_stopped(self, stopped: str | None, limit: float) -> None:
+        """The error of a load its guard stopped (`stopped`: why), if it did."""
+        if stopped == "closing":
+            raise EngineClosed(f"the load of {self.name} was stopped: localinfer is "
+                               f"shutting down") from None
+        if stopped == "slow":
+            raise ModelLoadFailed(
+                f"{self.name} did not finish loading within {limit:g} s, so it was "
+                f"stopped — LOCALINFER_LOAD_TIMEOUT gives it longer") from None
 
     def _check_hello(self, hello: object) -> None:
         """RunnerMismatch unless the runner speaks our protocol's version."""
