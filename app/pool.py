@@ -576,7 +576,9 @@ class ModelPool:
         """Shutting down: end every request of every loaded model, and those waiting for a
         plan or a load (EngineClosed); no request starts after it. Safe from a signal."""
         self.closing = True
-        self._stop_loads.set()  # (no lock is taken by what reads it: safe from a signal)
+        # (safe from a signal handler: nothing waits on this event, so set() never finds
+        # its lock held)
+        self._stop_loads.set()
         for model in list(self._loaded.values()):
             model.backend.cancel_all()
         if self._loop is not None and not self._loop.is_closed():
@@ -599,7 +601,9 @@ class ModelPool:
             self._reaper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._reaper
+        self.closing = True  # (a load a caller would start after this is refused)
         self._stop_loads.set()
+        self._closed.set()
         for task in list(self._loading.values()):
             with contextlib.suppress(Exception):
                 await task
