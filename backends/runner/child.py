@@ -9,15 +9,16 @@ plans (a spare runner), then waits for `Load`.
                      Cancel, CancelAll, Close
     call threads     Start / Generate: the request queued, then its events attached
     engine thread    after each pass, the pass's events in one Events message (`_flush`)
-    heartbeat        Beat(steps) every BEAT_SECONDS
+    heartbeat        from the load on: whether the parent has gone, every BEAT_SECONDS;
+                     once loaded, Beat(steps) as well
 
 A runner told to close frees in the reverse order of its load, with nothing else touching
 llama.cpp meanwhile: its heartbeat stops first (it read the engine's figures, and once read
 the context's size after the context was freed: a segfault in libllama as runners closed),
 then the engine's thread, then the model's parts (`LlamaCppBackend.close`); llama.cpp's log
 goes back to stderr before the interpreter tears down (`ggml_backends.route_llama_log`). It
-then exits with status 0. A runner whose parent has gone (its pipe reads end-of-file) exits
-at once.
+then exits with status 0. A runner whose parent has gone exits at once: its pipe reads
+end-of-file, or, while it loads (it reads no pipe then), its heartbeat finds it orphaned.
 """
 
 from __future__ import annotations

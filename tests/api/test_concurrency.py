@@ -195,7 +195,7 @@ def test_sigterm_during_a_first_load_ends_the_requests_waiting_for_it(tmp_path):
     """The shutdown ended only loaded models' requests: those waiting for a load were cut
     after the 5-second grace, without a status or a last chunk (CancelledError tracebacks in
     the log). Now each gets its dialect's 503 at once. (The load never ends here: a fault the
-    runner reads makes it hang until the load timeout stops it.)"""
+    runner reads makes it hang until the shutdown stops it.)"""
     import signal
     import threading
 
