@@ -82,7 +82,8 @@ class _LoadGuard:
     def _watch(self) -> None:
         while True:
             left = self._deadline - time.monotonic()
-            # (with no owner to say stop, long waits: an hour at most, as a wait takes)
+            # (with no owner to say stop, long waits: an hour at most, as Event.wait refuses
+            # an endless limit)
             if self._ended.wait(max(0.0, min(left, 3600.0 if self._stop is None
                                              else _STOP_POLL_S))):
                 return
