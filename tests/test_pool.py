@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from localinfer.backends.base import LoadOptions
-from localinfer.errors import EngineBusy, InvalidRequest, LocalinferError
+from localinfer.errors import EngineBusy, EngineClosed, InvalidRequest, LocalinferError
 from localinfer.pool import ModelPool, parse_keep_alive
 from localinfer.runners import llama_cpp_backend
 from localinfer.settings import Settings
@@ -44,9 +44,11 @@ def settings(tmp_path: Path, _session_store: Path) -> Settings:
 class CountingFactory:
     def __init__(self):
         self.loads: list[str] = []
+        self.stops: list = []  # what each load was given to be stopped by
 
     def __call__(self, path, options, name, loop=None, stop=None):
         self.loads.append(name)
+        self.stops.append(stop)
         return llama_cpp_backend(path, options, name)
 
 
@@ -66,6 +68,23 @@ def test_concurrent_requests_share_one_load_and_names_alias(settings):
         await pool.close()
         assert pool.loaded() == []
     asyncio.run(scenario())
+
+
+def test_a_closed_pool_loads_nothing_more_and_its_loads_were_told_to_stop(settings):
+    """After close (the chat app quitting), a load a caller would start is refused (the
+    app's fallback to its previous model had started one after close), and what its loads
+    are stopped by is set (a runner's load then ends at once: tests/backends/test_runner.py)."""
+    async def scenario():
+        pool, factory = _pool(settings)
+        await pool.get("smollm2")
+        await pool.close()
+        with pytest.raises(EngineClosed):
+            await pool.get("gemma3")
+        return factory
+
+    factory = asyncio.run(scenario())
+    assert factory.loads == ["smollm2:135m"]
+    assert factory.stops[0] is not None and factory.stops[0].is_set()
 
 
 def test_least_recently_used_idle_model_makes_room(settings):
