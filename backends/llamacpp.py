@@ -27,7 +27,7 @@ from localinfer.backends.engine.threads import (CoreShare, ThreadTuner, free_cor
 from localinfer.backends.native.vision import Pictures, Projector, count_images, with_markers
 from localinfer.errors import InvalidRequest, ModelLoadFailed, PromptTooLong
 from localinfer.model_store.gguf_info import quant_name, read_gguf_info
-from localinfer.model_store.hardware import ram_available
+from localinfer.model_store.hardware import SERVER_PID, ram_available
 from localinfer.model_store.planner import pooled_bytes, reserved_outputs
 from localinfer.model_store.shape import POOLED_EMBED_CTX, POOLED_UBATCH
 from localinfer.settings import default
@@ -47,8 +47,10 @@ class _Images:
 
 
 def default_threads() -> int:
-    """The physical cores other processes leave free (hyper-threads only add contention)."""
-    return free_cores()
+    """The physical cores other processes leave free (hyper-threads only add contention); in a
+    runner, its server (or command) is not one of them."""
+    server = os.environ.get(SERVER_PID, "")
+    return free_cores(ours=[int(server)] if server.isdigit() else [])
 
 
 class LlamaCppBackend(Backend):

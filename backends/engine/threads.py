@@ -49,6 +49,7 @@ llama.cpp and Ollama, is right only on an idle machine.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import logging
 import mmap
@@ -57,7 +58,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import psutil
@@ -85,21 +86,29 @@ def physical_cores() -> int:
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
-def free_cores(sample_s: float = 0.1) -> int:
-    """Physical cores left over by other processes, measured over `sample_s`: at least one."""
-    cores = physical_cores()
-    logical = psutil.cpu_count() or cores
-    busy = psutil.cpu_percent(interval=sample_s) / 100 * logical  # logical CPUs in use
-    busy_cores = busy * cores / logical
-    return max(1, min(cores, round(cores - busy_cores)))
+def free_cores(sample_s: float = 0.1, ours: Iterable[int] = ()) -> int:
+    """Physical cores left over by other processes, measured over `sample_s`: at least one.
+    Not counted as others: this process and `ours`, the localinfer process that started a
+    runner. A runner loads while that process still starts (`serve` imports its web stack
+    meanwhile, `run` its chat), which is not a neighbour's load: counted, one of 2 cores
+    looked taken, and the model read its first prompts with 1 thread and began decoding
+    with it (measured: 1 thread at load in every `serve` start on a 2-core EPYC)."""
+    load = OthersLoad(ours)
+    time.sleep(sample_s)
+    return load()
 
 
 class OthersLoad:
     """The physical cores other processes leave free, over the time since the last call: the
-    machine's busy time less this process's own (its llama.cpp threads spin while they wait)."""
+    machine's busy time less this process's own (its llama.cpp threads spin while they wait)
+    and that of `ours` (process ids)."""
 
-    def __init__(self) -> None:
-        self._process = psutil.Process()
+    def __init__(self, ours: Iterable[int] = ()) -> None:
+        self._processes = [psutil.Process()]
+        for pid in set(ours) - {os.getpid()}:
+            with contextlib.suppress(psutil.Error):
+                self._processes.append(psutil.Process(pid))
+        self._seen = [0.0] * len(self._processes)  # each one's CPU seconds when last read
         # (asked once: psutil reads the physical count from /sys at each call, 3% of the
         # engine's thread at a GPU's step rate, where the tuner probes often)
         self._cores = physical_cores()
@@ -110,8 +119,11 @@ class OthersLoad:
         times = psutil.cpu_times()
         busy = sum(times) - times.idle - sum(getattr(times, name, 0.0) for name in (
             "iowait", "guest", "guest_nice"))  # (Linux counts a guest's time in user too)
-        own = self._process.cpu_times()
-        return time.monotonic(), busy, own.user + own.system
+        for i, process in enumerate(self._processes):
+            with contextlib.suppress(psutil.Error):  # (one that has ended keeps its figure)
+                own = process.cpu_times()
+                self._seen[i] = own.user + own.system
+        return time.monotonic(), busy, sum(self._seen)
 
     def __call__(self) -> int:
         then, self._last = self._last, self._sample()

@@ -142,16 +142,94 @@ def test_one_core_never_changes():
     assert all(tuner.observe(0.1, 1, 0) is None for _ in range(1000))
 
 
-@pytest.mark.parametrize("busy_percent,free", [(0, 8), (25, 6), (50, 4), (80, 2), (100, 1)])
-def test_free_cores_are_the_physical_cores_other_processes_leave(monkeypatch, busy_percent,
-                                                                 free):
+class _Machine:
+    """psutil's shapes over a clock: the machine's CPU times over all its logical CPUs, and
+    each process's own; `sleep` lets `seconds` pass with `busy` logical CPUs in use, `by`
+    each process's share of them."""
+
+    Times = collections.namedtuple("scputimes", "user nice system idle iowait irq softirq "
+                                   "steal guest guest_nice")
+
+    def __init__(self, monkeypatch, cores: int, logical: int):
+        import psutil
+
+        self.t, self.busy, self.own = 100.0, 0.0, {}
+        machine = self
+
+        class Process:
+            def __init__(self, pid: int | None = None):
+                self.pid = os.getpid() if pid is None else pid
+                if self.pid not in machine.own:
+                    raise psutil.NoSuchProcess(self.pid)
+
+            def cpu_times(self):
+                if self.pid not in machine.own:
+                    raise psutil.NoSuchProcess(self.pid)
+                return types.SimpleNamespace(user=machine.own[self.pid], system=0.0)
+
+        self.own[os.getpid()] = 0.0
+        monkeypatch.setattr(psutil, "Process", Process)
+        monkeypatch.setattr(psutil, "cpu_times", lambda: self.Times(
+            **{**dict.fromkeys(self.Times._fields, 0.0), "user": self.busy, "idle": 1e6}))
+        monkeypatch.setattr(psutil, "cpu_count",
+                            lambda logical=True: logical_count if logical else cores)
+        logical_count = logical
+        monkeypatch.setattr("time.monotonic", lambda: self.t)
+        self.load: tuple[float, dict[int, float]] = (0.0, {})
+        monkeypatch.setattr("time.sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        busy, by = self.load
+        self.t += seconds
+        self.busy += busy * seconds
+        for pid, cpus in by.items():
+            if pid in self.own:
+                self.own[pid] += cpus * seconds
+
+
+@pytest.mark.parametrize("busy,free", [(0, 8), (4, 6), (8, 4), (12.8, 2), (16, 1)])
+def test_free_cores_are_the_physical_cores_other_processes_leave(monkeypatch, busy, free):
     """8 cores with 2 threads each, as psutil reads a machine: the load is over logical CPUs,
     the answer in whole physical cores, and never none."""
-    import psutil
+    machine = _Machine(monkeypatch, cores=8, logical=16)
+    machine.load = (busy, {})
+    assert free_cores(0.1) == free
 
-    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 16 if logical else 8)
-    monkeypatch.setattr(psutil, "cpu_percent", lambda interval=None: float(busy_percent))
-    assert free_cores(0.0) == free
+
+def test_a_runner_loading_beside_its_starting_server_does_not_count_the_server(monkeypatch):
+    """A runner loads while its server still starts (imports its web stack): on 2 cores, one
+    busy with the server, the runner takes both (the server named in `ours`); a process of
+    anybody else's still counts, and so does a server that has gone."""
+    server, neighbour = 4242, 5151
+    machine = _Machine(monkeypatch, cores=2, logical=2)
+    machine.own.update({server: 0.0, neighbour: 0.0})
+    machine.load = (1.0, {server: 1.0})  # one CPU busy: the server's start
+    assert free_cores(0.1) == 1  # (as it was: the server looked like a neighbour)
+    assert free_cores(0.1, ours=[server]) == 2
+    assert free_cores(0.1, ours=[server, os.getpid()]) == 2
+    machine.load = (2.0, {server: 1.0, neighbour: 1.0})
+    assert free_cores(0.1, ours=[server]) == 1  # another process's load is a neighbour's
+    machine.load = (2.0, {os.getpid(): 1.0, neighbour: 1.0})  # this process's own counted once
+    assert free_cores(0.1, ours=[server, os.getpid()]) == 1
+    del machine.own[server]  # the server has ended: its pid names nobody
+    machine.load = (1.0, {})
+    assert free_cores(0.1, ours=[server]) == 1
+
+
+def test_a_runner_counts_the_server_that_started_it_as_its_own(monkeypatch):
+    """The load's count leaves out the process named by the environment a runner is started
+    with (runner/spawn.py); a process started otherwise leaves out only itself."""
+    from localinfer.backends import llamacpp
+    from localinfer.backends.runner.spawn import _environment
+    from localinfer.model_store.hardware import SERVER_PID
+
+    asked = []
+    monkeypatch.setattr(llamacpp, "free_cores", lambda ours=(): asked.append(list(ours)) or 1)
+    monkeypatch.setenv(SERVER_PID, _environment()[SERVER_PID])
+    llamacpp.default_threads()
+    monkeypatch.delenv(SERVER_PID)
+    llamacpp.default_threads()
+    assert asked == [[os.getpid()], []]
 
 
 def test_engine_reports_its_thread_count(smollm2):
