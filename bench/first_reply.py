@@ -12,12 +12,15 @@ Per round and model, each server is started afresh and, as soon as it says the m
 loaded, sent N requests at once (a 300-word system prompt and a question, 8 tokens each):
 their TTFT, then the same again, warm. Servers: `localinfer serve` with the model in its own
 process (as shipped, and "before": both first costs left to the first request, patched in
-the same way), and llama-server (--llama-server) beside them. --cold empties the page cache
-before each start (root only), so the first decode reads the weights from the disk.
+the same way), and llama-server (--llama-server) beside them. --baseline REV: `localinfer
+serve` as shipped (its model in a runner process) and at another revision (a temporary
+worktree laid out as it installs, run with PYTHONPATH), in place of those two. --cold
+empties the page cache before each start (root only), so the first decode reads the weights
+from the disk.
 
     python3 bench/first_reply.py [--llama-server PATH] [--vocab GGUF] [--shape llama3.2-1b]
                                  [--clients 1 8] [--reps 3] [--cold] [--only MODEL]
-                                 [--out NAME]
+                                 [--baseline REV] [--out NAME]
 
 Models: fast-step (bench/random_gguf.py: a CPU steps it at a GPU's rate) over smollm2's
 49k vocabulary, and over --vocab's (llama.cpp's models/ggml-vocab-qwen2.gguf: Qwen's 152k);
@@ -61,10 +64,14 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true",
                         help="empty the page cache before each start (root only)")
     parser.add_argument("--only", help="only this model (fast-step, smollm2, the --shape)")
+    parser.add_argument("--baseline", help="localinfer as shipped against this git revision")
     parser.add_argument("--out", default="first_reply", help="file names under --results")
     args = parser.parse_args()
     rows = []
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory() as home, \
+            harness.baseline_tree(args.baseline, Path(home)) as tree:
+        args.variants = {"localinfer": {}, f"localinfer at {args.baseline}": {
+            "PYTHONPATH": str(tree)}} if tree is not None else None
         models = {"fast-step": fast_step_model(Path(home))}
         if args.vocab:
             fast = fast_step_model(Path(home), args.vocab)
@@ -90,12 +97,13 @@ def main() -> None:
                               f"{row['warm_ttft_s']:.3f} s", flush=True)
     meta = harness.run_facts(reps=args.reps, clients=args.clients, cold=args.cold,
                              vocab=args.vocab and args.vocab.name, shape=args.shape,
-                             slots=SLOTS, ctx=CTX, prompt_words=PROMPT_WORDS)
+                             slots=SLOTS, ctx=CTX, prompt_words=PROMPT_WORDS,
+                             baseline=args.baseline)
     write_report(meta, rows, args, list(models))
 
 
 def _servers(args) -> list[str]:
-    return [*LOCALINFER, *(["llama-server"] if args.llama_server else [])]
+    return [*(args.variants or LOCALINFER), *(["llama-server"] if args.llama_server else [])]
 
 
 def _first(server: str, model: Path, clients: int, home: str, args) -> dict:
@@ -107,6 +115,9 @@ def _first(server: str, model: Path, clients: int, home: str, args) -> dict:
         process, url = harness.start_server(
             [str(args.llama_server)], ["-m", str(model), "-np", str(SLOTS),
                                        "-c", str(CTX * SLOTS)])
+    elif args.variants:  # as shipped, here or at the baseline revision
+        process, url = harness.start_serve(harness.SERVE, str(model), SLOTS, CTX, home,
+                                           args.variants[server])
     else:
         process, url = harness.start_serve([sys.executable, "-c", LOCALINFER[server]
                                             + harness.MAIN, "serve"], str(model), SLOTS, CTX,
@@ -138,9 +149,12 @@ def write_report(meta: dict, rows: list[dict], args, models: list[str]) -> None:
         "8 tokens each, bench/serve_load.py's raw-socket client), then the same again; "
         f"medians of {args.reps} rounds with the servers in turns"
         f"{', the page cache emptied before each start' if args.cold else ''}. "
-        "`localinfer` runs the model in its own process; `before` is the same server with "
-        "the first decode and the vocabulary's facts left to the first request, as they "
-        "were. Load: from the command to the model listed as loaded.",
+        + (f"`localinfer` is `localinfer serve` as shipped (the model in a runner process), "
+           f"`at {args.baseline}` the same at that revision. " if args.variants else
+           "`localinfer` runs the model in its own process; `before` is the same server with "
+           "the first decode and the vocabulary's facts left to the first request, as they "
+           "were. ")
+        + "Load: from the command to the model listed as loaded.",
         "",
         "| model | requests at once | server | load (s) | first TTFT p50 / max (s) | "
         "then (s) | first ÷ then |",

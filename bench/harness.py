@@ -16,6 +16,7 @@ and random_gguf.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -199,6 +200,28 @@ IN_PROCESS = (
     "def in_process(self, *args, **kw):\n"
     "    init(self, *args, **{**kw, 'backend_factory': runners.llama_cpp_backend})\n"
     "pool.ModelPool.__init__ = in_process\n")
+
+
+@contextlib.contextmanager
+def baseline_tree(revision: str | None, folder: Path):
+    """localinfer at another git `revision`, laid out as it installs under `folder`
+    (packaging/installed_tree.py), to run with PYTHONPATH: the tree's path (None: no
+    revision). Its checkout is a temporary worktree, removed at the end."""
+    if revision is None:
+        yield None
+        return
+    root = Path(__file__).resolve().parents[1]
+    checkout = folder / "checkout"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(checkout),
+                    revision], check=True, capture_output=True)
+    try:
+        sys.path.insert(0, str(root / "packaging"))
+        from installed_tree import build
+
+        yield build(folder / "tree", checkout)
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
+                        str(checkout)], check=False, capture_output=True)
 
 
 def first_byte(command: list[str], env: dict[str, str]) -> tuple[float, float]:

@@ -30,7 +30,6 @@ import harness
 from random_gguf import embedded_smollm2
 
 MODEL = "smollm2:135m"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _ready(url: str, process: subprocess.Popen, ready, timeout: float = 120) -> float:
@@ -90,7 +89,7 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision of localinfer to measure beside")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    with tempfile.TemporaryDirectory() as folder, _baseline(args.baseline, Path(folder)) as tree:
+    with tempfile.TemporaryDirectory() as folder, harness.baseline_tree(args.baseline, Path(folder)) as tree:
         envs = {"localinfer": {**env, "LOCALINFER_HOME": str(Path(folder) / "home")}}
         if tree is not None:
             envs[f"localinfer at {args.baseline}"] = {
@@ -117,25 +116,6 @@ def first_byte(env: dict[str, str]) -> float:
     """`localinfer run`'s start to its reply's first byte on stdout."""
     return harness.first_byte([sys.executable, "-m", "localinfer", "run", MODEL, "--prompt",
                                "Say hello.", "--max-tokens", "1", "--temperature", "0"], env)[0]
-
-
-@contextlib.contextmanager
-def _baseline(revision: str | None, folder: Path):
-    """The installed layout of `revision` (None: no baseline)."""
-    if revision is None:
-        yield None
-        return
-    checkout = folder / "checkout"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(checkout),
-                    revision], check=True, capture_output=True)
-    try:
-        sys.path.insert(0, str(ROOT / "packaging"))
-        from installed_tree import build
-
-        yield build(folder / "tree", checkout)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force",
-                        str(checkout)], check=False, capture_output=True)
 
 
 def write_report(meta: dict, rows: list[dict], variants: list[str], args) -> None:
