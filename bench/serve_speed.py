@@ -7,7 +7,9 @@ settings its defaults; localinfer's its defaults), and take the load in turns, r
 round, so the machine's noise hits both. The load is bench/serve_load.py's raw-socket client
 in a process of its own (greedy, --tokens a reply, --requests per client). Reported per
 level: each round's localinfer ÷ llama-server streamed tokens/s (their median and the lowest
-round), and TTFT p50 of both; each --variant (localinfer with other flags) beside them.
+round), and TTFT p50 of both; each --variant (localinfer with other flags) beside them, and
+--baseline REV: localinfer at another git revision (a temporary worktree laid out as it
+installs, run with PYTHONPATH).
 Each round also times llama.cpp's own ceiling at each level (localinfer.bench.ceiling: a bare
 loop decoding as many sequences, a prompt's length in, every core and the GPU layers the
 planner gives the server, no server; --no-ceiling: none), and each
@@ -21,13 +23,14 @@ Build llama-server once (see bench/serve_fast_steps.py's docstring).
     python3 bench/serve_speed.py --llama-server PATH [--reps 5] [--levels 1,8]
                                  [--tokens 128] [--requests 2] [--no-ceiling]
                                  [--shape llama3.2-1b --tokenizer TOKENIZER.gguf]
-                                 [--variant=--flash-attn]...
+                                 [--variant=--flash-attn]... [--baseline REV]
+                                 [--out NAME]
 
 --shape takes another of random_gguf.py's llama shapes (a GPU's: llama3.2-1b, llama3.1-8b),
 --tokenizer a GGUF to take the vocabulary from where the embedded smollm2 is not installed
 (random_gguf.py --tokenizer-only writes one).
 
-Writes bench/results/serve_speed.{json,md,png}.
+Writes bench/results/serve_speed.{json,md,png} (--out: another name).
 """
 
 from __future__ import annotations
@@ -59,13 +62,18 @@ def main() -> None:
                         help="also localinfer with these flags (repeatable)")
     parser.add_argument("--no-ceiling", dest="ceiling", action="store_false",
                         help="time no bare loop (it loads the model again each round)")
+    parser.add_argument("--baseline", help="also localinfer at this git revision")
+    parser.add_argument("--out", default="serve_speed", help="file names under --results")
     args = parser.parse_args()
-    servers_named = ("llama-server", "localinfer", *(f"localinfer {v}" for v in args.variant))
+    baseline = [f"localinfer at {args.baseline}"] if args.baseline else []
+    servers_named = ("llama-server", "localinfer", *(f"localinfer {v}" for v in args.variant),
+                     *baseline)
     name = f"{args.shape}-random"  # the file's stem: localinfer's name for it
     levels = [int(x) for x in args.levels.split(",")]
     slots = max(levels)
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory() as home, \
+            harness.baseline_tree(args.baseline, Path(home)) as tree:
         model = Path(home) / f"{name}.gguf"
         write_model(SHAPES[args.shape], model,
                     read_tokenizer(args.tokenizer or embedded_smollm2()),
@@ -77,7 +85,9 @@ def main() -> None:
             "localinfer": lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home),
             **{f"localinfer {v}": lambda v=v: harness.start_serve(
                 [*harness.SERVE, *v.split()], str(model), slots, CTX, home)
-               for v in args.variant}})
+               for v in args.variant},
+            **{at: lambda: harness.start_serve(harness.SERVE, str(model), slots, CTX, home,
+                                               {"PYTHONPATH": str(tree)}) for at in baseline}})
         layers, device = planned_device(model, CTX, slots) if args.ceiling else (0, None)
         if device:
             print(f"the ceiling's device: {device}", flush=True)
@@ -170,9 +180,10 @@ def report(args, levels: list[int], rows: list[dict], ours_named: tuple[str, ...
                     if args.ceiling else [])], table)]
     meta = harness.run_facts(reps=args.reps, levels=levels, tokens=args.tokens, shape=args.shape,
                              requests=args.requests, ctx=CTX, variants=args.variant,
+                             baseline=args.baseline,
                              llama_server=str(args.llama_server),
                              ceiling_device=device)
-    harness.write("serve_speed", meta, {"summary": summary, "runs": rows}, lines, fig,
+    harness.write(args.out, meta, {"summary": summary, "runs": rows}, lines, fig,
                   args.results)
 
 

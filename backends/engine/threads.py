@@ -13,9 +13,11 @@ llama.cpp and Ollama, is right only on an idle machine.
   llama.cpp thread that spins on the other core. Timed by their own length, 1 thread and 2
   looked alike on bench/random_gguf.py's fast-step model through a runner on 2 cores,
   where timing the whole cycle took one stream from 1,784-2,660 tok/s to 2,608-3,039
-  (4 alternating rounds, bench/clients.py's load). When the steps of the current count slow down by a third
-  against the best it has shown — a neighbour started — or every `period` steps, the tuner
-  runs a few steps with another count and keeps whichever was faster: the cores other
+  (4 alternating rounds, bench/clients.py's load). When the steps of the current count slow
+  down by a third against what its last probe measured (before one, the best it has shown)
+  — a neighbour started — or every `period` steps, the tuner runs a few steps with another
+  count, then as many back at its own, and keeps whichever was faster by their medians: the
+  two, taken in turn, see the same load (`_probing`). The other count is the cores other
   processes leave now (`OthersLoad`, since the last probe) where that differs from the
   current count by more than one — a neighbour started, or one busy at load stopped — else
   one thread fewer.
@@ -54,6 +56,7 @@ import getpass
 import logging
 import mmap
 import os
+import statistics
 import struct
 import sys
 import tempfile
@@ -306,10 +309,13 @@ class ThreadTuner:
         self.max_threads = max(1, max_threads)
         self.period = period
         self._avg: dict[tuple[int, int], float] = {}  # (threads, streams) → seconds a step
-        self._best: dict[tuple[int, int], float] = {}
+        self._best: dict[tuple[int, int], float] = {}  # what a slowdown is measured against
+        self._measured: set[tuple[int, int]] = set()  # those a probe has measured
         self._since_probe = 0
-        self._probe: tuple[int, int, list[float]] | None = None  # (from, streams, times)
+        # (from, streams, times at the other count, then times back at `from`)
+        self._probe: tuple[int, int, list[float], list[float]] | None = None
         self._probe_steps = 0  # steps since the probe began, of any number of streams
+        self._probe_count = self.current  # the count a probe tries
         self.switches = 0
         self._chosen: dict[int, int] = {}  # streams' bucket (_bucket) → the count kept for it
         self._unprobed: dict[int, int] = {}  # a bucket not yet probed → its steps so far
@@ -397,7 +403,8 @@ class ThreadTuner:
         key = (self.current, n_decode)
         self._avg[key] = seconds if key not in self._avg else (
             self._avg[key] + _ALPHA * (seconds - self._avg[key]))
-        self._best[key] = min(self._best.get(key, seconds), self._avg[key])
+        if key not in self._measured:  # (once a probe has measured it, its figure stands)
+            self._best[key] = min(self._best.get(key, seconds), self._avg[key])
         self._since_probe += 1
         bucket = _bucket(n_decode)
         if bucket not in self._chosen:
@@ -415,18 +422,30 @@ class ThreadTuner:
             other = free  # the cores other processes leave now: try them all
         else:
             other = self.current - 1 if self.current > 1 else self.current + 1  # ≤ max_threads
-        self._probe = (self.current, n_decode, [])
+        self._probe = (self.current, n_decode, [], [])
+        self._probe_count = other
         self._probe_steps = 0
         self._since_probe = 0
         self.current = other
         return other
 
     def _probing(self, seconds: float, n_decode: int) -> int | None:
-        came_from, streams, times = self._probe
+        """A probe's step: its trial count's steps, then as many back at the count it came
+        from, taken in turn so that both see the same load; the medians decide (the first
+        step after each change is not counted). Against the moving average of the steps
+        before it, a probe read whatever had passed meanwhile as the count's cost: on
+        bench/serve_speed.py's load (smollm2's shape, 2 cores), the steps of one stream left
+        at the end of 8 clients' replies, while the server read the next requests, put
+        2 threads' average at 20 ms against 10 alone, and one stream then decoded with 1
+        thread (66-74 tok/s against 84-109 for llama-server, 4 rounds of 5)."""
+        came_from, streams, trial, control = self._probe
         self._probe_steps += 1
         if n_decode == streams:
-            times.append(seconds)
-        if len(times) < _PROBE_STEPS:
+            (trial if len(trial) < _PROBE_STEPS else control).append(seconds)
+        if len(control) < _PROBE_STEPS:
+            if len(trial) == _PROBE_STEPS and not control and self.current != came_from:
+                self.current = came_from  # the trial is done: back for as many steps
+                return came_from
             if self._probe_steps < 4 * _PROBE_STEPS:
                 return None
             self._probe = None  # the streams changed under the probe: give up, go back
@@ -434,16 +453,16 @@ class ThreadTuner:
             if _bucket(streams) in self._unprobed:
                 self._unprobed[_bucket(streams)] = 0  # (tried again after _FIRST_PROBE)
             return came_from
-        self._chosen[_bucket(streams)] = self.current  # (a probe that ends goes on below)
+        other = self._probe_count
         self._unprobed.pop(_bucket(streams), None)
         self._probe = None
-        trial = sum(times[1:]) / (len(times) - 1)
-        before = self._avg[(came_from, streams)]
-        self._avg[(self.current, streams)] = trial
-        self._best[(self.current, streams)] = trial
-        self._best[(came_from, streams)] = before  # its best under this load, not the old one
-        if trial < _BETTER * before:  # keep the new count
+        tried, before = statistics.median(trial[1:]), statistics.median(control[1:])
+        for count, figure in ((other, tried), (came_from, before)):
+            self._avg[(count, streams)] = self._best[(count, streams)] = figure
+            self._measured.add((count, streams))
+        if tried < _BETTER * before:  # keep the new count
             self.switches += 1
-            return None
-        self.current = self._chosen[_bucket(streams)] = came_from
-        return came_from
+            self.current = self._chosen[_bucket(streams)] = other
+            return other
+        self._chosen[_bucket(streams)] = came_from
+        return None

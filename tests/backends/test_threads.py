@@ -236,8 +236,21 @@ def test_engine_reports_its_thread_count(smollm2):
     assert smollm2.stats().threads >= 1
 
 
+def test_a_probe_weighs_its_count_against_steps_taken_beside_it_not_an_old_average():
+    """One slow step (the server reading the next requests beside a lone stream) raises 2
+    threads' average and starts a probe; by then the load has passed: 1 thread steps in
+    15 ms, 2 in 10, and 2 stay. (Against the average, 15 ms looked faster than 17.5.)"""
+    idle = {2: 0.010, 1: 0.015}
+    tuner = ThreadTuner(start=2, max_threads=2, period=10_000, free=lambda: 2)
+    assert _run(tuner, idle, 40)[-20:] == [2] * 20  # the first probe has kept 2
+    assert _run(tuner, {2: 0.040, 1: 0.040}, 1) == [2]
+    after = _run(tuner, idle, 60)
+    assert after[:5] == [1] * 5  # a probe of 1 thread began at once
+    assert after[-40:] == [2] * 40 and tuner.current == 2
+
+
 def test_prompt_steps_keep_the_count_at_load_while_decoding_is_tuned_down():
-    tuner = ThreadTuner(start=2, max_threads=2, period=20)
+    tuner = ThreadTuner(start=2, max_threads=2, period=200)  # (no periodic probe under way)
     _run(tuner, BUSY, 100)
     assert tuner.current == 1  # a neighbour moved decoding to one thread
     assert tuner.for_step(n_prompt=0) == 1
