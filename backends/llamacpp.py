@@ -50,7 +50,8 @@ def default_threads() -> int:
     """The physical cores other processes leave free (hyper-threads only add contention); in a
     runner, its server (or command) is not one of them."""
     server = os.environ.get(SERVER_PID, "")
-    return free_cores(ours=[int(server)] if server.isdigit() else [])
+    ours = [int(server)] if server.isdigit() and int(server) == os.getppid() else []
+    return free_cores(ours=ours)  # (a variable inherited further down names no parent)
 
 
 class LlamaCppBackend(Backend):

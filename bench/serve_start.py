@@ -89,7 +89,8 @@ def main() -> None:
     parser.add_argument("--baseline", help="a git revision of localinfer to measure beside")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    with tempfile.TemporaryDirectory() as folder, harness.baseline_tree(args.baseline, Path(folder)) as tree:
+    with tempfile.TemporaryDirectory() as folder, \
+            harness.baseline_tree(args.baseline, Path(folder)) as tree:
         envs = {"localinfer": {**env, "LOCALINFER_HOME": str(Path(folder) / "home")}}
         if tree is not None:
             envs[f"localinfer at {args.baseline}"] = {

@@ -16,11 +16,11 @@ llama.cpp and Ollama, is right only on an idle machine.
   (4 alternating rounds, bench/clients.py's load). When the steps of the current count slow
   down by a third against what its last probe measured (before one, the best it has shown)
   — a neighbour started — or every `period` steps, the tuner runs a few steps with another
-  count, then as many back at its own, and keeps whichever was faster by their medians: the
-  two, taken in turn, see the same load (`_probing`). The other count is the cores other
-  processes leave now (`OthersLoad`, since the last probe) where that differs from the
-  current count by more than one — a neighbour started, or one busy at load stopped — else
-  one thread fewer.
+  count, then as many back at its own, and keeps the other count where its median step is
+  faster by 8% (`_BETTER`): the two, taken in turn, see the same load (`_probing`). The
+  other count is the cores other processes leave now (`OthersLoad`, since the last probe)
+  where that differs from the current count by more than one — a neighbour started, or one
+  busy at load stopped — else one thread fewer.
 - The count is chosen per number of streams (1, 2-3, 4-7, 8-15, ...), each first probed a
   few steps after it appears: one stream on 2 cores decodes faster with 1 thread (the other
   core runs what comes between steps), 8 streams with 2. One count for all carried the
@@ -109,8 +109,10 @@ class OthersLoad:
     def __init__(self, ours: Iterable[int] = ()) -> None:
         self._processes = [psutil.Process()]
         for pid in set(ours) - {os.getpid()}:
-            with contextlib.suppress(psutil.Error):
-                self._processes.append(psutil.Process(pid))
+            with contextlib.suppress(psutil.Error):  # (one not read now is not counted later)
+                process = psutil.Process(pid)
+                process.cpu_times()
+                self._processes.append(process)
         self._seen = [0.0] * len(self._processes)  # each one's CPU seconds when last read
         # (asked once: psutil reads the physical count from /sys at each call, 3% of the
         # engine's thread at a GPU's step rate, where the tuner probes often)
@@ -314,7 +316,7 @@ class ThreadTuner:
         self._since_probe = 0
         # (from, streams, times at the other count, then times back at `from`)
         self._probe: tuple[int, int, list[float], list[float]] | None = None
-        self._probe_steps = 0  # steps since the probe began, of any number of streams
+        self._probe_steps = 0  # steps since the probe's half began, of any number of streams
         self._probe_count = self.current  # the count a probe tries
         self.switches = 0
         self._chosen: dict[int, int] = {}  # streams' bucket (_bucket) → the count kept for it
@@ -445,6 +447,7 @@ class ThreadTuner:
         if len(control) < _PROBE_STEPS:
             if len(trial) == _PROBE_STEPS and not control and self.current != came_from:
                 self.current = came_from  # the trial is done: back for as many steps
+                self._probe_steps = 0  # (each half has as long to fill)
                 return came_from
             if self._probe_steps < 4 * _PROBE_STEPS:
                 return None

@@ -73,6 +73,15 @@ def test_a_probe_abandoned_when_the_streams_change_goes_back():
     assert changes == [None] * 19 + [2] and tuner.current == 2
 
 
+def test_a_probe_whose_second_half_never_fills_gives_up_at_the_count_it_left():
+    tuner = ThreadTuner(start=2, max_threads=2, period=5)
+    _run(tuner, IDLE, 5)
+    assert _run(tuner, IDLE, threads._PROBE_STEPS) == [1] * threads._PROBE_STEPS  # the trial
+    assert tuner.current == 2  # back at 2 for as many steps
+    changes = [tuner.observe(IDLE[2], 3, 0) for _ in range(20)]  # other streams only
+    assert changes == [None] * 19 + [2] and tuner.current == 2 and tuner._probe is None
+
+
 def test_cores_that_come_free_after_a_busy_load_are_taken_at_the_next_probe():
     """16 cores, 2 free at load (a neighbour was busy then): when the neighbour stops, the
     periodic probe tries all the cores other processes leave, not one more."""
@@ -153,7 +162,7 @@ class _Machine:
     def __init__(self, monkeypatch, cores: int, logical: int):
         import psutil
 
-        self.t, self.busy, self.own = 100.0, 0.0, {}
+        self.t, self.busy, self.own, self.denied = 100.0, 0.0, {}, set()
         machine = self
 
         class Process:
@@ -165,15 +174,17 @@ class _Machine:
             def cpu_times(self):
                 if self.pid not in machine.own:
                     raise psutil.NoSuchProcess(self.pid)
+                if self.pid in machine.denied:
+                    raise psutil.AccessDenied(self.pid)
                 return types.SimpleNamespace(user=machine.own[self.pid], system=0.0)
 
         self.own[os.getpid()] = 0.0
         monkeypatch.setattr(psutil, "Process", Process)
         monkeypatch.setattr(psutil, "cpu_times", lambda: self.Times(
             **{**dict.fromkeys(self.Times._fields, 0.0), "user": self.busy, "idle": 1e6}))
+        logical_count = logical
         monkeypatch.setattr(psutil, "cpu_count",
                             lambda logical=True: logical_count if logical else cores)
-        logical_count = logical
         monkeypatch.setattr("time.monotonic", lambda: self.t)
         self.load: tuple[float, dict[int, float]] = (0.0, {})
         monkeypatch.setattr("time.sleep", self.sleep)
@@ -185,6 +196,20 @@ class _Machine:
         for pid, cpus in by.items():
             if pid in self.own:
                 self.own[pid] += cpus * seconds
+
+
+def test_a_process_of_ours_that_cannot_be_read_at_first_is_not_counted_later(monkeypatch):
+    """Its whole CPU time so far, taken from one sample's difference, would have hidden every
+    other process's load."""
+    server = 4242
+    machine = _Machine(monkeypatch, cores=2, logical=2)
+    machine.own[server] = 50.0  # its CPU seconds since it started
+    machine.denied.add(server)
+    load = OthersLoad([server])
+    machine.denied.clear()
+    machine.load = (1.0, {})  # a neighbour's
+    machine.sleep(0.1)
+    assert load() == 1
 
 
 @pytest.mark.parametrize("busy,free", [(0, 8), (4, 6), (8, 4), (12.8, 2), (16, 1)])
@@ -218,18 +243,22 @@ def test_a_runner_loading_beside_its_starting_server_does_not_count_the_server(m
 
 def test_a_runner_counts_the_server_that_started_it_as_its_own(monkeypatch):
     """The load's count leaves out the process named by the environment a runner is started
-    with (runner/spawn.py); a process started otherwise leaves out only itself."""
+    with (runner/spawn.py) where it is the runner's parent; a process started otherwise
+    leaves out only itself."""
     from localinfer.backends import llamacpp
     from localinfer.backends.runner.spawn import _environment
     from localinfer.model_store.hardware import SERVER_PID
 
     asked = []
     monkeypatch.setattr(llamacpp, "free_cores", lambda ours=(): asked.append(list(ours)) or 1)
+    monkeypatch.setattr(os, "getppid", os.getpid)  # this process as a runner's server
     monkeypatch.setenv(SERVER_PID, _environment()[SERVER_PID])
+    llamacpp.default_threads()
+    monkeypatch.setenv(SERVER_PID, str(os.getpid() + 1))  # inherited: not this one's parent
     llamacpp.default_threads()
     monkeypatch.delenv(SERVER_PID)
     llamacpp.default_threads()
-    assert asked == [[os.getpid()], []]
+    assert asked == [[os.getpid()], [], []]
 
 
 def test_engine_reports_its_thread_count(smollm2):
@@ -245,7 +274,7 @@ def test_a_probe_weighs_its_count_against_steps_taken_beside_it_not_an_old_avera
     assert _run(tuner, idle, 40)[-20:] == [2] * 20  # the first probe has kept 2
     assert _run(tuner, {2: 0.040, 1: 0.040}, 1) == [2]
     after = _run(tuner, idle, 60)
-    assert after[:5] == [1] * 5  # a probe of 1 thread began at once
+    assert after[:threads._PROBE_STEPS] == [1] * threads._PROBE_STEPS  # a probe began at once
     assert after[-40:] == [2] * 40 and tuner.current == 2
 
 
