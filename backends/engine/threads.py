@@ -314,10 +314,9 @@ class ThreadTuner:
         self._best: dict[tuple[int, int], float] = {}  # what a slowdown is measured against
         self._measured: set[tuple[int, int]] = set()  # those a probe has measured
         self._since_probe = 0
-        # (from, streams, times at the other count, then times back at `from`)
-        self._probe: tuple[int, int, list[float], list[float]] | None = None
+        # (from, streams, the count tried, its times, then times back at `from`)
+        self._probe: tuple[int, int, int, list[float], list[float]] | None = None
         self._probe_steps = 0  # steps since the probe's half began, of any number of streams
-        self._probe_count = self.current  # the count a probe tries
         self.switches = 0
         self._chosen: dict[int, int] = {}  # streams' bucket (_bucket) → the count kept for it
         self._unprobed: dict[int, int] = {}  # a bucket not yet probed → its steps so far
@@ -424,8 +423,7 @@ class ThreadTuner:
             other = free  # the cores other processes leave now: try them all
         else:
             other = self.current - 1 if self.current > 1 else self.current + 1  # ≤ max_threads
-        self._probe = (self.current, n_decode, [], [])
-        self._probe_count = other
+        self._probe = (self.current, n_decode, other, [], [])
         self._probe_steps = 0
         self._since_probe = 0
         self.current = other
@@ -440,7 +438,7 @@ class ThreadTuner:
         at the end of 8 clients' replies, while the server read the next requests, put
         2 threads' average at 20 ms against 10 alone, and one stream then decoded with 1
         thread (66-74 tok/s against 84-109 for llama-server, 4 rounds of 5)."""
-        came_from, streams, trial, control = self._probe
+        came_from, streams, other, trial, control = self._probe
         self._probe_steps += 1
         if n_decode == streams:
             (trial if len(trial) < _PROBE_STEPS else control).append(seconds)
@@ -456,7 +454,6 @@ class ThreadTuner:
             if _bucket(streams) in self._unprobed:
                 self._unprobed[_bucket(streams)] = 0  # (tried again after _FIRST_PROBE)
             return came_from
-        other = self._probe_count
         self._unprobed.pop(_bucket(streams), None)
         self._probe = None
         tried, before = statistics.median(trial[1:]), statistics.median(control[1:])
