@@ -118,34 +118,6 @@ def test_prompt_steps_take_cores_that_came_free_without_any_decode_step(monkeypa
     assert tuner.for_step(300) == 2  # never fewer than at load
 
 
-def test_the_load_of_others_leaves_out_this_process_own(monkeypatch):
-    """psutil's shapes: the machine's times over all logical CPUs, this process's own."""
-    import psutil
-
-    Machine = collections.namedtuple("scputimes", "user nice system idle iowait irq softirq "
-                                     "steal guest guest_nice")
-    clock = {"t": 100.0, "busy": 0.0, "own": 0.0}
-
-    def machine():
-        fields = dict.fromkeys(Machine._fields, 0.0)
-        fields.update(user=clock["busy"], guest=clock["busy"] / 2, idle=1000.0)  # (in user)
-        return Machine(**fields)
-
-    class Own:
-        def cpu_times(self):
-            return types.SimpleNamespace(user=clock["own"], system=0.0)
-
-    monkeypatch.setattr(psutil, "cpu_times", machine)
-    monkeypatch.setattr(psutil, "Process", Own)
-    monkeypatch.setattr(psutil, "cpu_count", lambda logical=True: 8)
-    monkeypatch.setattr("time.monotonic", lambda: clock["t"])
-    load = OthersLoad()
-    clock.update(t=110.0, busy=60.0, own=40.0)  # 10 s: 6 CPUs busy, 4 of them ours
-    assert load() == 6  # 8 cores less the 2 of others
-    clock.update(t=120.0, busy=140.0, own=120.0)  # only ours busy now
-    assert load() == 8
-
-
 def test_one_core_never_changes():
     tuner = ThreadTuner(start=1, max_threads=1)
     assert all(tuner.observe(0.1, 1, 0) is None for _ in range(1000))
@@ -180,8 +152,9 @@ class _Machine:
 
         self.own[os.getpid()] = 0.0
         monkeypatch.setattr(psutil, "Process", Process)
-        monkeypatch.setattr(psutil, "cpu_times", lambda: self.Times(
-            **{**dict.fromkeys(self.Times._fields, 0.0), "user": self.busy, "idle": 1e6}))
+        monkeypatch.setattr(psutil, "cpu_times", lambda: self.Times(  # (Linux counts a
+            **{**dict.fromkeys(self.Times._fields, 0.0), "user": self.busy,  # guest's time in
+               "guest": self.busy / 2, "idle": 1e6}))  # user too)
         logical_count = logical
         monkeypatch.setattr(psutil, "cpu_count",
                             lambda logical=True: logical_count if logical else cores)
@@ -196,6 +169,18 @@ class _Machine:
         for pid, cpus in by.items():
             if pid in self.own:
                 self.own[pid] += cpus * seconds
+
+
+def test_the_load_of_others_leaves_out_this_process_own(monkeypatch):
+    """psutil's shapes: the machine's times over all logical CPUs, this process's own."""
+    machine = _Machine(monkeypatch, cores=8, logical=8)
+    load = OthersLoad()
+    machine.load = (6.0, {os.getpid(): 4.0})  # 6 CPUs busy, 4 of them ours
+    machine.sleep(10)
+    assert load() == 6  # 8 cores less the 2 of others
+    machine.load = (8.0, {os.getpid(): 8.0})  # only ours busy now
+    machine.sleep(10)
+    assert load() == 8
 
 
 def test_a_process_of_ours_that_cannot_be_read_at_first_is_not_counted_later(monkeypatch):
