@@ -263,6 +263,16 @@ def test_a_probe_weighs_its_count_against_steps_taken_beside_it_not_an_old_avera
     assert after[-40:] == [2] * 40 and tuner.current == 2
 
 
+def test_a_slowdown_is_measured_against_the_last_probe_not_a_lucky_low():
+    """After a probe measured 2 threads at 10 ms, a run of lucky 6-ms steps does not become
+    the reference: steps of 12 ms then are no slowdown (1.35x), and no probe runs."""
+    idle = {2: 0.010, 1: 0.015}
+    tuner = ThreadTuner(start=2, max_threads=2, period=10_000, free=lambda: 2)
+    assert _run(tuner, idle, 40)[-20:] == [2] * 20  # the first probe has measured 2
+    _run(tuner, {2: 0.006, 1: 0.006}, 20)
+    assert _run(tuner, {2: 0.012, 1: 0.015}, 40) == [2] * 40
+
+
 def test_prompt_steps_keep_the_count_at_load_while_decoding_is_tuned_down():
     tuner = ThreadTuner(start=2, max_threads=2, period=200)  # (no periodic probe under way)
     _run(tuner, BUSY, 100)
